@@ -1,0 +1,53 @@
+# rlscale: the two set-up commands are `make run` and `make test`; each installs what
+# it needs first (a venv in .venv, caches under ~/.cache), so both work on a fresh clone.
+SHELL := /bin/bash
+VENV := .venv
+PY := $(VENV)/bin/python
+RLSCALE := $(VENV)/bin/rlscale
+export PIP_CACHE_DIR ?= $(HOME)/.cache/pip
+export TORCH_EXTENSIONS_DIR ?= $(HOME)/.cache/rlscale/torch_extensions
+export RLSCALE_CACHE ?= $(HOME)/.cache/rlscale
+export HF_HUB_OFFLINE := 1
+export TRANSFORMERS_OFFLINE := 1
+PYTEST_ARGS ?=
+
+.PHONY: run test venv k8s prometheus cluster cluster-down lint crd bench clean
+
+venv:
+	@bash hack/setup-venv.sh
+
+k8s:
+	@bash hack/cluster/build.sh
+
+prometheus:
+	@bash hack/setup-prometheus.sh
+
+## make run: install, then run the quickstart RLRun on the embedded default (CPU).
+run: venv
+	$(RLSCALE) run examples/quickstart.yaml
+
+## make test: install, build/start what the tests need, run the whole suite.
+test: venv k8s prometheus
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+## make cluster: a real control plane on loopback (etcd, apiserver, controller-manager,
+## scheduler, kwok with fake GPU nodes) with the RLRun CRD installed.
+cluster: venv k8s
+	@bash hack/cluster/up.sh
+
+cluster-down:
+	@bash hack/cluster/down.sh
+
+lint: venv
+	$(VENV)/bin/ruff check .
+
+crd: venv
+	$(RLSCALE) crd > charts/rlscale/crds/rlruns.rlscale.dev.yaml
+
+bench: venv
+	$(PY) bench/rollout_throughput.py
+	$(PY) bench/learner_throughput.py
+	$(PY) bench/operator_scale.py
+
+clean:
+	rm -rf $(VENV) runs .pytest_cache

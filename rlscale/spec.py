@@ -1,0 +1,598 @@
+"""The RLRun spec: the one schema that the CLI, the CRD, the planner and the operator share."""
+
+from __future__ import annotations
+
+import difflib
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic.alias_generators import to_camel
+
+API_GROUP = "rlscale.dev"
+API_VERSION = "v1alpha1"
+FULL_API_VERSION = f"{API_GROUP}/{API_VERSION}"
+KIND = "RLRun"
+BUILTIN_MODELS = ("builtin:tiny-arith",)
+BUILTIN_TASKS = ("builtin:arithmetic",)
+BUILTIN_REWARDS = ("exact-match", "format")
+ACCELERATORS = ("cpu", "A100-80GB", "H100", "H200", "L4")
+# module:function, e.g. "mypkg.rewards:score"
+PLUGIN_REWARD_RE = r"^[A-Za-z_][A-Za-z0-9_.]*:[A-Za-z_][A-Za-z0-9_]*$"
+DNS1123_RE = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(
+        extra="forbid", populate_by_name=True, alias_generator=to_camel, frozen=False
+    )
+
+
+Auto = Literal["auto"]
+PosInt = Annotated[int, Field(gt=0, strict=True)]  # strict: YAML `true` is not 1
+
+
+class ModelShape(_Model):
+    """Architecture numbers the planner needs; given here, they win over the builtin table."""
+
+    params: PosInt = Field(description="Total parameter count (e.g. 7615616512 for a 7.6B model).")
+    active_params: PosInt | None = Field(
+        None, description="Parameters active per token (mixture-of-experts); defaults to params."
+    )
+    layers: PosInt = Field(description="Number of transformer layers.")
+    hidden_size: PosInt = Field(description="Model (residual stream) width.")
+    kv_heads: PosInt = Field(description="Key/value heads per layer (grouped-query attention).")
+    head_dim: PosInt = Field(description="Dimension of one attention head.")
+    vocab_size: PosInt = Field(description="Vocabulary size.")
+
+
+class ModelSpec(_Model):
+    """The policy model."""
+
+    path: str = Field(
+        "builtin:tiny-arith",
+        min_length=1,
+        description="builtin:tiny-arith (built from a config, no download), a hub id "
+        "such as Qwen/Qwen2.5-1.5B, or a local directory in Hugging Face format.",
+    )
+    dtype: Literal["float32", "bfloat16", "float16"] = Field(
+        "bfloat16", description="Weights and compute dtype for rollout and training."
+    )
+    max_length: PosInt = Field(128, description="Longest sequence (prompt + response) in tokens.")
+    shape: ModelShape | None = Field(
+        None,
+        description="Architecture numbers for planning; optional for builtin models, known "
+        "hub ids (Qwen2.5, Qwen3, Llama-3.x) and local directories with a config.json.",
+    )
+
+
+class AlgorithmSpec(_Model):
+    """The RL algorithm and its loss coefficients."""
+
+    name: Literal["grpo", "ppo"] = Field("grpo", description="grpo (group-normalised advantages, no critic) or ppo (critic + GAE).")
+    clip_ratio: float = Field(0.2, gt=0, le=10, description="PPO-style ratio clip epsilon (lower side, and upper unless clipRatioHigh is set).")
+    clip_ratio_high: float | None = Field(None, gt=0, le=10, description="Upper clip epsilon for asymmetric clipping; defaults to clipRatio.")
+    kl_coef: float = Field(0.0, ge=0, description="Coefficient of the KL penalty to the frozen reference policy; 0 disables the reference model.")
+    gamma: float = Field(1.0, ge=0, le=1, description="Discount factor (PPO GAE).")
+    lambda_: float = Field(0.95, ge=0, le=1, alias="lambda", description="GAE lambda (PPO).")
+    value_coef: float = Field(0.5, ge=0, description="Weight of the value loss (PPO).")
+    std_normalize: bool = Field(True, description="GRPO: divide group-centred rewards by the group standard deviation.")
+
+
+class TaskSpec(_Model):
+    """Prompts and the verifiable reward."""
+
+    name: str = Field("builtin:arithmetic", min_length=1, description="builtin:arithmetic (generated in code) or a dataset name.")
+    reward: str = Field("exact-match", min_length=1, description="exact-match, format, or a plug-in given as module:function.")
+    difficulty: int = Field(2, ge=1, le=4, description="builtin:arithmetic: digits per operand.")
+    max_new_tokens: PosInt = Field(8, description="Longest response in tokens.")
+    expected_prompt_tokens: PosInt = Field(16, description="Planning hint: mean prompt length in tokens (measured values replace it).")
+    expected_response_tokens: PosInt = Field(4, description="Planning hint: mean response length in tokens (measured values replace it).")
+
+
+class TargetSpec(_Model):
+    """When the run is done."""
+
+    metric: str = Field("eval/accuracy", min_length=1, description="Target metric, evaluated on the held-out split.")
+    value: float = Field(0.8, description="Target value; accuracy targets lie in (0, 1].")
+    eval_every: PosInt = Field(5, description="Evaluate every this many steps.")
+    window: PosInt = Field(3, description="Target reached when the moving average of this many evals reaches value.")
+
+
+class BatchSpec(_Model):
+    """Samples per optimiser step: prompts x samplesPerPrompt."""
+
+    prompts: Auto | PosInt = Field("auto", description='Prompts per step, or "auto" to let the planner choose within [minPrompts, maxPrompts].')
+    samples_per_prompt: PosInt = Field(8, description="Samples generated per prompt (the GRPO group size).")
+    min_prompts: PosInt = Field(4, description="Smallest prompts per step the planner may choose.")
+    max_prompts: PosInt = Field(256, description="Largest prompts per step the planner may choose.")
+    micro_batch: PosInt = Field(32, description="Sequences per learner forward/backward; gradients accumulate to the whole batch.")
+
+
+class OptimizerSpec(_Model):
+    """Adam(W) and the learning-rate scaling rule."""
+
+    lr: float = Field(1.0e-5, gt=0, le=1, description="Learning rate tuned at referenceBatch samples per step.")
+    reference_batch: PosInt = Field(64, description="Samples per step (prompts x samplesPerPrompt) at which lr was tuned.")
+    scaling: Literal["sqrt", "linear", "none"] = Field("sqrt", description="How lr follows the batch: sqrt (Adam, Malladi et al. 2022), linear (SGD, Goyal et al. 2017) or none.")
+    betas: tuple[float, float] = Field((0.9, 0.999), description="Adam beta1 and beta2, each in [0, 1).")
+    eps: float = Field(1.0e-8, gt=0, description="Adam epsilon.")
+    weight_decay: float = Field(0.0, ge=0, description="Decoupled weight decay.")
+    warmup_steps: int = Field(0, ge=0, description="Linear warm-up steps.")
+    grad_clip: float = Field(1.0, ge=0, description="Global gradient-norm clip; 0 disables it.")
+
+
+class BudgetSpec(_Model):
+    """What the run may spend."""
+
+    gpus: int = Field(8, ge=0, description="GPUs for rollout and learner replicas together (ignored on accelerator cpu).")
+    max_samples: PosInt = Field(200000, description="Stop after this many samples if the target is not reached.")
+    max_steps: PosInt = Field(1000, description="Stop after this many optimiser steps.")
+
+
+class _RoleSpec(_Model):
+    replicas: Auto | PosInt = Field("auto", description='Replica count, or "auto" to take it from the plan.')
+    max_replicas: PosInt = Field(8, description="Most replicas the planner may choose.")
+    gpus_per_replica: int = Field(1, ge=0, description="GPUs per replica (ignored on accelerator cpu).")
+    image: str | None = Field(None, description="Container image; the chart's default when unset.")
+    resources: dict[str, Any] = Field(default_factory=dict, description="Kubernetes resource requirements (requests, limits) for each replica's container.")
+
+
+class RolloutSpec(_RoleSpec):
+    """vLLM rollout replicas."""
+
+    temperature: float = Field(1.0, gt=0, le=10, description="Sampling temperature.")
+    top_p: float = Field(1.0, gt=0, le=1, description="Nucleus sampling threshold.")
+
+
+class LearnerSpec(_RoleSpec):
+    """DeepSpeed learner ranks."""
+
+    zero_stage: int = Field(1, ge=0, le=3, description="DeepSpeed ZeRO stage, 0 to 3.")
+
+
+class HardwareSpec(_Model):
+    """Accelerator profile; explicit numbers override the profile's."""
+
+    accelerator: Literal["cpu", "A100-80GB", "H100", "H200", "L4"] = Field("H100", description="Accelerator profile for the planner.")
+    memory_bandwidth: float | None = Field(None, gt=0, description="Device memory bandwidth in bytes/s (e.g. 3.35e12 for an H100 SXM).")
+    peak_flops: float | None = Field(None, gt=0, description="Dense peak FLOP/s in the model dtype (e.g. 9.89e14 bf16 on an H100 SXM).")
+    memory: float | None = Field(None, gt=0, description="Device memory in bytes.")
+    interconnect_bandwidth: float | None = Field(None, gt=0, description="Learner-to-rollout weight-sync bandwidth in bytes/s.")
+
+
+class CheckpointSpec(_Model):
+    """Checkpointing."""
+
+    every: PosInt = Field(50, description="Checkpoint every this many steps.")
+    path: str = Field("/checkpoints", min_length=1, description="Directory (or volume mount) for checkpoints.")
+    keep: PosInt = Field(2, description="How many checkpoints to keep.")
+
+
+class RLRunSpec(_Model):
+    """What to train, towards which target, within which budget."""
+
+    model: ModelSpec = Field(default_factory=ModelSpec, description=ModelSpec.__doc__)
+    algorithm: AlgorithmSpec = Field(default_factory=AlgorithmSpec, description=AlgorithmSpec.__doc__)
+    task: TaskSpec = Field(default_factory=TaskSpec, description=TaskSpec.__doc__)
+    target: TargetSpec = Field(default_factory=TargetSpec, description=TargetSpec.__doc__)
+    batch: BatchSpec = Field(default_factory=BatchSpec, description=BatchSpec.__doc__)
+    optimizer: OptimizerSpec = Field(default_factory=OptimizerSpec, description=OptimizerSpec.__doc__)
+    budget: BudgetSpec = Field(default_factory=BudgetSpec, description=BudgetSpec.__doc__)
+    rollout: RolloutSpec = Field(default_factory=RolloutSpec, description=RolloutSpec.__doc__)
+    learner: LearnerSpec = Field(default_factory=LearnerSpec, description=LearnerSpec.__doc__)
+    hardware: HardwareSpec = Field(default_factory=HardwareSpec, description=HardwareSpec.__doc__)
+    checkpoint: CheckpointSpec = Field(default_factory=CheckpointSpec, description=CheckpointSpec.__doc__)
+    suspend: bool = Field(False, description="Scale rollout and learners to zero, keeping config and checkpoints.")
+
+
+class Metadata(BaseModel):
+    """Kubernetes object metadata (only name is required here)."""
+
+    model_config = ConfigDict(extra="allow")
+    name: str = Field(min_length=1, max_length=63, pattern=DNS1123_RE)
+    namespace: str | None = None
+
+
+class RLRun(BaseModel):
+    """An RLRun object as written in YAML."""
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+    api_version: Literal["rlscale.dev/v1alpha1"] = Field(alias="apiVersion")
+    kind: Literal["RLRun"]
+    metadata: Metadata
+    spec: RLRunSpec = Field(default_factory=RLRunSpec)
+    status: dict[str, Any] | None = None
+
+    @property
+    def name(self) -> str:
+        return self.metadata.name
+
+    def to_dict(self) -> dict[str, Any]:
+        """The object in its YAML form (camelCase, defaults filled in)."""
+        return self.model_dump(mode="json", by_alias=True, exclude_none=True)
+
+
+# --------------------------------------------------------------------------- errors
+
+
+@dataclass(frozen=True)
+class FieldError:
+    """One problem with a spec: where, what was given, and what to do."""
+
+    path: str
+    value: Any
+    problem: str
+    fix: str = ""
+
+    def __str__(self) -> str:
+        shown = "" if self.value is _MISSING else f"{_show(self.value)} "
+        fix = f"; {self.fix}" if self.fix else ""
+        return f"{self.path}: {shown}{self.problem}{fix}"
+
+
+class SpecError(ValueError):
+    """A spec that can never work; `.errors` lists every problem found."""
+
+    def __init__(self, errors: list[FieldError]):
+        self.errors = errors
+        super().__init__("\n".join(str(e) for e in errors))
+
+
+class _Missing:
+    def __repr__(self) -> str:
+        return "<missing>"
+
+
+_MISSING = _Missing()
+
+
+def _show(value: Any) -> str:
+    if isinstance(value, str):
+        return repr(value) if value else "''"
+    text = repr(value) if not isinstance(value, (dict, list)) else yaml.safe_dump(value, default_flow_style=True).strip()
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+# --------------------------------------------------------------------------- cross-field rules
+
+
+@dataclass(frozen=True)
+class Rule:
+    """A cross-field rule, checked in Python and emitted as CEL into the CRD."""
+
+    path: str  # the field a user fixes, relative to spec
+    cel: str  # over `self` = spec, with all defaults applied
+    message: str  # the CEL message (static)
+    check: Any  # Callable[[RLRunSpec], FieldError | None]
+
+
+def _err(path: str, value: Any, problem: str, fix: str) -> FieldError:
+    return FieldError("spec." + path, value, problem, fix)
+
+
+def _rule_grpo_group(s: RLRunSpec):
+    if s.algorithm.name == "grpo" and s.batch.samples_per_prompt < 2:
+        return _err("batch.samplesPerPrompt", s.batch.samples_per_prompt, "is too small for GRPO, whose advantages compare samples within a group",
+                    "use 2 or more (8 is typical), or algorithm.name: ppo")
+
+
+def _rule_prompt_bounds(s: RLRunSpec):
+    if s.batch.min_prompts > s.batch.max_prompts:
+        return _err("batch.minPrompts", s.batch.min_prompts, f"is above batch.maxPrompts ({s.batch.max_prompts})",
+                    "make minPrompts <= maxPrompts")
+
+
+def _rule_fixed_prompts(s: RLRunSpec):
+    p = s.batch.prompts
+    if p != "auto" and not (s.batch.min_prompts <= p <= s.batch.max_prompts):
+        return _err("batch.prompts", p, f"lies outside [batch.minPrompts, batch.maxPrompts] = [{s.batch.min_prompts}, {s.batch.max_prompts}]",
+                    "change prompts, or widen minPrompts/maxPrompts")
+
+
+def _rule_new_tokens(s: RLRunSpec):
+    if s.task.max_new_tokens >= s.model.max_length:
+        return _err("task.maxNewTokens", s.task.max_new_tokens, f"leaves no room for the prompt within model.maxLength ({s.model.max_length})",
+                    "make maxNewTokens smaller than model.maxLength")
+
+
+def _gpu_need(s: RLRunSpec) -> int:
+    r = 1 if s.rollout.replicas == "auto" else s.rollout.replicas
+    lr = 1 if s.learner.replicas == "auto" else s.learner.replicas
+    return r * s.rollout.gpus_per_replica + lr * s.learner.gpus_per_replica
+
+
+def _rule_gpu_budget(s: RLRunSpec):
+    if s.hardware.accelerator != "cpu" and s.budget.gpus < _gpu_need(s):
+        return _err("budget.gpus", s.budget.gpus,
+                    f"does not cover the rollout and learner replicas ({_gpu_need(s)} GPUs: replicas x gpusPerReplica, one each when auto)",
+                    f"raise budget.gpus to at least {_gpu_need(s)}, or lower the replicas")
+
+
+def _rule_gpus_per_replica(s: RLRunSpec):
+    if s.hardware.accelerator != "cpu" and (s.rollout.gpus_per_replica == 0 or s.learner.gpus_per_replica == 0):
+        which = "rollout" if s.rollout.gpus_per_replica == 0 else "learner"
+        return _err(f"{which}.gpusPerReplica", 0, f"is not allowed on accelerator {s.hardware.accelerator}",
+                    "use 1 or more, or hardware.accelerator: cpu")
+
+
+def _rule_replica_bounds(role: str):
+    def check(s: RLRunSpec):
+        r: _RoleSpec = getattr(s, role)
+        if r.replicas != "auto" and r.replicas > r.max_replicas:
+            return _err(f"{role}.replicas", r.replicas, f"is above {role}.maxReplicas ({r.max_replicas})",
+                        "lower replicas or raise maxReplicas")
+    return check
+
+
+def _is_accuracy(metric: str) -> bool:
+    return metric.endswith("accuracy")
+
+
+def _rule_accuracy_target(s: RLRunSpec):
+    if _is_accuracy(s.target.metric) and not (0 < s.target.value <= 1):
+        return _err("target.value", s.target.value, f"is outside (0, 1], the range of {s.target.metric}",
+                    "use a fraction such as 0.8")
+
+
+def _rule_batch_within_budget(s: RLRunSpec):
+    if s.batch.prompts != "auto":
+        n = s.batch.prompts * s.batch.samples_per_prompt
+        if n > s.budget.max_samples:
+            return _err("budget.maxSamples", s.budget.max_samples, f"is smaller than one step's batch ({n} samples)",
+                        "raise maxSamples or lower batch.prompts")
+
+
+def _rule_clip_high(s: RLRunSpec):
+    hi = s.algorithm.clip_ratio_high
+    if hi is not None and hi < s.algorithm.clip_ratio:
+        return _err("algorithm.clipRatioHigh", hi, f"is below algorithm.clipRatio ({s.algorithm.clip_ratio})",
+                    "asymmetric clipping widens the upper side: use a value >= clipRatio")
+
+
+def _rule_betas(s: RLRunSpec):
+    b1, b2 = s.optimizer.betas
+    if not (0 <= b1 < 1 and 0 <= b2 < 1):
+        return _err("optimizer.betas", [b1, b2], "must each lie in [0, 1)", "use e.g. [0.9, 0.999]")
+
+
+def _rule_builtin_model(s: RLRunSpec):
+    p = s.model.path
+    if p.startswith("builtin:") and p not in BUILTIN_MODELS:
+        return _err("model.path", p, "is not a builtin model", f"use one of {', '.join(BUILTIN_MODELS)}, a hub id or a local directory")
+
+
+def _rule_builtin_task(s: RLRunSpec):
+    t = s.task.name
+    if t.startswith("builtin:") and t not in BUILTIN_TASKS:
+        return _err("task.name", t, "is not a builtin task", f"use one of {', '.join(BUILTIN_TASKS)} or a dataset name")
+
+
+def _rule_reward(s: RLRunSpec):
+    r = s.task.reward
+    if r not in BUILTIN_REWARDS and not re.match(PLUGIN_REWARD_RE, r):
+        return _err("task.reward", r, "is neither a builtin reward nor module:function",
+                    f"use {' or '.join(BUILTIN_REWARDS)}, or a plug-in such as mypkg.rewards:score")
+
+
+def _rule_task_prompt_room(s: RLRunSpec):
+    need = s.task.expected_prompt_tokens + s.task.max_new_tokens
+    if need > s.model.max_length:
+        return _err("model.maxLength", s.model.max_length,
+                    f"is shorter than task.expectedPromptTokens + task.maxNewTokens ({need})",
+                    f"raise maxLength to at least {need}")
+
+
+def _rule_response_hint(s: RLRunSpec):
+    if s.task.expected_response_tokens > s.task.max_new_tokens:
+        return _err("task.expectedResponseTokens", s.task.expected_response_tokens,
+                    f"is above task.maxNewTokens ({s.task.max_new_tokens})",
+                    "a response never exceeds maxNewTokens: lower the hint or raise maxNewTokens")
+
+
+_REPLICA_CEL = "(self.{r}.replicas == 'auto' ? 1 : int(self.{r}.replicas))"
+
+RULES: list[Rule] = [
+    Rule("batch.samplesPerPrompt", "self.algorithm.name != 'grpo' || self.batch.samplesPerPrompt >= 2",
+         "batch.samplesPerPrompt must be >= 2 for GRPO", _rule_grpo_group),
+    Rule("batch.minPrompts", "self.batch.minPrompts <= self.batch.maxPrompts",
+         "batch.minPrompts must be <= batch.maxPrompts", _rule_prompt_bounds),
+    Rule("batch.prompts",
+         "self.batch.prompts == 'auto' || (int(self.batch.prompts) >= self.batch.minPrompts && int(self.batch.prompts) <= self.batch.maxPrompts)",
+         "batch.prompts must lie within [batch.minPrompts, batch.maxPrompts]", _rule_fixed_prompts),
+    Rule("task.maxNewTokens", "self.task.maxNewTokens < self.model.maxLength",
+         "task.maxNewTokens must be smaller than model.maxLength", _rule_new_tokens),
+    Rule("model.maxLength", "self.task.expectedPromptTokens + self.task.maxNewTokens <= self.model.maxLength",
+         "model.maxLength must hold task.expectedPromptTokens + task.maxNewTokens", _rule_task_prompt_room),
+    Rule("task.expectedResponseTokens", "self.task.expectedResponseTokens <= self.task.maxNewTokens",
+         "task.expectedResponseTokens must be <= task.maxNewTokens", _rule_response_hint),
+    Rule("budget.gpus",
+         "self.hardware.accelerator == 'cpu' || self.budget.gpus >= "
+         + _REPLICA_CEL.format(r="rollout") + " * self.rollout.gpusPerReplica + "
+         + _REPLICA_CEL.format(r="learner") + " * self.learner.gpusPerReplica",
+         "budget.gpus must cover at least one rollout and one learner replica", _rule_gpu_budget),
+    Rule("rollout.gpusPerReplica",
+         "self.hardware.accelerator == 'cpu' || (self.rollout.gpusPerReplica > 0 && self.learner.gpusPerReplica > 0)",
+         "gpusPerReplica must be >= 1 unless hardware.accelerator is cpu", _rule_gpus_per_replica),
+    Rule("rollout.replicas", "self.rollout.replicas == 'auto' || int(self.rollout.replicas) <= self.rollout.maxReplicas",
+         "rollout.replicas must be <= rollout.maxReplicas", _rule_replica_bounds("rollout")),
+    Rule("learner.replicas", "self.learner.replicas == 'auto' || int(self.learner.replicas) <= self.learner.maxReplicas",
+         "learner.replicas must be <= learner.maxReplicas", _rule_replica_bounds("learner")),
+    Rule("target.value", "!self.target.metric.endsWith('accuracy') || (self.target.value > 0.0 && self.target.value <= 1.0)",
+         "target.value of an accuracy metric must lie in (0, 1]", _rule_accuracy_target),
+    Rule("budget.maxSamples",
+         "self.batch.prompts == 'auto' || int(self.batch.prompts) * self.batch.samplesPerPrompt <= self.budget.maxSamples",
+         "budget.maxSamples must hold at least one step's batch", _rule_batch_within_budget),
+    Rule("algorithm.clipRatioHigh", "!has(self.algorithm.clipRatioHigh) || self.algorithm.clipRatioHigh >= self.algorithm.clipRatio",
+         "algorithm.clipRatioHigh must be >= algorithm.clipRatio", _rule_clip_high),
+    Rule("optimizer.betas", "self.optimizer.betas.all(b, b >= 0.0 && b < 1.0)",
+         "optimizer.betas must each lie in [0, 1)", _rule_betas),
+    Rule("model.path", "!self.model.path.startsWith('builtin:') || self.model.path in " + repr(list(BUILTIN_MODELS)).replace('"', "'"),
+         "model.path names an unknown builtin model", _rule_builtin_model),
+    Rule("task.name", "!self.task.name.startsWith('builtin:') || self.task.name in " + repr(list(BUILTIN_TASKS)).replace('"', "'"),
+         "task.name names an unknown builtin task", _rule_builtin_task),
+    Rule("task.reward",
+         "self.task.reward in " + repr(list(BUILTIN_REWARDS)).replace('"', "'") + " || self.task.reward.matches('" + PLUGIN_REWARD_RE + "')",
+         "task.reward must be exact-match, format or module:function", _rule_reward),
+]
+
+
+def check_rules(spec: RLRunSpec) -> list[FieldError]:
+    """Every cross-field problem of a structurally valid spec."""
+    return [e for rule in RULES if (e := rule.check(spec)) is not None]
+
+
+# --------------------------------------------------------------------------- parsing
+
+
+_FIX_BY_TYPE = {
+    "greater_than": "use a larger value",
+    "greater_than_equal": "use a larger value",
+    "less_than": "use a smaller value",
+    "less_than_equal": "use a smaller value",
+}
+
+
+def _loc_path(loc: tuple, root: str) -> str:
+    parts = [root] if root else []
+    for p in loc:
+        if isinstance(p, int):
+            parts[-1] = f"{parts[-1]}[{p}]" if parts else f"[{p}]"
+        elif p in ("int", "constrained-int", "bool", "float", "str") or str(p).startswith(("literal[", "function-")):
+            continue  # union branch names are noise for a user
+        else:
+            parts.append(str(p))
+    return ".".join(parts)
+
+
+def _known_fields(model: type[BaseModel], loc: tuple) -> list[str]:
+    """camelCase field names of the model at loc (for 'did you mean')."""
+    current: Any = model
+    for p in loc[:-1]:
+        if not (isinstance(current, type) and issubclass(current, BaseModel)):
+            return []
+        field = next((f for n, f in current.model_fields.items() if (f.alias or n) == p or n == p), None)
+        if field is None:
+            return []
+        ann = field.annotation
+        args = getattr(ann, "__args__", None)
+        current = next((a for a in (args or (ann,)) if isinstance(a, type) and issubclass(a, BaseModel)), None)
+    if isinstance(current, type) and issubclass(current, BaseModel):
+        return [f.alias or n for n, f in current.model_fields.items()]
+    return []
+
+
+def _translate(exc: ValidationError, model: type[BaseModel], root: str) -> list[FieldError]:
+    out: list[FieldError] = []
+    seen: set[str] = set()
+    for e in exc.errors(include_url=False):
+        path = _loc_path(e["loc"], root)
+        typ = e["type"]
+        value = e.get("input", _MISSING)
+        if typ == "extra_forbidden":
+            known = _known_fields(model, e["loc"])
+            guess = difflib.get_close_matches(str(e["loc"][-1]), known, n=1)
+            fix = f"did you mean {guess[0]!r}?" if guess else (f"known fields: {', '.join(known)}" if known else "remove it")
+            err = FieldError(path, _MISSING, "is not a known field", fix)
+        elif typ == "missing":
+            err = FieldError(path, _MISSING, "is required", "add it")
+        elif typ == "literal_error":
+            err = FieldError(path, value, "is not allowed", f"use {e['ctx']['expected']}")
+        elif path in seen:
+            continue  # a union reports one error per branch; the first says enough
+        else:
+            msg = e["msg"][0].lower() + e["msg"][1:]
+            msg = msg.replace("input should be", "must be").replace("should be", "must be")
+            fix = _FIX_BY_TYPE.get(typ, "")
+            if typ == "string_pattern_mismatch" and path.endswith("metadata.name"):
+                msg, fix = "is not a valid Kubernetes name", "use lowercase letters, digits and '-', starting and ending with a letter or digit"
+            elif typ in ("model_type", "dict_type"):
+                msg, fix = "must be a mapping", "see examples/quickstart.yaml for its fields"
+            if typ.startswith(("int_", "greater_than")) and path.endswith(("prompts", "replicas")) and "auto" in str(e["loc"]):
+                fix = 'use a positive integer or "auto"'
+            err = FieldError(path, value, msg, fix)
+        seen.add(path)
+        out.append(err)
+    return out
+
+
+def _union_fix(errors: list[FieldError]) -> list[FieldError]:
+    """prompts/replicas accept "auto" or an integer: say so once, clearly."""
+    fixed = []
+    for e in errors:
+        if e.path.endswith((".prompts", ".replicas")) and e.value is not _MISSING:
+            e = FieldError(e.path, e.value, "is not allowed", 'use a positive integer or "auto"')
+            if e.value == 0 and e.path.endswith(".replicas"):
+                e = FieldError(e.path, 0, "is not allowed", 'use a positive integer or "auto" (suspend: true scales to zero)')
+        fixed.append(e)
+    return fixed
+
+
+def parse_spec(data: Any, root: str = "spec") -> RLRunSpec:
+    """Validate a spec mapping (structure, then cross-field rules); raises SpecError."""
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise SpecError([FieldError(root, data, "must be a mapping", "see examples/quickstart.yaml")])
+    try:
+        spec = RLRunSpec.model_validate(data)
+    except ValidationError as exc:
+        raise SpecError(_union_fix(_translate(exc, RLRunSpec, root))) from None
+    errors = check_rules(spec)
+    if errors:
+        raise SpecError(errors)
+    return spec
+
+
+def parse_rlrun(data: Any) -> RLRun:
+    """Validate a whole RLRun object (already parsed from YAML); raises SpecError."""
+    if not isinstance(data, dict):
+        kind = "empty" if data is None else f"a {type(data).__name__}, not a mapping"
+        raise SpecError([FieldError("(document)", _MISSING, f"is {kind}", f"write an RLRun object: apiVersion: {FULL_API_VERSION}, kind: {KIND}, metadata, spec")])
+    head: list[FieldError] = []
+    if data.get("apiVersion") != FULL_API_VERSION:
+        head.append(FieldError("apiVersion", data.get("apiVersion", _MISSING), "is not supported" if "apiVersion" in data else "is required", f"use apiVersion: {FULL_API_VERSION}"))
+    if data.get("kind") != KIND:
+        head.append(FieldError("kind", data.get("kind", _MISSING), "is not an RLRun" if "kind" in data else "is required", f"use kind: {KIND}"))
+    if head:
+        raise SpecError(head)
+    spec_errors: list[FieldError] = []
+    try:
+        spec = parse_spec(data.get("spec"))
+    except SpecError as exc:
+        spec_errors, spec = exc.errors, None
+    rest = {k: v for k, v in data.items() if k != "spec"}
+    try:
+        obj = RLRun.model_validate(rest)
+    except ValidationError as exc:
+        raise SpecError(_translate(exc, RLRun, "") + spec_errors) from None
+    if spec_errors:
+        raise SpecError(spec_errors)
+    obj.spec = spec
+    return obj
+
+
+def load_rlrun(path: str | Path) -> RLRun:
+    """Read and validate an RLRun YAML file; every failure is a SpecError with one clear line per problem."""
+    p = Path(path)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise SpecError([FieldError(str(p), _MISSING, "does not exist", "give the path of an RLRun YAML file")]) from None
+    except (IsADirectoryError, PermissionError, UnicodeDecodeError) as exc:
+        raise SpecError([FieldError(str(p), _MISSING, f"cannot be read ({exc.__class__.__name__})", "give a readable UTF-8 YAML file")]) from None
+    try:
+        docs = [d for d in yaml.safe_load_all(text) if d is not None]
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        problem = getattr(exc, "problem", None) or "is not valid YAML"
+        raise SpecError([FieldError(str(p), _MISSING, f"is not valid YAML{where}: {problem}", "fix the YAML syntax")]) from None
+    if not docs:
+        raise SpecError([FieldError(str(p), _MISSING, "is empty", f"write an RLRun object (apiVersion: {FULL_API_VERSION}, kind: {KIND})")])
+    if len(docs) > 1:
+        raise SpecError([FieldError(str(p), _MISSING, f"holds {len(docs)} YAML documents", "put one RLRun per file")])
+    return parse_rlrun(docs[0])

@@ -1,0 +1,1 @@
+"""Rollout: vLLM engine, Ray Serve deployment, in-place weight loading."""

@@ -1,0 +1,1 @@
+"""Learner: algorithms, DeepSpeed engine, tasks, rewards, checkpoints."""
