@@ -1,5 +1,178 @@
-"""The `rlscale` command line."""
+"""The `rlscale` command line: validate, plan, crd, run, and the role entrypoints."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any, Optional
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from rlscale.spec import SpecError, load_rlrun
+
+app = typer.Typer(
+    name="rlscale",
+    help="GRPO and PPO for LLMs, with the batch size, learning rate and rollout/learner split planned from the batch-size theory.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+out = Console()
+err = Console(stderr=True)
+
+FileArg = typer.Argument(..., help="An RLRun YAML file.", show_default=False)
+ConfigOpt = typer.Option(None, "--config", "-c", help="The resolved run config (default: $RLSCALE_CONFIG).")
 
 
-def main() -> None:  # replaced by the real CLI below
-    raise SystemExit("rlscale: CLI not built yet")
+def _fail(lines: list[str] | str, code: int = 1) -> None:
+    for line in [lines] if isinstance(lines, str) else lines:
+        err.print(f"[bold red]error:[/] {line}", highlight=False, soft_wrap=True)
+    raise typer.Exit(code)
+
+
+def _load(path: Path):
+    try:
+        return load_rlrun(path)
+    except SpecError as exc:
+        _fail([str(e) for e in exc.errors])
+
+
+def _plan(rlrun):
+    from rlscale.plan import PlanError, make_plan
+
+    try:
+        return make_plan(rlrun.spec)
+    except PlanError as exc:
+        _fail(str(exc))
+
+
+@app.command()
+def validate(files: list[Path] = typer.Argument(..., help="RLRun YAML files.", show_default=False)) -> None:
+    """Check RLRun files; exit 1 naming each bad field, its value and the fix."""
+    bad = 0
+    for f in files:
+        try:
+            r = load_rlrun(f)
+        except SpecError as exc:
+            bad += 1
+            for e in exc.errors:
+                err.print(f"[bold red]error:[/] {f}: {e}", highlight=False, soft_wrap=True)
+            continue
+        s = r.spec
+        out.print(f"[green]ok[/] {f}: RLRun {r.name} ({s.algorithm.name}, {s.model.path}, {s.hardware.accelerator})", highlight=False, soft_wrap=True)
+    raise typer.Exit(1 if bad else 0)
+
+
+def _fmt_s(x: Any) -> str:
+    if x is None:
+        return "-"
+    x = float(x)
+    if x >= 3600:
+        return f"{x / 3600:.1f} h"
+    if x >= 60:
+        return f"{x / 60:.1f} min"
+    return f"{x:.2f} s" if x < 10 else f"{x:.0f} s"
+
+
+@app.command()
+def plan(file: Path = FileArg, as_json: bool = typer.Option(False, "--json", help="Print the plan as JSON.")) -> None:
+    """Plan the batch, learning rate and replicas, and show the candidates compared."""
+    rlrun = _load(file)
+    p = _plan(rlrun)
+    d = p.to_dict()
+    if as_json:
+        sys.stdout.write(json.dumps(d, indent=2) + "\n")
+        return
+    pred = d["predicted"]
+    t = Table(title=f"Plan for RLRun {rlrun.name}", show_header=False, title_justify="left")
+    t.add_column(style="bold")
+    t.add_column()
+    t.add_row("batch", f"{d['prompts']} prompts x {d['samplesPerPrompt']} samples = {d['prompts'] * d['samplesPerPrompt']}")
+    t.add_row("learning rate", f"{d['learningRate']:.3g} ({rlrun.spec.optimizer.scaling} rule from {rlrun.spec.optimizer.lr:.3g} at {rlrun.spec.optimizer.reference_batch})")
+    t.add_row("replicas", f"rollout {d['rolloutReplicas']}, learner {d['learnerReplicas']}")
+    t.add_row("throughput", f"{pred['samplesPerSecond']:.1f} samples/s")
+    t.add_row("step time", _fmt_s(pred["stepSeconds"]))
+    t.add_row("time to target", _fmt_s(pred["timeToTargetSeconds"]))
+    t.add_row("why", str(d["reason"]))
+    out.print(t)
+    cands = d.get("candidates") or []
+    if cands:
+        c = Table(title="Candidates (best first)", title_justify="left")
+        for col in ("prompts", "N", "lr", "rollout", "learner", "samples/s", "step", "samples to target", "time to target"):
+            c.add_column(col, justify="right")
+        for row in cands[:12]:
+            pr = row.get("predicted", row)
+            c.add_row(str(row["prompts"]), str(row["prompts"] * row["samplesPerPrompt"]), f"{row['learningRate']:.2g}",
+                      str(row["rolloutReplicas"]), str(row["learnerReplicas"]), f"{pr['samplesPerSecond']:.1f}",
+                      _fmt_s(pr["stepSeconds"]), f"{pr.get('samplesToTarget', 0):,.0f}", _fmt_s(pr["timeToTargetSeconds"]))
+        out.print(c)
+
+
+@app.command()
+def crd() -> None:
+    """Print the RLRun CustomResourceDefinition generated from the spec."""
+    from rlscale.crd import crd_yaml
+
+    sys.stdout.write(crd_yaml())
+
+
+@app.command()
+def run(
+    file: Path = FileArg,
+    metrics_port: int = typer.Option(9400, "--metrics-port", help="Prometheus /metrics port (0: pick a free one)."),
+    runs_dir: Path = typer.Option(Path("runs"), "--runs-dir", help="Where run reports and checkpoints go."),
+    fresh: bool = typer.Option(False, "--fresh", help="Start over instead of resuming from the last checkpoint."),
+) -> None:
+    """Run an RLRun on this machine (CPU or one GPU): plan, roll out, learn, report."""
+    rlrun = _load(file)
+    try:
+        from rlscale.embedded import run_embedded
+    except ImportError as exc:  # the train extra is missing
+        _fail(f"the embedded runner needs the train extra ({exc}); run `make run` or pip install 'rlscale[train]'")
+    raise typer.Exit(run_embedded(rlrun, metrics_port=metrics_port, runs_dir=runs_dir, fresh=fresh))
+
+
+@app.command("ray-head")
+def ray_head(config: Optional[Path] = ConfigOpt) -> None:
+    """Role entrypoint: the run's Ray head (CPU only)."""
+    from rlscale.roles import ray_head_main
+
+    raise typer.Exit(ray_head_main(config))
+
+
+@app.command()
+def rollout(config: Optional[Path] = ConfigOpt) -> None:
+    """Role entrypoint: join the run's Ray cluster and host one vLLM rollout replica."""
+    from rlscale.rollout.entrypoint import main as rollout_main
+
+    raise typer.Exit(rollout_main(str(config) if config else None))
+
+
+@app.command()
+def learner(config: Optional[Path] = ConfigOpt) -> None:
+    """Role entrypoint: one DeepSpeed rank (RANK, WORLD_SIZE, MASTER_ADDR from the environment); rank 0 drives."""
+    from rlscale.trainer.entrypoint import main as learner_main
+
+    raise typer.Exit(learner_main(str(config) if config else None))
+
+
+@app.command()
+def operator(
+    namespace: Optional[list[str]] = typer.Option(None, "--namespace", "-n", help="Watch these namespaces (default: all)."),
+    metrics_port: int = typer.Option(8080, "--metrics-port", help="Operator /metrics port."),
+) -> None:
+    """Run the Kubernetes operator (kopf) that reconciles RLRuns."""
+    from rlscale.operator.main import run as operator_run
+
+    raise typer.Exit(operator_run(namespaces=namespace or [], metrics_port=metrics_port) or 0)
+
+
+def main() -> None:
+    app()
+
+
+if __name__ == "__main__":
+    main()

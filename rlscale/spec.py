@@ -55,6 +55,7 @@ class ModelSpec(_Model):
     path: str = Field(
         "builtin:tiny-arith",
         min_length=1,
+        max_length=1024,
         description="builtin:tiny-arith (built from a config, no download), a hub id "
         "such as Qwen/Qwen2.5-1.5B, or a local directory in Hugging Face format.",
     )
@@ -85,8 +86,8 @@ class AlgorithmSpec(_Model):
 class TaskSpec(_Model):
     """Prompts and the verifiable reward."""
 
-    name: str = Field("builtin:arithmetic", min_length=1, description="builtin:arithmetic (generated in code) or a dataset name.")
-    reward: str = Field("exact-match", min_length=1, description="exact-match, format, or a plug-in given as module:function.")
+    name: str = Field("builtin:arithmetic", min_length=1, max_length=256, description="builtin:arithmetic (generated in code) or a dataset name.")
+    reward: str = Field("exact-match", min_length=1, max_length=256, description="exact-match, format, or a plug-in given as module:function.")
     difficulty: int = Field(2, ge=1, le=4, description="builtin:arithmetic: digits per operand.")
     max_new_tokens: PosInt = Field(8, description="Longest response in tokens.")
     expected_prompt_tokens: PosInt = Field(16, description="Planning hint: mean prompt length in tokens (measured values replace it).")
@@ -96,7 +97,7 @@ class TaskSpec(_Model):
 class TargetSpec(_Model):
     """When the run is done."""
 
-    metric: str = Field("eval/accuracy", min_length=1, description="Target metric, evaluated on the held-out split.")
+    metric: str = Field("eval/accuracy", min_length=1, max_length=128, description="Target metric, evaluated on the held-out split.")
     value: float = Field(0.8, description="Target value; accuracy targets lie in (0, 1].")
     eval_every: PosInt = Field(5, description="Evaluate every this many steps.")
     window: PosInt = Field(3, description="Target reached when the moving average of this many evals reaches value.")
@@ -137,7 +138,7 @@ class _RoleSpec(_Model):
     replicas: Auto | PosInt = Field("auto", description='Replica count, or "auto" to take it from the plan.')
     max_replicas: PosInt = Field(8, description="Most replicas the planner may choose.")
     gpus_per_replica: int = Field(1, ge=0, description="GPUs per replica (ignored on accelerator cpu).")
-    image: str | None = Field(None, description="Container image; the chart's default when unset.")
+    image: str | None = Field(None, max_length=512, description="Container image; the chart's default when unset.")
     resources: dict[str, Any] = Field(default_factory=dict, description="Kubernetes resource requirements (requests, limits) for each replica's container.")
 
 
@@ -168,7 +169,7 @@ class CheckpointSpec(_Model):
     """Checkpointing."""
 
     every: PosInt = Field(50, description="Checkpoint every this many steps.")
-    path: str = Field("/checkpoints", min_length=1, description="Directory (or volume mount) for checkpoints.")
+    path: str = Field("/checkpoints", min_length=1, max_length=1024, description="Directory (or volume mount) for checkpoints.")
     keep: PosInt = Field(2, description="How many checkpoints to keep.")
 
 
@@ -393,7 +394,7 @@ def _rule_response_hint(s: RLRunSpec):
                     "a response never exceeds maxNewTokens: lower the hint or raise maxNewTokens")
 
 
-_REPLICA_CEL = "(self.{r}.replicas == 'auto' ? 1 : int(self.{r}.replicas))"
+_REPLICA_CEL = "(type(self.{r}.replicas) == string ? 1 : int(self.{r}.replicas))"
 
 RULES: list[Rule] = [
     Rule("batch.samplesPerPrompt", "self.algorithm.name != 'grpo' || self.batch.samplesPerPrompt >= 2",
@@ -401,7 +402,7 @@ RULES: list[Rule] = [
     Rule("batch.minPrompts", "self.batch.minPrompts <= self.batch.maxPrompts",
          "batch.minPrompts must be <= batch.maxPrompts", _rule_prompt_bounds),
     Rule("batch.prompts",
-         "self.batch.prompts == 'auto' || (int(self.batch.prompts) >= self.batch.minPrompts && int(self.batch.prompts) <= self.batch.maxPrompts)",
+         "type(self.batch.prompts) == string || (int(self.batch.prompts) >= self.batch.minPrompts && int(self.batch.prompts) <= self.batch.maxPrompts)",
          "batch.prompts must lie within [batch.minPrompts, batch.maxPrompts]", _rule_fixed_prompts),
     Rule("task.maxNewTokens", "self.task.maxNewTokens < self.model.maxLength",
          "task.maxNewTokens must be smaller than model.maxLength", _rule_new_tokens),
@@ -417,14 +418,14 @@ RULES: list[Rule] = [
     Rule("rollout.gpusPerReplica",
          "self.hardware.accelerator == 'cpu' || (self.rollout.gpusPerReplica > 0 && self.learner.gpusPerReplica > 0)",
          "gpusPerReplica must be >= 1 unless hardware.accelerator is cpu", _rule_gpus_per_replica),
-    Rule("rollout.replicas", "self.rollout.replicas == 'auto' || int(self.rollout.replicas) <= self.rollout.maxReplicas",
+    Rule("rollout.replicas", "type(self.rollout.replicas) == string || int(self.rollout.replicas) <= self.rollout.maxReplicas",
          "rollout.replicas must be <= rollout.maxReplicas", _rule_replica_bounds("rollout")),
-    Rule("learner.replicas", "self.learner.replicas == 'auto' || int(self.learner.replicas) <= self.learner.maxReplicas",
+    Rule("learner.replicas", "type(self.learner.replicas) == string || int(self.learner.replicas) <= self.learner.maxReplicas",
          "learner.replicas must be <= learner.maxReplicas", _rule_replica_bounds("learner")),
     Rule("target.value", "!self.target.metric.endsWith('accuracy') || (self.target.value > 0.0 && self.target.value <= 1.0)",
          "target.value of an accuracy metric must lie in (0, 1]", _rule_accuracy_target),
     Rule("budget.maxSamples",
-         "self.batch.prompts == 'auto' || int(self.batch.prompts) * self.batch.samplesPerPrompt <= self.budget.maxSamples",
+         "type(self.batch.prompts) == string || int(self.batch.prompts) * self.batch.samplesPerPrompt <= self.budget.maxSamples",
          "budget.maxSamples must hold at least one step's batch", _rule_batch_within_budget),
     Rule("algorithm.clipRatioHigh", "!has(self.algorithm.clipRatioHigh) || self.algorithm.clipRatioHigh >= self.algorithm.clipRatio",
          "algorithm.clipRatioHigh must be >= algorithm.clipRatio", _rule_clip_high),

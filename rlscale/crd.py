@@ -1,0 +1,222 @@
+"""The RLRun CustomResourceDefinition, generated from the pydantic spec (never edited by hand)."""
+
+from __future__ import annotations
+
+import types
+import typing
+from typing import Any, Literal, Union, get_args, get_origin
+
+import yaml
+from annotated_types import Ge, Gt, Le, Lt, MaxLen, MinLen
+from pydantic import BaseModel
+from pydantic.fields import FieldInfo
+
+from rlscale.spec import API_GROUP, API_VERSION, KIND, RULES, RLRunSpec
+
+PLURAL = "rlruns"
+SINGULAR = "rlrun"
+SHORT_NAMES = ["rlr"]
+
+# Status paths the operator writes and the printer columns read (one place for both).
+STATUS_PHASE = ".status.phase"
+STATUS_BATCH = ".status.plan.batch"  # "16x8": prompts x samplesPerPrompt
+STATUS_LR = ".status.plan.learningRate"
+STATUS_ROLLOUT = ".status.plan.rolloutReplicas"
+STATUS_LEARNER = ".status.plan.learnerReplicas"
+STATUS_REWARD = ".status.progress.reward"
+STATUS_TTT = ".status.progress.timeToTarget"  # "4m12s", or "eta 3m" before the target
+
+PRINTER_COLUMNS = [
+    {"name": "Phase", "type": "string", "jsonPath": STATUS_PHASE},
+    {"name": "Batch", "type": "string", "jsonPath": STATUS_BATCH, "description": "prompts x samplesPerPrompt"},
+    {"name": "LR", "type": "number", "jsonPath": STATUS_LR},
+    {"name": "Rollout", "type": "integer", "jsonPath": STATUS_ROLLOUT},
+    {"name": "Learner", "type": "integer", "jsonPath": STATUS_LEARNER},
+    {"name": "Reward", "type": "number", "jsonPath": STATUS_REWARD},
+    {"name": "Target-Time", "type": "string", "jsonPath": STATUS_TTT, "description": "time-to-target, or ETA"},
+    {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
+]
+
+
+def _is_model(t: Any) -> bool:
+    return isinstance(t, type) and issubclass(t, BaseModel)
+
+
+def _constraints(info: FieldInfo | None, out: dict[str, Any]) -> None:
+    for m in info.metadata if info else []:
+        if isinstance(m, Gt) and out.get("type") == "integer":
+            out["minimum"] = m.gt + 1
+        elif isinstance(m, Gt):
+            out.update(minimum=m.gt, exclusiveMinimum=True)
+        elif isinstance(m, Ge):
+            out["minimum"] = m.ge
+        elif isinstance(m, Lt):
+            out.update(maximum=m.lt, exclusiveMaximum=True)
+        elif isinstance(m, Le):
+            out["maximum"] = m.le
+        elif isinstance(m, MinLen):
+            out["minLength"] = m.min_length
+        elif isinstance(m, MaxLen):
+            out["maxLength"] = m.max_length
+        elif getattr(m, "pattern", None):
+            out["pattern"] = m.pattern
+
+
+def _type_schema(t: Any, info: FieldInfo | None = None) -> dict[str, Any]:
+    origin = get_origin(t)
+    if origin is typing.Annotated:
+        base, *meta = get_args(t)
+        s = _type_schema(base)
+        for m in meta:
+            if isinstance(m, FieldInfo):
+                _constraints(m, s)
+        return s
+    if origin in (Union, types.UnionType):
+        args = [a for a in get_args(t) if a is not type(None)]
+        if len(args) == 1:
+            return _type_schema(args[0], info)
+        # "auto" | positive int: Kubernetes' int-or-string allows exactly this anyOf,
+        # so the value checks move into a CEL rule on the field itself
+        return {
+            "x-kubernetes-int-or-string": True,
+            "anyOf": [{"type": "integer"}, {"type": "string"}],
+            "x-kubernetes-validations": [{
+                "rule": "type(self) == string ? self == 'auto' : int(self) >= 1",
+                "message": 'must be a positive integer or "auto"',
+            }],
+        }
+    if origin is Literal:
+        values = list(get_args(t))
+        return {"type": "string", "enum": values}
+    if origin is tuple:
+        items = get_args(t)
+        return {"type": "array", "items": _type_schema(items[0]), "minItems": len(items), "maxItems": len(items)}
+    if origin is dict:
+        return {"type": "object", "x-kubernetes-preserve-unknown-fields": True}
+    if _is_model(t):
+        return _object_schema(t)
+    s = {int: {"type": "integer"}, float: {"type": "number"}, str: {"type": "string"}, bool: {"type": "boolean"}}.get(t)
+    if s is None:
+        raise TypeError(f"no OpenAPI mapping for {t!r}")
+    return dict(s)
+
+
+def _object_schema(model: type[BaseModel]) -> dict[str, Any]:
+    props: dict[str, Any] = {}
+    required: list[str] = []
+    for name, info in model.model_fields.items():
+        key = info.alias or name
+        s = _type_schema(info.annotation, info)
+        _constraints(info, s)
+        if info.description:
+            s.pop("description", None)
+            s = {"description": info.description, **s}
+        if _is_model(info.annotation) and info.default_factory is not None:
+            s["default"] = {}  # so the nested defaults apply when the block is left out
+        elif info.is_required():
+            required.append(key)
+        elif info.default is not None and not callable(info.default_factory):
+            d = info.default
+            s["default"] = list(d) if isinstance(d, tuple) else d
+        props[key] = s
+    out: dict[str, Any] = {"type": "object", "properties": props}
+    if model.__doc__:
+        out = {"description": model.__doc__.strip().splitlines()[0], **out}
+    if required:
+        out["required"] = required
+    return out
+
+
+def spec_schema() -> dict[str, Any]:
+    """The OpenAPI v3 schema of .spec, with the cross-field rules as CEL."""
+    s = _object_schema(RLRunSpec)
+    s["x-kubernetes-validations"] = [
+        {"rule": r.cel, "message": r.message, "fieldPath": "." + r.path, "reason": "FieldValueInvalid"} for r in RULES
+    ]
+    return s
+
+
+def status_schema() -> dict[str, Any]:
+    """Status is written by the operator only; its documented shape, open to additions."""
+    cond = {
+        "type": "object",
+        "properties": {
+            "type": {"type": "string"},
+            "status": {"type": "string", "enum": ["True", "False", "Unknown"]},
+            "reason": {"type": "string"},
+            "message": {"type": "string"},
+            "lastTransitionTime": {"type": "string", "format": "date-time"},
+            "observedGeneration": {"type": "integer"},
+        },
+        "required": ["type", "status"],
+    }
+    return {
+        "type": "object",
+        "description": "Observed state, written by the rlscale operator.",
+        "x-kubernetes-preserve-unknown-fields": True,
+        "properties": {
+            "phase": {"type": "string", "enum": ["Pending", "Running", "Succeeded", "Failed", "Suspended"]},
+            "observedGeneration": {"type": "integer"},
+            "conditions": {
+                "type": "array",
+                "items": cond,
+                "x-kubernetes-list-type": "map",
+                "x-kubernetes-list-map-keys": ["type"],
+            },
+            "plan": {
+                "type": "object",
+                "description": "The planner's choice and why (see `rlscale plan`).",
+                "x-kubernetes-preserve-unknown-fields": True,
+            },
+            "progress": {
+                "type": "object",
+                "description": "Step, samples, reward, target metric, samples/s, time-to-target or ETA.",
+                "x-kubernetes-preserve-unknown-fields": True,
+            },
+        },
+    }
+
+
+def crd() -> dict[str, Any]:
+    """The whole CustomResourceDefinition object."""
+    return {
+        "apiVersion": "apiextensions.k8s.io/v1",
+        "kind": "CustomResourceDefinition",
+        "metadata": {
+            "name": f"{PLURAL}.{API_GROUP}",
+            "labels": {"app.kubernetes.io/name": "rlscale", "app.kubernetes.io/part-of": "rlscale"},
+        },
+        "spec": {
+            "group": API_GROUP,
+            "names": {"kind": KIND, "listKind": f"{KIND}List", "plural": PLURAL, "singular": SINGULAR,
+                      "shortNames": SHORT_NAMES, "categories": ["rlscale"]},
+            "scope": "Namespaced",
+            "versions": [
+                {
+                    "name": API_VERSION,
+                    "served": True,
+                    "storage": True,
+                    "subresources": {"status": {}},
+                    "additionalPrinterColumns": PRINTER_COLUMNS,
+                    "schema": {
+                        "openAPIV3Schema": {
+                            "type": "object",
+                            "description": "RLRun: a GRPO or PPO run whose batch, learning rate and rollout/learner split rlscale plans.",
+                            "properties": {
+                                "apiVersion": {"type": "string"},
+                                "kind": {"type": "string"},
+                                "metadata": {"type": "object"},
+                                "spec": {"default": {}, **spec_schema()},
+                                "status": status_schema(),
+                            },
+                        }
+                    },
+                }
+            ],
+        },
+    }
+
+
+def crd_yaml() -> str:
+    header = "# Generated by `rlscale crd` from rlscale/spec.py; do not edit by hand.\n"
+    return header + yaml.safe_dump(crd(), sort_keys=False, width=120)

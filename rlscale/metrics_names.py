@@ -1,0 +1,31 @@
+"""Prometheus metric names, in one place (rlscale_ prefix, base units, _total on counters)."""
+
+PREFIX = "rlscale_"
+
+# The run (driver / embedded runner)
+SAMPLES_TOTAL = "rlscale_samples_total"
+STEPS_TOTAL = "rlscale_steps_total"
+GENERATED_TOKENS_TOTAL = "rlscale_generated_tokens_total"
+TRAINED_TOKENS_TOTAL = "rlscale_trained_tokens_total"
+STEP_PHASE_SECONDS = "rlscale_step_phase_seconds"  # histogram, label phase
+PHASES = ("generate", "reward", "train", "sync")
+SAMPLES_PER_SECOND = "rlscale_samples_per_second"
+REWARD_MEAN = "rlscale_reward_mean"
+TARGET_METRIC = "rlscale_target_metric"
+TARGET_VALUE = "rlscale_target_value"
+TIME_TO_TARGET_SECONDS = "rlscale_time_to_target_seconds"
+SAMPLES_TO_TARGET = "rlscale_samples_to_target"
+PLANNED_PROMPTS = "rlscale_planned_prompts"
+PLANNED_SAMPLES_PER_PROMPT = "rlscale_planned_samples_per_prompt"
+PLANNED_LEARNING_RATE = "rlscale_planned_learning_rate"
+REPLICAS = "rlscale_replicas"  # gauge, label role=rollout|learner
+GRADIENT_NOISE_SCALE = "rlscale_gradient_noise_scale"
+WEIGHTS_VERSION = "rlscale_weights_version"
+PREDICTED_STEP_SECONDS = "rlscale_predicted_step_seconds"
+
+# Rollout replicas use the rlscale_rollout_ prefix; the operator rlscale_operator_.
+ROLLOUT_PREFIX = "rlscale_rollout_"
+OPERATOR_PREFIX = "rlscale_operator_"
+
+DEFAULT_METRICS_PORT = 9400
+OPERATOR_METRICS_PORT = 8080
