@@ -1,0 +1,171 @@
+"""The RLRun spec: structure, every cross-field rule, and errors that name field, value and fix."""
+
+from __future__ import annotations
+
+import pytest
+import yaml
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from rlscale.spec import RULES, SpecError, load_rlrun, parse_rlrun, parse_spec
+from tests.conftest import EXAMPLES, rlrun_dict
+
+
+def errors_of(spec: dict) -> list[str]:
+    with pytest.raises(SpecError) as info:
+        parse_spec(spec)
+    return [str(e) for e in info.value.errors]
+
+
+def test_defaults_are_a_valid_spec():
+    s = parse_spec({})
+    assert s.batch.prompts == "auto" and s.algorithm.name == "grpo"
+    assert s.algorithm.lambda_ == 0.95
+
+
+@pytest.mark.parametrize("path", sorted(EXAMPLES.glob("*.yaml")), ids=lambda p: p.name)
+def test_examples_validate(path):
+    assert load_rlrun(path).spec is not None
+
+
+# (spec, the field path the error must name, a word of the fix)
+CROSS_FIELD = [
+    ({"batch": {"samplesPerPrompt": 1}}, "spec.batch.samplesPerPrompt", "2 or more"),
+    ({"batch": {"minPrompts": 64, "maxPrompts": 8}}, "spec.batch.minPrompts", "<= maxPrompts"),
+    ({"batch": {"prompts": 512}}, "spec.batch.prompts", "widen"),
+    ({"task": {"maxNewTokens": 128}}, "spec.task.maxNewTokens", "smaller than model.maxLength"),
+    ({"task": {"expectedPromptTokens": 100, "maxNewTokens": 60}}, "spec.model.maxLength", "at least 160"),
+    ({"task": {"expectedResponseTokens": 9, "maxNewTokens": 8}}, "spec.task.expectedResponseTokens", "maxNewTokens"),
+    ({"budget": {"gpus": 1}}, "spec.budget.gpus", "at least 2"),
+    ({"budget": {"gpus": 8}, "rollout": {"replicas": 6}, "learner": {"replicas": 4}}, "spec.budget.gpus", "at least 10"),
+    ({"rollout": {"gpusPerReplica": 0}}, "spec.rollout.gpusPerReplica", "accelerator: cpu"),
+    ({"rollout": {"replicas": 9}}, "spec.rollout.replicas", "maxReplicas"),
+    ({"learner": {"replicas": 9, "maxReplicas": 4}, "budget": {"gpus": 64}}, "spec.learner.replicas", "maxReplicas"),
+    ({"target": {"value": 1.5}}, "spec.target.value", "fraction"),
+    ({"target": {"value": 0}}, "spec.target.value", "fraction"),
+    ({"batch": {"prompts": 64}, "budget": {"maxSamples": 100}}, "spec.budget.maxSamples", "raise maxSamples"),
+    ({"algorithm": {"clipRatio": 0.3, "clipRatioHigh": 0.2}}, "spec.algorithm.clipRatioHigh", ">= clipRatio"),
+    ({"optimizer": {"betas": [0.9, 1.0]}}, "spec.optimizer.betas", "[0.9, 0.999]"),
+    ({"model": {"path": "builtin:huge"}}, "spec.model.path", "builtin:tiny-arith"),
+    ({"task": {"name": "builtin:chess"}}, "spec.task.name", "builtin:arithmetic"),
+    ({"task": {"reward": "my reward"}}, "spec.task.reward", "module:function"),
+]
+
+
+@pytest.mark.parametrize("spec,field,fix", CROSS_FIELD, ids=[c[1] + str(i) for i, c in enumerate(CROSS_FIELD)])
+def test_cross_field_rule_names_field_and_fix(spec, field, fix):
+    errs = errors_of(spec)
+    hit = [e for e in errs if e.startswith(field + ":")]
+    assert hit, errs
+    assert fix in hit[0], hit[0]
+
+
+def test_every_rule_is_exercised():
+    named = {c[1] for c in CROSS_FIELD}
+    assert {"spec." + r.path for r in RULES} - named - {"spec.learner.replicas"} <= named
+
+
+def test_cpu_accelerator_lifts_the_gpu_rules():
+    s = parse_spec({"hardware": {"accelerator": "cpu"}, "budget": {"gpus": 0}, "rollout": {"gpusPerReplica": 0}})
+    assert s.hardware.accelerator == "cpu"
+
+
+def test_ppo_allows_one_sample_per_prompt():
+    assert parse_spec({"algorithm": {"name": "ppo"}, "batch": {"samplesPerPrompt": 1}}).batch.samples_per_prompt == 1
+
+
+STRUCTURAL = [
+    ({"batch": {"prompts": 0}}, 'spec.batch.prompts: 0 is not allowed; use a positive integer or "auto"'),
+    ({"batch": {"prompts": "lots"}}, "spec.batch.prompts: 'lots' is not allowed"),
+    ({"batch": {"prompts": True}}, "spec.batch.prompts: True is not allowed"),
+    ({"rollout": {"replicas": 0}}, "suspend: true scales to zero"),
+    ({"batch": {"promts": 8}}, "spec.batch.promts: is not a known field; did you mean 'prompts'?"),
+    ({"optimizer": {"lr": -1e-5}}, "spec.optimizer.lr: -1e-05 must be greater than 0"),
+    ({"optimizer": {"lr": 0}}, "spec.optimizer.lr: 0 must be greater than 0"),
+    ({"algorithm": {"clipRatio": 0}}, "spec.algorithm.clipRatio: 0 must be greater than 0"),
+    ({"algorithm": {"name": "dpo"}}, "spec.algorithm.name: 'dpo' is not allowed; use 'grpo' or 'ppo'"),
+    ({"learner": {"zeroStage": 4}}, "spec.learner.zeroStage: 4 must be less than or equal to 3"),
+    ({"learner": {"zeroStage": -1}}, "spec.learner.zeroStage: -1 must be greater than or equal to 0"),
+    ({"hardware": {"accelerator": "TPU"}}, "spec.hardware.accelerator: 'TPU' is not allowed"),
+    ({"model": {"dtype": "int4"}}, "spec.model.dtype: 'int4' is not allowed"),
+    ({"batch": {"microBatch": 0}}, "spec.batch.microBatch: 0 must be greater than 0"),
+    ({"model": "gpt"}, "spec.model: 'gpt' must be a mapping"),
+    ({"optimizer": {"betas": [0.9]}}, "spec.optimizer.betas[1]: is required"),
+]
+
+
+@pytest.mark.parametrize("spec,message", STRUCTURAL, ids=[m for _, m in STRUCTURAL])
+def test_structural_errors_are_one_clear_line(spec, message):
+    errs = errors_of(spec)
+    assert any(message in e for e in errs), errs
+    assert all("\n" not in e and "Traceback" not in e for e in errs)
+
+
+def test_all_problems_are_reported_together():
+    errs = errors_of({"batch": {"prompts": 0}, "optimizer": {"lr": -1}, "model": {"dtype": "x"}})
+    assert len(errs) == 3
+
+
+@pytest.mark.parametrize(
+    "text,needle",
+    [
+        ("", "is empty"),
+        ("# only a comment\n", "is empty"),
+        ("spec: [unclosed\n", "is not valid YAML at line"),
+        ("- a\n- b\n", "is a list, not a mapping"),
+        ("apiVersion: v1\nkind: Pod\nmetadata: {name: p}\n", "apiVersion: 'v1' is not supported"),
+        ("apiVersion: rlscale.dev/v1alpha1\nkind: RLJob\nmetadata: {name: p}\n", "kind: 'RLJob' is not an RLRun"),
+        ("apiVersion: rlscale.dev/v1alpha1\nkind: RLRun\n", "metadata: is required"),
+        ("apiVersion: rlscale.dev/v1alpha1\nkind: RLRun\nmetadata: {name: Bad_Name}\n", "is not a valid Kubernetes name"),
+        ("a: 1\n---\nb: 2\n", "put one RLRun per file"),
+        ("\tkey: value\n", "is not valid YAML"),
+    ],
+)
+def test_bad_files_get_one_line(tmp_path, text, needle):
+    f = tmp_path / "bad.yaml"
+    f.write_text(text)
+    with pytest.raises(SpecError) as info:
+        load_rlrun(f)
+    assert needle in str(info.value), str(info.value)
+
+
+def test_missing_file(tmp_path):
+    with pytest.raises(SpecError, match="does not exist"):
+        load_rlrun(tmp_path / "nope.yaml")
+
+
+def test_round_trip_through_yaml_keeps_the_spec():
+    r = parse_rlrun(rlrun_dict({"batch": {"prompts": 16}, "algorithm": {"lambda": 0.9}}))
+    again = parse_rlrun(yaml.safe_load(yaml.safe_dump(r.to_dict())))
+    assert again.spec == r.spec and again.to_dict()["spec"]["algorithm"]["lambda"] == 0.9
+
+
+yaml_scalars = st.one_of(st.none(), st.booleans(), st.integers(-10**6, 10**6), st.floats(allow_nan=False), st.text(max_size=8))
+yaml_values = st.recursive(
+    yaml_scalars,
+    lambda children: st.one_of(st.lists(children, max_size=4), st.dictionaries(st.text(max_size=12), children, max_size=5)),
+    max_leaves=20,
+)
+spec_keys = st.sampled_from(["model", "algorithm", "task", "target", "batch", "optimizer", "budget", "rollout",
+                             "learner", "hardware", "checkpoint", "suspend", "prompts", "samplesPerPrompt", "lr"])
+spec_like = st.dictionaries(spec_keys, st.one_of(yaml_values, st.dictionaries(spec_keys, yaml_values, max_size=4)), max_size=6)
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(doc=st.one_of(yaml_values, spec_like.map(rlrun_dict)))
+def test_arbitrary_yaml_only_ever_gives_validation_errors(doc):
+    try:
+        parse_rlrun(doc)
+    except SpecError as exc:
+        assert exc.errors and all(str(e) for e in exc.errors)
+
+
+@settings(max_examples=200, deadline=None)
+@given(text=st.text(max_size=200))
+def test_arbitrary_text_files_only_ever_give_validation_errors(tmp_path_factory, text):
+    f = tmp_path_factory.mktemp("y") / "x.yaml"
+    f.write_text(text, encoding="utf-8")
+    try:
+        load_rlrun(f)
+    except SpecError as exc:
+        assert exc.errors
