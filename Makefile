@@ -26,6 +26,7 @@ prometheus:
 run: venv
 	$(RLSCALE) run examples/quickstart.yaml
 
+## make crd: regenerate the CRD and the README spec table from rlscale/spec.py.
 ## make test: install, build/start what the tests need, run the whole suite.
 test: venv k8s prometheus
 	$(PY) -m pytest $(PYTEST_ARGS)
@@ -42,7 +43,7 @@ lint: venv
 	$(VENV)/bin/ruff check .
 
 crd: venv
-	$(RLSCALE) crd > charts/rlscale/crds/rlruns.rlscale.dev.yaml
+	$(PY) hack/gen.py
 
 bench: venv
 	$(PY) bench/rollout_throughput.py

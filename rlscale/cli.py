@@ -125,6 +125,7 @@ def run(
     metrics_port: int = typer.Option(9400, "--metrics-port", help="Prometheus /metrics port (0: pick a free one)."),
     runs_dir: Path = typer.Option(Path("runs"), "--runs-dir", help="Where run reports and checkpoints go."),
     fresh: bool = typer.Option(False, "--fresh", help="Start over instead of resuming from the last checkpoint."),
+    linger: float = typer.Option(0.0, "--linger", help="Keep /metrics up this many seconds after the run ends (for a last scrape)."),
 ) -> None:
     """Run an RLRun on this machine (CPU or one GPU): plan, roll out, learn, report."""
     rlrun = _load(file)
@@ -132,7 +133,7 @@ def run(
         from rlscale.embedded import run_embedded
     except ImportError as exc:  # the train extra is missing
         _fail(f"the embedded runner needs the train extra ({exc}); run `make run` or pip install 'rlscale[train]'")
-    raise typer.Exit(run_embedded(rlrun, metrics_port=metrics_port, runs_dir=runs_dir, fresh=fresh))
+    raise typer.Exit(run_embedded(rlrun, metrics_port=metrics_port, runs_dir=runs_dir, fresh=fresh, linger=linger))
 
 
 @app.command("ray-head")

@@ -55,3 +55,13 @@ def test_status_subresource_and_printer_columns():
 def test_crd_is_plain_yaml():
     doc = yaml.safe_load(CRD_FILE.read_text())
     assert doc["metadata"]["name"] == "rlruns.rlscale.dev"
+
+
+def test_readme_spec_reference_is_generated():
+    from rlscale.crd import spec_reference_markdown
+
+    text = (ROOT / "README.md").read_text()
+    start, end = "<!-- spec-reference:start -->\n", "<!-- spec-reference:end -->"
+    assert start in text and end in text
+    table = text.split(start, 1)[1].split(end, 1)[0]
+    assert table == spec_reference_markdown(), "README's spec table is stale: regenerate it from rlscale.crd.spec_reference_markdown()"

@@ -1,0 +1,284 @@
+"""`rlscale run`: the same role entrypoints as the operator's pods, started as local processes."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console, Group
+from rich.live import Live
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from rlscale.plan import make_plan
+from rlscale.roles import free_port
+from rlscale.runconfig import ENV_CONFIG, RunConfig
+from rlscale.spec import RLRun
+
+console = Console()
+
+# Exit codes the driver (learner rank 0) uses; the runner passes them on.
+EXIT_TARGET = 0
+EXIT_BUDGET = 3
+EXIT_INTERRUPTED = 130
+DEFAULT_CHECKPOINT_PATH = "/checkpoints"  # the pods' volume; locally it lives in the run directory
+
+
+@dataclass
+class Role:
+    """One local process running a role entrypoint, in its own process group."""
+
+    name: str
+    argv: list[str]
+    env: dict[str, str]
+    log: Path
+    proc: subprocess.Popen | None = None
+    restarts: int = 0
+
+    def start(self) -> None:
+        self.log.parent.mkdir(parents=True, exist_ok=True)
+        fh = open(self.log, "ab")
+        self.proc = subprocess.Popen(self.argv, env=self.env, stdout=fh, stderr=subprocess.STDOUT,
+                                     stdin=subprocess.DEVNULL, start_new_session=True)
+        fh.close()
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def signal(self, sig: int) -> None:
+        if self.alive():
+            try:
+                os.killpg(self.proc.pid, sig)
+            except ProcessLookupError:
+                pass
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 20.0) -> None:
+        """Ask the group to stop, then make sure nothing of it is left."""
+        if self.proc is None:
+            return
+        self.signal(sig)
+        try:
+            self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            pass
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)  # stragglers the leader left behind
+        except (ProcessLookupError, PermissionError):
+            pass
+        try:
+            self.proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            pass
+
+
+@dataclass
+class LocalRun:
+    """Everything one embedded run starts, so that Ctrl-C stops exactly that."""
+
+    cfg: RunConfig
+    run_dir: Path
+    roles: list[Role] = field(default_factory=list)
+
+    def role_env(self, **extra: str) -> dict[str, str]:
+        env = dict(os.environ)
+        env[ENV_CONFIG] = str(self.run_dir / "run.json")
+        env.setdefault("PYTHONUNBUFFERED", "1")
+        env.update(extra)
+        return env
+
+    def start(self, role: Role) -> Role:
+        role.start()
+        self.roles.append(role)
+        return role
+
+    def stop_all(self) -> None:
+        # Learners first (the driver checkpoints on SIGTERM), then rollout, then the Ray head.
+        for prefix in ("learner", "rollout", "ray-head"):
+            for r in [r for r in self.roles if r.name.startswith(prefix)]:
+                r.stop(timeout=60.0 if prefix == "learner" else 20.0)
+
+
+def _wait_port(host: str, port: int, proc: Role, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if not proc.alive():
+            raise RuntimeError(f"{proc.name} exited early; see {proc.log}")
+        with socket.socket() as s:
+            s.settimeout(0.5)
+            if s.connect_ex((host, port)) == 0:
+                return
+        time.sleep(0.3)
+    raise RuntimeError(f"{proc.name} did not listen on {host}:{port} within {timeout:.0f} s; see {proc.log}")
+
+
+def resolve_model_dir(path: str) -> str:
+    """A local model directory for the spec's model.path (builtin models are built and cached)."""
+    if path.startswith("builtin:"):
+        from rlscale.trainer.modeling import ensure_builtin_model  # heavy: only the embedded run needs it
+
+        return str(ensure_builtin_model(path))
+    return path
+
+
+def _read_new_records(path: Path, offset: int) -> tuple[list[dict[str, Any]], int]:
+    if not path.exists():
+        return [], offset
+    with open(path, "rb") as f:
+        f.seek(offset)
+        chunk = f.read()
+    lines = chunk.split(b"\n")
+    done = b"\n".join(lines[:-1])
+    records = [json.loads(line) for line in done.split(b"\n") if line.strip()]
+    return records, offset + len(done) + (1 if len(lines) > 1 else 0)
+
+
+def _fmt_s(x: float | None) -> str:
+    if x is None:
+        return "-"
+    x = max(0.0, float(x))
+    return f"{int(x // 60)}m{int(x % 60):02d}s" if x >= 60 else f"{x:.1f}s"
+
+
+def progress_view(rec: dict[str, Any] | None, target: float, metric: str, budget_samples: int, bar: Progress) -> Group:
+    t = Table(show_header=False, box=None, pad_edge=False)
+    t.add_column(style="bold cyan")
+    t.add_column()
+    if rec is None:
+        t.add_row("status", "starting roles (Ray head, rollout, learner)...")
+        return Group(bar, t)
+    ph = rec.get("phases", {})
+    split = "  ".join(f"{k} {v:.2f}s" for k, v in ph.items())
+    tm = rec.get("target_metric")
+    t.add_row("step", f"{rec['step']}  (batch {rec.get('prompts')}x{rec.get('samples_per_prompt')}, lr {rec.get('lr', 0):.2e})")
+    t.add_row("samples", f"{rec['samples']:,} of at most {budget_samples:,}")
+    t.add_row("reward", f"{rec.get('reward_mean', 0):.3f}")
+    t.add_row(metric, f"{tm:.3f} / {target}" if tm is not None else f"- / {target}")
+    t.add_row("samples/s", f"{rec.get('samples_per_second', 0):.1f}")
+    t.add_row("last step", f"{rec.get('step_seconds', 0):.2f}s = {split}")
+    if rec.get("time_to_target_seconds") is not None:
+        t.add_row("time to target", f"[bold green]{_fmt_s(rec['time_to_target_seconds'])}[/]  ({rec.get('samples_to_target'):,} samples)")
+    else:
+        t.add_row("ETA to target", _fmt_s(rec.get("eta_seconds")))
+    return Group(bar, t)
+
+
+def prepare_run(rlrun: RLRun, runs_dir: Path, metrics_port: int, fresh: bool, linger: float = 0.0) -> tuple[RunConfig, Path, Any]:
+    """Plan, resolve the model and write run.json + plan.json into runs/<name>/."""
+    spec = rlrun.spec
+    plan = make_plan(spec)
+    run_dir = (runs_dir / rlrun.name).resolve()
+    if fresh and run_dir.exists():
+        import shutil
+
+        shutil.rmtree(run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    ckpt = spec.checkpoint.path
+    ckpt_dir = run_dir / "checkpoints" if ckpt == DEFAULT_CHECKPOINT_PATH else Path(ckpt).resolve()
+    model_dir = resolve_model_dir(spec.model.path)
+    port = metrics_port or free_port()
+    cfg = RunConfig.from_rlrun(
+        rlrun, plan.to_dict(), ray_address=f"127.0.0.1:{free_port()}", metrics_port=port,
+        checkpoint_dir=str(ckpt_dir), report_dir=str(run_dir), model_dir=model_dir,
+        extra={"headCpus": max(1, os.cpu_count() or 1), "objectStoreBytes": 512 * 2**20, "local": True,
+               "lingerSeconds": linger},
+    )
+    cfg.save(run_dir / "run.json")
+    return cfg, run_dir, plan
+
+
+def run_embedded(rlrun: RLRun, *, metrics_port: int = 9400, runs_dir: Path = Path("runs"), fresh: bool = False,
+                 linger: float = 0.0) -> int:
+    """Run the RLRun on this machine; returns the driver's exit code."""
+    spec = rlrun.spec
+    console.rule(f"[bold]rlscale run[/] {rlrun.name}")
+    cfg, run_dir, plan = prepare_run(rlrun, runs_dir, metrics_port, fresh, linger)
+    console.print(f"plan: {plan.summary()}  [dim]({plan.reason})[/]", highlight=False)
+    console.print(f"metrics: http://127.0.0.1:{cfg.metrics_port}/metrics   report: {run_dir}", highlight=False)
+
+    local = LocalRun(cfg, run_dir)
+    exe = [sys.executable, "-m", "rlscale.cli"]
+    host, _, port = cfg.ray_address.rpartition(":")
+    interrupted = {"n": 0}
+
+    def on_sigint(signum, frame):  # first Ctrl-C: checkpoint and stop; second: stop now
+        interrupted["n"] += 1
+        sig = signal.SIGTERM if interrupted["n"] == 1 else signal.SIGKILL
+        for r in local.roles:
+            if r.name.startswith("learner"):
+                r.signal(sig)
+
+    old = {s: signal.signal(s, on_sigint) for s in (signal.SIGINT, signal.SIGTERM)}
+    code = 1
+    try:
+        head = local.start(Role("ray-head", exe + ["ray-head"], local.role_env(), run_dir / "logs/ray-head.log"))
+        _wait_port(host, int(port), head, timeout=120)
+        rollouts = [local.start(Role(f"rollout-{i}", exe + ["rollout"], local.role_env(), run_dir / f"logs/rollout-{i}.log"))
+                    for i in range(int(plan.rollout_replicas))]
+        world = int(plan.learner_replicas)
+        master_port = str(free_port())
+        learners = [
+            local.start(Role(f"learner-{rank}", exe + ["learner"],
+                             local.role_env(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world),
+                                            MASTER_ADDR="127.0.0.1", MASTER_PORT=master_port),
+                             run_dir / f"logs/learner-{rank}.log"))
+            for rank in range(world)
+        ]
+        code = _watch(local, learners[0], rollouts, run_dir, spec)
+    finally:
+        local.stop_all()
+        for s, h in old.items():
+            signal.signal(s, h)
+    summary = run_dir / "summary.md"
+    if code == EXIT_TARGET:
+        console.print(f"[bold green]target reached[/] — report: {summary}", highlight=False)
+    elif code == EXIT_BUDGET:
+        console.print(f"[yellow]budget spent before the target[/] — report: {summary}", highlight=False)
+    elif code == EXIT_INTERRUPTED:
+        console.print(f"[yellow]stopped; checkpoint kept[/] — run the same command again to resume. Report: {summary}", highlight=False)
+    else:
+        console.print(f"[red]the driver failed (exit {code})[/]; see {run_dir / 'logs'}", highlight=False)
+    if summary.exists() and code in (EXIT_TARGET, EXIT_BUDGET):
+        console.print(summary.read_text(), highlight=False)
+    return code
+
+
+def _watch(local: LocalRun, driver: Role, rollouts: list[Role], run_dir: Path, spec) -> int:
+    """Show progress from metrics.jsonl until the driver exits; keep rollout processes alive."""
+    metrics = run_dir / "metrics.jsonl"
+    offset = metrics.stat().st_size if metrics.exists() else 0
+    last: dict[str, Any] | None = None
+    bar = Progress(TextColumn("[bold]{task.description}"), BarColumn(), TextColumn("{task.percentage:>3.0f}%"),
+                   TimeElapsedColumn(), console=console)
+    task = bar.add_task(f"{spec.target.metric} -> {spec.target.value}", total=spec.target.value)
+    with Live(progress_view(None, spec.target.value, spec.target.metric, spec.budget.max_samples, bar),
+              console=console, refresh_per_second=4, transient=False) as live:
+        while driver.alive():
+            recs, offset = _read_new_records(metrics, offset)
+            if recs:
+                last = recs[-1]
+                if last.get("target_metric") is not None:
+                    bar.update(task, completed=min(spec.target.value, last["target_metric"]))
+            for r in rollouts:
+                if not r.alive() and r.restarts < 3:
+                    # a lost rollout process is restarted; its replica reloads the newest weights on join
+                    r.restarts += 1
+                    r.start()
+            for other in local.roles:
+                if other.name.startswith("learner") and other is not driver and not other.alive() and other.proc.returncode:
+                    console.print(f"[red]{other.name} exited with {other.proc.returncode}[/]; stopping the run")
+                    driver.signal(signal.SIGTERM)
+            live.update(progress_view(last, spec.target.value, spec.target.metric, spec.budget.max_samples, bar))
+            time.sleep(0.25)
+        recs, offset = _read_new_records(metrics, offset)
+        if recs:
+            last = recs[-1]
+        live.update(progress_view(last, spec.target.value, spec.target.metric, spec.budget.max_samples, bar))
+    return driver.proc.returncode if driver.proc else 1

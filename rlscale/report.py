@@ -1,0 +1,139 @@
+"""The run report in runs/<name>/: curves.png and summary.md, from metrics.jsonl and plan.json."""
+
+from __future__ import annotations
+
+import json
+import statistics
+from pathlib import Path
+from typing import Any
+
+
+def read_jsonl(path: Path) -> list[dict[str, Any]]:
+    if not path.exists():
+        return []
+    out = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        if line.strip():
+            try:
+                out.append(json.loads(line))
+            except json.JSONDecodeError:
+                break  # a line cut short by a crash ends the usable log
+    return out
+
+
+def read_plans(path: Path) -> list[dict[str, Any]]:
+    if not path.exists():
+        return []
+    data = json.loads(path.read_text(encoding="utf-8"))
+    return data.get("plans", []) if isinstance(data, dict) else data
+
+
+def plot_curves(records: list[dict[str, Any]], target: float, metric: str, out: Path) -> Path | None:
+    """Target metric and reward vs samples and vs wall time; phase seconds per step."""
+    if not records:
+        return None
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    evals = [r for r in records if r.get("eval") is not None]
+    fig, ax = plt.subplots(2, 2, figsize=(12, 8))
+    for a, key, label in ((ax[0][0], "samples", "samples"), (ax[0][1], "wall_seconds", "wall time (s)")):
+        if evals:
+            a.plot([r[key] for r in evals], [r["eval"] for r in evals], "o", ms=3, alpha=0.5, label=f"{metric} (each eval)")
+            ma = [r for r in evals if r.get("target_metric") is not None]
+            a.plot([r[key] for r in ma], [r["target_metric"] for r in ma], "-", lw=2, label=f"{metric} (moving average)")
+        a.plot([r[key] for r in records], [r.get("reward_mean", 0) for r in records], "-", lw=0.8, alpha=0.6, label="reward (train batch)")
+        a.axhline(target, color="k", ls="--", lw=1, label=f"target {target}")
+        a.set_xlabel(label)
+        a.set_ylim(0, 1.05 if target <= 1 else None)
+        a.grid(alpha=0.3)
+        a.legend(fontsize=8, loc="lower right")
+    ax[0][0].set_title(f"{metric} vs samples")
+    ax[0][1].set_title(f"{metric} vs wall time")
+    steps = [r["step"] for r in records]
+    bottom = [0.0] * len(records)
+    a = ax[1][0]
+    for phase in ("generate", "reward", "train", "sync"):
+        vals = [r.get("phases", {}).get(phase, 0.0) for r in records]
+        a.bar(steps, vals, bottom=bottom, width=1.0, label=phase)
+        bottom = [b + v for b, v in zip(bottom, vals)]
+    pred = [r.get("predicted_step_seconds") for r in records]
+    if any(p is not None for p in pred):
+        a.plot(steps, [p if p is not None else float("nan") for p in pred], "k-", lw=1, label="planned step")
+    a.set_xlabel("step")
+    a.set_ylabel("seconds")
+    a.set_title("phase seconds per step")
+    a.legend(fontsize=8)
+    a = ax[1][1]
+    a.plot(steps, [r.get("samples_per_second", 0) for r in records], lw=1, label="samples/s")
+    a.set_xlabel("step")
+    a.set_title("throughput")
+    a.grid(alpha=0.3)
+    a.legend(fontsize=8)
+    fig.tight_layout()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+    return out
+
+
+def _median(xs: list[float]) -> float | None:
+    xs = [x for x in xs if x is not None]
+    return statistics.median(xs) if xs else None
+
+
+def summarize(records: list[dict[str, Any]], plans: list[dict[str, Any]], target: float, metric: str, name: str) -> str:
+    """summary.md: time- and samples-to-target, throughput, and the plan's predicted vs measured step time."""
+    lines = [f"# RLRun {name}", ""]
+    if not records:
+        return "\n".join(lines + ["No steps were recorded."])
+    last = records[-1]
+    reached = next((r for r in records if r.get("time_to_target_seconds") is not None), None)
+    if reached:
+        lines.append(f"- **time to target**: {reached['time_to_target_seconds']:.1f} s ({metric} moving average >= {target})")
+        lines.append(f"- **samples to target**: {reached['samples_to_target']:,} (step {reached['step']})")
+    else:
+        best = max((r.get("target_metric") or 0.0) for r in records)
+        lines.append(f"- target {metric} >= {target} **not reached**; best moving average {best:.3f}")
+    lines.append(f"- steps: {last['step']}, samples: {last['samples']:,}, wall time: {last.get('wall_seconds', 0):.1f} s")
+    tail = records[len(records) // 2:] or records  # skip the warm-up half when summarising speed
+    sps = _median([r.get("samples_per_second") for r in tail])
+    step_s = _median([r.get("step_seconds") for r in tail])
+    pred = _median([r.get("predicted_step_seconds") for r in tail])
+    if sps:
+        lines.append(f"- measured throughput: {sps:.1f} samples/s (median over the second half)")
+    if step_s:
+        ratio = f" (measured/predicted = {step_s / pred:.2f})" if pred else ""
+        lines.append(f"- step time: measured {step_s:.3f} s, planned {pred:.3f} s{ratio}" if pred else f"- step time: measured {step_s:.3f} s")
+    phases = {p: _median([r.get("phases", {}).get(p) for r in tail]) for p in ("generate", "reward", "train", "sync")}
+    if any(phases.values()):
+        total = sum(v for v in phases.values() if v) or 1.0
+        lines += ["", "| phase | median seconds | share |", "|---|---:|---:|"]
+        for p, v in phases.items():
+            if v is not None:
+                lines.append(f"| {p} | {v:.4f} | {100 * v / total:.0f}% |")
+    over = _median([r.get("overhead_seconds") for r in tail])
+    if over is not None and step_s:
+        lines.append(f"\nLoop overhead (step time not spent in generation or training compute): {over:.3f} s per step, {100 * over / step_s:.0f}% of the step.")
+    if plans:
+        lines += ["", "## Plans", ""]
+        for p in plans:
+            at = p.get("atStep", 0)
+            lines.append(f"- step {at}: {p.get('prompts')}x{p.get('samplesPerPrompt')}, lr {p.get('learningRate', 0):.3g}, "
+                         f"rollout {p.get('rolloutReplicas')}, learner {p.get('learnerReplicas')} — {p.get('reason', '')}"
+                         + (f" (re-planned: {p['why']})" if p.get("why") else ""))
+    lines += ["", "![curves](curves.png)", ""]
+    return "\n".join(lines)
+
+
+def write_report(run_dir: str | Path, target: float, metric: str, name: str) -> Path:
+    """Write curves.png and summary.md into run_dir; returns the summary path."""
+    d = Path(run_dir)
+    records = read_jsonl(d / "metrics.jsonl")
+    plans = read_plans(d / "plan.json")
+    plot_curves(records, target, metric, d / "curves.png")
+    out = d / "summary.md"
+    out.write_text(summarize(records, plans, target, metric, name), encoding="utf-8")
+    return out

@@ -1,0 +1,58 @@
+"""Role helpers shared by the runner and the pods: the Ray head entrypoint and address handling."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import sys
+from pathlib import Path
+
+from rlscale.runconfig import load_run_config
+
+DEFAULT_RAY_PORT = 6379
+
+
+def split_address(address: str | None, default_port: int = DEFAULT_RAY_PORT) -> tuple[str, int]:
+    """'host:port' -> (host, port); a bare host gets the default port."""
+    if not address:
+        return "0.0.0.0", default_port
+    host, _, port = address.rpartition(":")
+    if not host:
+        return port, default_port
+    return host, int(port)
+
+
+def ray_executable() -> str:
+    """The `ray` CLI next to this interpreter (a venv need not be on PATH)."""
+    here = Path(sys.executable).with_name("ray")
+    return str(here) if here.exists() else (shutil.which("ray") or "ray")
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def ray_head_command(ray_address: str | None, num_cpus: int | None = None, object_store_bytes: int | None = None) -> list[str]:
+    """`ray start --head` for the run: no dashboard, no usage stats, blocking so the process is the role."""
+    host, port = split_address(ray_address)
+    cmd = [ray_executable(), "start", "--head", f"--port={port}", "--block", "--disable-usage-stats",
+           "--include-dashboard=false"]
+    if host in ("127.0.0.1", "localhost"):
+        cmd.append("--node-ip-address=127.0.0.1")
+    if num_cpus is not None:
+        cmd.append(f"--num-cpus={num_cpus}")
+    if object_store_bytes:
+        cmd.append(f"--object-store-memory={object_store_bytes}")
+    return cmd
+
+
+def ray_head_main(config_path: str | os.PathLike | None) -> int:
+    """Become the run's Ray head: exec `ray start --head --block` so signals reach Ray directly."""
+    cfg = load_run_config(config_path)
+    extra = cfg.extra or {}
+    cmd = ray_head_command(cfg.ray_address, extra.get("headCpus"), extra.get("objectStoreBytes"))
+    os.execvp(cmd[0], cmd)
+    return 0  # not reached
