@@ -88,7 +88,7 @@ class TaskSpec(_Model):
 
     name: str = Field("builtin:arithmetic", min_length=1, max_length=256, description="builtin:arithmetic (generated in code) or a dataset name.")
     reward: str = Field("exact-match", min_length=1, max_length=256, description="exact-match, format, or a plug-in given as module:function.")
-    difficulty: int = Field(2, ge=1, le=4, description="builtin:arithmetic: digits per operand.")
+    difficulty: int = Field(1, ge=0, le=3, description="builtin:arithmetic level: 0 one-digit addition, 1 two-digit addition (calibrated), 2 two-digit addition and subtraction, 3 three-digit addition.")
     max_new_tokens: PosInt = Field(8, description="Longest response in tokens.")
     expected_prompt_tokens: PosInt = Field(16, description="Planning hint: mean prompt length in tokens (measured values replace it).")
     expected_response_tokens: PosInt = Field(4, description="Planning hint: mean response length in tokens (measured values replace it).")
