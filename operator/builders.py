@@ -1,0 +1,280 @@
+"""Pure builders: (run, spec, plan) -> the Kubernetes manifests an RLRun owns.
+
+No I/O and no kopf here, so every manifest is unit-tested without a cluster.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+import os
+from dataclasses import dataclass
+from typing import Any
+
+from rlscale.runconfig import RunConfig
+from rlscale.spec import RLRunSpec
+
+from . import constants as C
+
+# Room left for what controllers append (StatefulSet pod ordinals, revision hashes).
+_MAX_BASE = 52
+
+
+@dataclass(frozen=True)
+class RunRef:
+    """The RLRun that owns the children: enough for names and owner references."""
+
+    name: str
+    namespace: str
+    uid: str
+    api_version: str = f"{C.GROUP}/{C.VERSION}"
+
+    def owner_reference(self) -> dict[str, Any]:
+        # controller=true marks the one owner; the garbage collector deletes children with it.
+        return {"apiVersion": self.api_version, "kind": C.RLRUN_KIND, "name": self.name,
+                "uid": self.uid, "controller": True, "blockOwnerDeletion": True}
+
+
+@dataclass(frozen=True)
+class Images:
+    """Default images when the spec names none (set by the chart through the environment)."""
+
+    trainer: str = C.DEFAULT_TRAINER_IMAGE
+    rollout: str = C.DEFAULT_ROLLOUT_IMAGE
+    checkpoint_storage: str = ""  # e.g. "50Gi": learner rank volumes; "" = emptyDir
+
+    @classmethod
+    def from_env(cls, env: dict[str, str] | None = None) -> Images:
+        env = os.environ if env is None else env
+        return cls(trainer=env.get(C.ENV_TRAINER_IMAGE, C.DEFAULT_TRAINER_IMAGE),
+                   rollout=env.get(C.ENV_ROLLOUT_IMAGE, C.DEFAULT_ROLLOUT_IMAGE),
+                   checkpoint_storage=env.get("RLSCALE_CHECKPOINT_STORAGE", ""))
+
+
+def child_name(run: str, suffix: str) -> str:
+    """`<run>-<suffix>`, shortened with a stable hash when it would not fit a DNS label."""
+    if len(run) + 1 + len(suffix) <= _MAX_BASE:
+        return f"{run}-{suffix}"
+    h = hashlib.sha256(run.encode()).hexdigest()[:6]
+    keep = _MAX_BASE - len(suffix) - len(h) - 2
+    return f"{run[:keep].rstrip('-')}-{h}-{suffix}"
+
+
+def names(run: str) -> dict[str, str]:
+    """Every child's name by role."""
+    return {
+        C.ROLE_CONFIG: child_name(run, "config"),
+        C.ROLE_RAY_HEAD: child_name(run, "ray-head"),
+        C.ROLE_ROLLOUT: child_name(run, "rollout"),
+        C.ROLE_LEARNER: child_name(run, "learner"),
+        C.ROLE_METRICS: child_name(run, "metrics"),
+    }
+
+
+def labels(run: str, role: str) -> dict[str, str]:
+    return {C.LABEL_RUN: run, C.LABEL_ROLE: role, C.LABEL_MANAGED_BY: C.MANAGED_BY}
+
+
+def plan_hash(plan: dict[str, Any]) -> str:
+    return hashlib.sha256(json.dumps(plan, sort_keys=True).encode()).hexdigest()[:12]
+
+
+def desired_replicas(spec: RLRunSpec, plan: dict[str, Any]) -> dict[str, int]:
+    """Replicas by role: the plan's, or zero while suspended."""
+    if spec.suspend:
+        return {C.ROLE_ROLLOUT: 0, C.ROLE_LEARNER: 0}
+    return {C.ROLE_ROLLOUT: int(plan["rolloutReplicas"]), C.ROLE_LEARNER: int(plan["learnerReplicas"])}
+
+
+def _meta(run: RunRef, name: str, role: str, annotations: dict[str, str] | None = None) -> dict[str, Any]:
+    meta = {"name": name, "namespace": run.namespace, "labels": labels(run.name, role),
+            "ownerReferences": [run.owner_reference()]}
+    if annotations:
+        meta["annotations"] = annotations
+    return meta
+
+
+def run_config(run: RunRef, spec: RLRunSpec, plan: dict[str, Any]) -> RunConfig:
+    """The resolved run config every role reads from the mounted ConfigMap."""
+    n = names(run.name)
+    return RunConfig(
+        run=run.name, namespace=run.namespace,
+        spec=spec.model_dump(mode="json", by_alias=True, exclude_none=True), plan=plan,
+        ray_address=f"{n[C.ROLE_RAY_HEAD]}.{run.namespace}.svc:{C.RAY_GCS_PORT}",
+        metrics_port=C.METRICS_PORT, checkpoint_dir=spec.checkpoint.path,
+    )
+
+
+def build_configmap(run: RunRef, spec: RLRunSpec, plan: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1", "kind": "ConfigMap",
+        "metadata": _meta(run, names(run.name)[C.ROLE_CONFIG], C.ROLE_CONFIG),
+        "data": {C.CONFIG_KEY: run_config(run, spec, plan).to_json()},
+    }
+
+
+def _resources(role_spec: Any, gpu: bool) -> dict[str, Any]:
+    """The spec's resources plus the GPU request (a GPU request must equal its limit)."""
+    res = copy.deepcopy(role_spec.resources) if role_spec.resources else {}
+    if gpu and role_spec.gpus_per_replica > 0:
+        n = str(role_spec.gpus_per_replica)
+        res.setdefault("limits", {})[C.GPU_RESOURCE] = n
+        res.setdefault("requests", {})[C.GPU_RESOURCE] = n
+    return res
+
+
+def _env(run: RunRef, extra: list[dict[str, Any]] | None = None) -> list[dict[str, Any]]:
+    return [
+        {"name": "RLSCALE_CONFIG", "value": C.CONFIG_PATH},
+        {"name": "RLSCALE_RUN", "value": run.name},
+        {"name": "RLSCALE_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
+        {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+        *(extra or []),
+    ]
+
+
+def _pod_spec(run: RunRef, role: str, image: str, command: list[str], env: list[dict[str, Any]],
+              resources: dict[str, Any], ports: list[dict[str, Any]],
+              extra_volumes: list[dict[str, Any]] | None = None,
+              extra_mounts: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    container = {
+        "name": role, "image": image, "command": command, "env": env,
+        "ports": ports, "resources": resources,
+        "volumeMounts": [{"name": "run-config", "mountPath": C.CONFIG_MOUNT_DIR, "readOnly": True},
+                         *(extra_mounts or [])],
+    }
+    return {
+        "containers": [container],
+        # The config map is mounted as a directory so edits reach running pods (no subPath).
+        "volumes": [{"name": "run-config", "configMap": {"name": names(run.name)[C.ROLE_CONFIG]}},
+                    *(extra_volumes or [])],
+    }
+
+
+def _ports(*pairs: tuple[str, int]) -> list[dict[str, Any]]:
+    return [{"name": n, "containerPort": p, "protocol": "TCP"} for n, p in pairs]
+
+
+def build_ray_head_pod(run: RunRef, spec: RLRunSpec, images: Images) -> dict[str, Any]:
+    """The run's Ray head: CPU only, so it stays up while the run is suspended."""
+    n = names(run.name)
+    pod = _pod_spec(
+        run, C.ROLE_RAY_HEAD, spec.learner.image or images.trainer,
+        ["rlscale", "ray-head", "--config", C.CONFIG_PATH], _env(run),
+        {"requests": {"cpu": "1", "memory": "2Gi"}},
+        _ports(("gcs", C.RAY_GCS_PORT), ("dashboard", C.RAY_DASHBOARD_PORT),
+               ("client", C.RAY_CLIENT_PORT), ("serve", C.SERVE_PORT), ("metrics", C.METRICS_PORT)),
+    )
+    pod["restartPolicy"] = "Always"
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": _meta(run, n[C.ROLE_RAY_HEAD], C.ROLE_RAY_HEAD),
+            "spec": pod}
+
+
+def build_ray_head_service(run: RunRef) -> dict[str, Any]:
+    n = names(run.name)
+    ports = [{"name": nm, "port": p, "targetPort": p, "protocol": "TCP"}
+             for nm, p in (("gcs", C.RAY_GCS_PORT), ("dashboard", C.RAY_DASHBOARD_PORT),
+                           ("client", C.RAY_CLIENT_PORT), ("serve", C.SERVE_PORT))]
+    return {"apiVersion": "v1", "kind": "Service",
+            "metadata": _meta(run, n[C.ROLE_RAY_HEAD], C.ROLE_RAY_HEAD),
+            "spec": {"selector": labels(run.name, C.ROLE_RAY_HEAD), "ports": ports}}
+
+
+def build_rollout_deployment(run: RunRef, spec: RLRunSpec, plan: dict[str, Any], images: Images) -> dict[str, Any]:
+    """vLLM replicas; the count comes from the plan (zero while suspended)."""
+    n = names(run.name)
+    gpu = spec.hardware.accelerator != "cpu"
+    env = _env(run, [{"name": "RAY_ADDRESS", "value": f"{n[C.ROLE_RAY_HEAD]}.{run.namespace}.svc:{C.RAY_GCS_PORT}"}])
+    pod = _pod_spec(run, C.ROLE_ROLLOUT, spec.rollout.image or images.rollout,
+                    ["rlscale", "rollout", "--config", C.CONFIG_PATH], env,
+                    _resources(spec.rollout, gpu), _ports(("metrics", C.METRICS_PORT)))
+    sel = labels(run.name, C.ROLE_ROLLOUT)
+    return {
+        "apiVersion": "apps/v1", "kind": "Deployment",
+        "metadata": _meta(run, n[C.ROLE_ROLLOUT], C.ROLE_ROLLOUT, {C.ANNOTATION_PLAN_HASH: plan_hash(plan)}),
+        "spec": {
+            "replicas": desired_replicas(spec, plan)[C.ROLE_ROLLOUT],
+            "selector": {"matchLabels": {C.LABEL_RUN: run.name, C.LABEL_ROLE: C.ROLE_ROLLOUT}},
+            "template": {"metadata": {"labels": sel}, "spec": pod},
+        },
+    }
+
+
+def build_learner_statefulset(run: RunRef, spec: RLRunSpec, plan: dict[str, Any], images: Images) -> dict[str, Any]:
+    """DeepSpeed ranks: RANK from the pod ordinal, rank 0 is MASTER_ADDR and the driver."""
+    n = names(run.name)
+    gpu = spec.hardware.accelerator != "cpu"
+    world = int(plan["learnerReplicas"])
+    master = f"{n[C.ROLE_LEARNER]}-0.{n[C.ROLE_LEARNER]}.{run.namespace}.svc"
+    env = _env(run, [
+        {"name": "RANK", "valueFrom": {"fieldRef": {"fieldPath": f"metadata.labels['{C.LABEL_POD_INDEX}']"}}},
+        {"name": "LOCAL_RANK", "value": "0"},
+        # WORLD_SIZE is the planned rank count; a change rolls the ranks, which resume from checkpoint.
+        {"name": "WORLD_SIZE", "value": str(world)},
+        {"name": "MASTER_ADDR", "value": master},
+        {"name": "MASTER_PORT", "value": str(C.MASTER_PORT)},
+        {"name": "RAY_ADDRESS", "value": f"{n[C.ROLE_RAY_HEAD]}.{run.namespace}.svc:{C.RAY_GCS_PORT}"},
+    ])
+    vols, mounts, claims = [], [{"name": "checkpoints", "mountPath": spec.checkpoint.path}], []
+    if images.checkpoint_storage:
+        # Claims from the template survive scale-to-zero, so suspend keeps the checkpoints.
+        claims = [{"metadata": {"name": "checkpoints"},
+                   "spec": {"accessModes": ["ReadWriteOnce"],
+                            "resources": {"requests": {"storage": images.checkpoint_storage}}}}]
+    else:
+        vols = [{"name": "checkpoints", "emptyDir": {}}]
+    pod = _pod_spec(run, C.ROLE_LEARNER, spec.learner.image or images.trainer,
+                    ["rlscale", "learner", "--config", C.CONFIG_PATH], env,
+                    _resources(spec.learner, gpu), _ports(("master", C.MASTER_PORT), ("metrics", C.METRICS_PORT)),
+                    vols, mounts)
+    sel = labels(run.name, C.ROLE_LEARNER)
+    sts: dict[str, Any] = {
+        "apiVersion": "apps/v1", "kind": "StatefulSet",
+        "metadata": _meta(run, n[C.ROLE_LEARNER], C.ROLE_LEARNER, {C.ANNOTATION_PLAN_HASH: plan_hash(plan)}),
+        "spec": {
+            "replicas": desired_replicas(spec, plan)[C.ROLE_LEARNER],
+            "serviceName": n[C.ROLE_LEARNER],
+            # Ranks rendezvous with each other: start them together, not one by one.
+            "podManagementPolicy": "Parallel",
+            "selector": {"matchLabels": {C.LABEL_RUN: run.name, C.LABEL_ROLE: C.ROLE_LEARNER}},
+            "template": {"metadata": {"labels": sel}, "spec": pod},
+        },
+    }
+    if claims:
+        sts["spec"]["volumeClaimTemplates"] = claims
+        sts["spec"]["persistentVolumeClaimRetentionPolicy"] = {"whenScaled": "Retain", "whenDeleted": "Delete"}
+    return sts
+
+
+def build_learner_service(run: RunRef) -> dict[str, Any]:
+    """Headless: gives each rank a stable DNS name (rank 0 is MASTER_ADDR)."""
+    n = names(run.name)
+    return {"apiVersion": "v1", "kind": "Service",
+            "metadata": _meta(run, n[C.ROLE_LEARNER], C.ROLE_LEARNER),
+            "spec": {"clusterIP": "None", "publishNotReadyAddresses": True,
+                     "selector": labels(run.name, C.ROLE_LEARNER),
+                     "ports": [{"name": "master", "port": C.MASTER_PORT, "targetPort": C.MASTER_PORT}]}}
+
+
+def build_metrics_service(run: RunRef) -> dict[str, Any]:
+    """One Service over every pod of the run, port `metrics`, for ServiceMonitor scraping."""
+    n = names(run.name)
+    return {"apiVersion": "v1", "kind": "Service",
+            "metadata": _meta(run, n[C.ROLE_METRICS], C.ROLE_METRICS),
+            "spec": {"selector": {C.LABEL_RUN: run.name},
+                     "ports": [{"name": "metrics", "port": C.METRICS_PORT, "targetPort": "metrics"}]}}
+
+
+def build_children(run: RunRef, spec: RLRunSpec, plan: dict[str, Any], images: Images | None = None) -> list[dict[str, Any]]:
+    """Everything the run owns, the ConfigMap first (pods mount it)."""
+    images = images or Images()
+    return [
+        build_configmap(run, spec, plan),
+        build_ray_head_service(run),
+        build_learner_service(run),
+        build_metrics_service(run),
+        build_ray_head_pod(run, spec, images),
+        build_rollout_deployment(run, spec, plan, images),
+        build_learner_statefulset(run, spec, plan, images),
+    ]

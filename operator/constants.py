@@ -1,0 +1,67 @@
+"""Names the operator, its chart and its tests share: labels, annotations, conditions, phases."""
+
+from __future__ import annotations
+
+from rlscale.spec import API_GROUP, API_VERSION, KIND
+
+GROUP = API_GROUP
+VERSION = API_VERSION
+PLURAL = "rlruns"
+RLRUN_KIND = KIND
+FIELD_MANAGER = "rlscale-operator"
+
+# Labels on every child (and on the pods of every workload).
+LABEL_RUN = "rlscale.dev/run"
+LABEL_ROLE = "rlscale.dev/role"
+LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
+MANAGED_BY = "rlscale-operator"
+# The StatefulSet controller stamps each pod with its ordinal; the learner's RANK.
+LABEL_POD_INDEX = "apps.kubernetes.io/pod-index"
+
+ROLE_CONFIG = "config"
+ROLE_RAY_HEAD = "ray-head"
+ROLE_ROLLOUT = "rollout"
+ROLE_LEARNER = "learner"
+ROLE_METRICS = "metrics"
+
+# The learner (rank 0) reports progress here as JSON; the operator folds it into status.
+ANNOTATION_PROGRESS = "rlscale.dev/progress"
+# Which plan generation the children were built from (diagnostics, and re-plan accounting).
+ANNOTATION_PLAN_HASH = "rlscale.dev/plan-hash"
+
+# Conditions (type names) and phases.
+COND_PLANNED = "Planned"
+COND_ROLLOUT_READY = "RolloutReady"
+COND_LEARNERS_READY = "LearnersReady"
+COND_TARGET_REACHED = "TargetReached"
+COND_INVALID = "Invalid"
+COND_SUSPENDED = "Suspended"
+CONDITION_TYPES = (COND_PLANNED, COND_ROLLOUT_READY, COND_LEARNERS_READY,
+                   COND_TARGET_REACHED, COND_INVALID, COND_SUSPENDED)
+
+PHASE_PENDING = "Pending"
+PHASE_RUNNING = "Running"
+PHASE_SUCCEEDED = "Succeeded"
+PHASE_FAILED = "Failed"
+PHASE_SUSPENDED = "Suspended"
+
+# Pod side: where the resolved run config is mounted and which ports the roles use.
+CONFIG_KEY = "run.json"
+CONFIG_MOUNT_DIR = "/etc/rlscale"
+CONFIG_PATH = f"{CONFIG_MOUNT_DIR}/{CONFIG_KEY}"
+METRICS_PORT = 9400
+RAY_GCS_PORT = 6379
+RAY_DASHBOARD_PORT = 8265
+RAY_CLIENT_PORT = 10001
+SERVE_PORT = 8000
+MASTER_PORT = 29500
+GPU_RESOURCE = "nvidia.com/gpu"
+
+# Images when the spec names none (the chart sets these through the environment).
+ENV_TRAINER_IMAGE = "RLSCALE_TRAINER_IMAGE"
+ENV_ROLLOUT_IMAGE = "RLSCALE_ROLLOUT_IMAGE"
+DEFAULT_TRAINER_IMAGE = "ghcr.io/rlscale/trainer:0.1.0"
+DEFAULT_ROLLOUT_IMAGE = "ghcr.io/rlscale/rollout:0.1.0"
+
+# Re-plan when measured throughput departs from the plan by more than this fraction.
+DRIFT_THRESHOLD = 0.20

@@ -1,0 +1,278 @@
+"""kopf handlers, kept thin: read the RLRun, plan, build the children, apply them, write status."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from typing import Any
+
+import kopf
+
+from rlscale.spec import SpecError, parse_spec
+
+from . import builders as B
+from . import constants as C
+from . import kube
+from . import metrics as M
+from . import status as S
+from .planning import PlanError, plan_for
+
+log = logging.getLogger("rlscale.operator")
+
+IMAGES = B.Images.from_env()
+# Seconds between progress reads (and drift checks) per run.
+PROGRESS_INTERVAL = float(os.environ.get("RLSCALE_PROGRESS_INTERVAL", "10"))
+# Fault injection for the restart test: a pause between child applies widens the window in
+# which the operator can be killed mid-reconcile. Zero in production.
+STEP_DELAY = float(os.environ.get("RLSCALE_OPERATOR_STEP_DELAY", "0"))
+_RLRUN = (C.GROUP, C.VERSION, C.PLURAL)
+_OWNED = {C.LABEL_MANAGED_BY: C.MANAGED_BY}
+
+
+def _plain(x: Any) -> Any:
+    return json.loads(json.dumps(x if x is not None else {}))
+
+
+@kopf.on.startup()
+def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
+    # One replica (the chart uses Recreate): no peering objects needed.
+    settings.peering.standalone = True
+    settings.posting.level = logging.WARNING
+    # Keep kopf's bookkeeping under our own prefix and out of status.
+    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix="rlscale.dev")
+    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
+        prefix="rlscale.dev", key="last-handled-configuration")
+    settings.execution.max_workers = int(os.environ.get("RLSCALE_OPERATOR_WORKERS", "8"))
+    settings.watching.server_timeout = 300
+    settings.networking.request_timeout = 60
+
+
+@kopf.on.resume(*_RLRUN)
+@kopf.on.create(*_RLRUN)
+@kopf.on.update(*_RLRUN, field="spec")
+def reconcile_rlrun(name: str, namespace: str, uid: str, spec: Any, meta: Any, status: Any,
+                    reason: str, **_: Any) -> None:
+    """Spec created, changed, or seen again at start-up: plan and converge the children."""
+    reconcile(namespace, name, uid, _plain(spec), int(meta.get("generation") or 0), _plain(status),
+              trigger=str(reason))
+
+
+def reconcile(namespace: str, name: str, uid: str, spec_dict: dict[str, Any], generation: int,
+              status: dict[str, Any], trigger: str) -> dict[str, Any]:
+    """Validate, plan, create-or-patch every child, record the plan; returns the plan."""
+    t0 = time.monotonic()
+    try:
+        try:
+            spec = parse_spec(spec_dict)
+        except SpecError as exc:
+            _invalid(namespace, name, generation, "SpecInvalid", str(exc))
+            raise kopf.PermanentError(f"invalid spec: {exc}") from None
+        try:
+            plan = plan_for(spec, status.get("calibration"))
+        except PlanError as exc:
+            _invalid(namespace, name, generation, "PlanFailed", str(exc))
+            raise kopf.PermanentError(f"cannot plan: {exc}") from None
+        run = B.RunRef(name=name, namespace=namespace, uid=uid)
+        applied: dict[str, dict[str, Any]] = {}
+        for manifest in B.build_children(run, spec, plan, IMAGES):
+            applied[manifest["kind"]] = kube.apply(manifest)
+            if STEP_DELAY:
+                time.sleep(STEP_DELAY)
+        desired = B.desired_replicas(spec, plan)
+        ready = {C.ROLE_ROLLOUT: _ready(applied.get("Deployment")),
+                 C.ROLE_LEARNER: _ready(applied.get("StatefulSet"))}
+        kube.update_status(namespace, name, lambda body, st: _planned_status(
+            st, spec, plan, generation, desired, ready, trigger))
+        _record_metrics(namespace, name, plan, desired, ready)
+        M.RECONCILES.labels("ok").inc()
+        return plan
+    except kopf.PermanentError:
+        M.RECONCILES.labels("invalid").inc()
+        raise
+    except Exception as exc:
+        M.RECONCILES.labels("error").inc()
+        M.ERRORS.labels(type(exc).__name__).inc()
+        raise
+    finally:
+        M.RECONCILE_SECONDS.observe(time.monotonic() - t0)
+
+
+def _ready(workload: dict[str, Any] | None) -> int:
+    return int(((workload or {}).get("status") or {}).get("readyReplicas") or 0)
+
+
+def _planned_status(st: dict[str, Any], spec: Any, plan: dict[str, Any], generation: int,
+                    desired: dict[str, int], ready: dict[str, int], trigger: str) -> dict[str, Any]:
+    conds = st.get("conditions")
+    conds = S.set_condition(conds, C.COND_INVALID, False, "Valid", "spec and plan are valid", generation)
+    conds = S.set_condition(conds, C.COND_PLANNED, True, f"Planned{trigger.capitalize()}",
+                            str(plan.get("reason", "")), generation)
+    conds = S.set_condition(conds, C.COND_SUSPENDED, spec.suspend,
+                            "SuspendRequested" if spec.suspend else "Active",
+                            "rollout and learners scaled to zero; config and checkpoints kept"
+                            if spec.suspend else "not suspended", generation)
+    for role in (C.ROLE_ROLLOUT, C.ROLE_LEARNER):
+        conds = S.readiness(role, desired[role], ready[role], generation, conds)
+    st["conditions"] = conds
+    st["plan"] = S.plan_summary(plan)
+    st["replicas"] = {r: {"desired": desired[r], "ready": ready[r]} for r in desired}
+    st["observedGeneration"] = generation
+    st["phase"] = S.phase(conds, spec.suspend, failed=bool((st.get("progress") or {}).get("failed")))
+    return st
+
+
+def _invalid(namespace: str, name: str, generation: int, reason: str, message: str) -> None:
+    def mutate(body: dict[str, Any], st: dict[str, Any]) -> dict[str, Any]:
+        conds = S.set_condition(st.get("conditions"), C.COND_INVALID, True, reason, message, generation)
+        conds = S.set_condition(conds, C.COND_PLANNED, False, reason, "no plan for an invalid run", generation)
+        st.update(conditions=conds, observedGeneration=generation, phase=C.PHASE_FAILED)
+        return st
+    kube.update_status(namespace, name, mutate)
+
+
+def _record_metrics(namespace: str, name: str, plan: dict[str, Any], desired: dict[str, int],
+                    ready: dict[str, int]) -> None:
+    M.PLANNED_BATCH.labels(namespace, name).set(int(plan["prompts"]) * int(plan["samplesPerPrompt"]))
+    ttt = (plan.get("predicted") or {}).get("timeToTargetSeconds")
+    if ttt is not None:
+        M.PREDICTED_TTT.labels(namespace, name).set(float(ttt))
+    for role in desired:
+        M.REPLICAS.labels(namespace, name, role, "desired").set(desired[role])
+        M.REPLICAS.labels(namespace, name, role, "ready").set(ready[role])
+
+
+@kopf.on.delete(*_RLRUN, optional=True)
+def rlrun_deleted(name: str, namespace: str, **_: Any) -> None:
+    """Children go with the owner references; only the metric series are ours to drop."""
+    M.forget(namespace, name)
+
+
+# ---------------------------------------------------------------- children: readiness and repair
+
+
+def _on_workload(role: str, event_type: str | None, body: Any, namespace: str, labels: Any) -> None:
+    run = labels.get(C.LABEL_RUN)
+    if not run:
+        return
+    if event_type == "DELETED":
+        repair(namespace, run)
+        return
+    spec_replicas = int((body.get("spec") or {}).get("replicas") or 0)
+    ready = int((body.get("status") or {}).get("readyReplicas") or 0)
+
+    def mutate(rl: dict[str, Any], st: dict[str, Any]) -> dict[str, Any]:
+        gen = int(rl["metadata"].get("generation") or 0)
+        conds = S.readiness(role, spec_replicas, ready, gen, st.get("conditions"))
+        st["conditions"] = conds
+        st.setdefault("replicas", {})[role] = {"desired": spec_replicas, "ready": ready}
+        suspended = bool((rl.get("spec") or {}).get("suspend"))
+        if not S.is_true(conds, C.COND_INVALID):
+            st["phase"] = S.phase(conds, suspended, failed=bool((st.get("progress") or {}).get("failed")))
+        return st
+
+    kube.update_status(namespace, run, mutate)
+    M.REPLICAS.labels(namespace, run, role, "desired").set(spec_replicas)
+    M.REPLICAS.labels(namespace, run, role, "ready").set(ready)
+
+
+@kopf.on.event("apps", "v1", "deployments", labels=_OWNED)
+def rollout_event(type: str | None, body: Any, namespace: str, labels: Any, **_: Any) -> None:
+    """Rollout Deployment changed: readiness into status; deleted: recreate."""
+    _on_workload(C.ROLE_ROLLOUT, type, body, namespace, labels)
+
+
+@kopf.on.event("apps", "v1", "statefulsets", labels=_OWNED)
+def learner_event(type: str | None, body: Any, namespace: str, labels: Any, **_: Any) -> None:
+    """Learner StatefulSet changed: readiness into status; deleted: recreate."""
+    _on_workload(C.ROLE_LEARNER, type, body, namespace, labels)
+
+
+@kopf.on.event("v1", "configmaps", labels=_OWNED)
+@kopf.on.event("v1", "services", labels=_OWNED)
+@kopf.on.event("v1", "pods", labels={**_OWNED, C.LABEL_ROLE: C.ROLE_RAY_HEAD})
+def simple_child_event(type: str | None, namespace: str, labels: Any, **_: Any) -> None:
+    """A ConfigMap, Service or the Ray head pod was deleted behind our back: recreate it."""
+    if type == "DELETED" and labels.get(C.LABEL_RUN):
+        repair(namespace, labels[C.LABEL_RUN])
+
+
+def repair(namespace: str, run: str) -> None:
+    """Re-converge one run after a child vanished (not when the run itself is going)."""
+    body = kube.get_rlrun(namespace, run)
+    if not body or body["metadata"].get("deletionTimestamp"):
+        return
+    try:
+        reconcile(namespace, run, body["metadata"]["uid"], body.get("spec") or {},
+                  int(body["metadata"].get("generation") or 0), body.get("status") or {}, "repair")
+    except kopf.PermanentError:
+        pass  # already reported as the Invalid condition
+
+
+# ---------------------------------------------------------------- progress and drift
+
+
+@kopf.timer(*_RLRUN, interval=PROGRESS_INTERVAL, initial_delay=PROGRESS_INTERVAL)
+def progress_timer(name: str, namespace: str, uid: str, meta: Any, spec: Any, status: Any, **_: Any) -> None:
+    """Fold the learner's progress report into status; re-plan when throughput drifts > 20%."""
+    prog, err = S.parse_progress((meta.get("annotations") or {}).get(C.ANNOTATION_PROGRESS))
+    if err:
+        log.warning("%s/%s: %s", namespace, name, err)
+    if not prog:
+        return
+    status = _plain(status)
+    spec_d = _plain(spec)
+    try:
+        spec_m = parse_spec(spec_d)
+    except SpecError:
+        return
+    plan = status.get("plan") or {}
+
+    def mutate(rl: dict[str, Any], st: dict[str, Any]) -> dict[str, Any]:
+        gen = int(rl["metadata"].get("generation") or 0)
+        st["progress"] = S.progress_status(prog, st.get("plan") or {}, spec_m.target.value,
+                                           spec_m.budget.max_samples)
+        conds = st.get("conditions")
+        if prog.get("targetReached"):
+            conds = S.set_condition(conds, C.COND_TARGET_REACHED, True, "TargetReached",
+                                    f"{spec_m.target.metric} reached {prog.get('targetMetric')} "
+                                    f"(target {spec_m.target.value})", gen)
+        elif prog.get("targetMetric") is not None:
+            conds = S.set_condition(conds, C.COND_TARGET_REACHED, False, "Training",
+                                    f"{spec_m.target.metric} = {prog.get('targetMetric')} "
+                                    f"(target {spec_m.target.value})", gen)
+        st["conditions"] = conds
+        if not S.is_true(conds, C.COND_INVALID):
+            st["phase"] = S.phase(conds, spec_m.suspend, failed=bool(prog.get("failed")))
+        return st
+
+    kube.update_status(namespace, name, mutate)
+    measured = prog.get("samplesPerSecond")
+    d = S.drift(plan, measured)
+    calibrated = (status.get("calibration") or {}).get("samplesPerSecond")
+    # Re-plan once per departure: not again while the measurement matches the last calibration.
+    if (d is None or d <= C.DRIFT_THRESHOLD or spec_m.suspend or prog.get("targetReached")
+            or (calibrated and abs(measured - calibrated) / calibrated <= C.DRIFT_THRESHOLD)):
+        return
+    predicted = plan.get("predicted") or {}
+    # What was measured, and at which configuration (the planner rescales from there).
+    calibration = {"samplesPerSecond": float(measured), "drift": round(d, 3),
+                   "predictedSamplesPerSecond": predicted.get("samplesPerSecond"),
+                   "predictedPhaseSeconds": predicted.get("phaseSeconds") or predicted.get("phases"),
+                   **{k: plan.get(k) for k in ("prompts", "samplesPerPrompt", "rolloutReplicas",
+                                               "learnerReplicas")}}
+    for k in ("phaseSeconds", "noiseScale"):
+        if k in prog:
+            calibration[k] = prog[k]
+
+    def keep_calibration(rl: dict[str, Any], st: dict[str, Any]) -> dict[str, Any]:
+        st["calibration"] = calibration
+        return st
+
+    kube.update_status(namespace, name, keep_calibration)
+    M.REPLANS.labels("drift").inc()
+    log.info("%s/%s: measured %.1f samples/s vs planned %s (%.0f%% off): re-planning", namespace, name,
+             measured, calibration["predictedSamplesPerSecond"], 100 * d)
+    reconcile(namespace, name, uid, spec_d, int(meta.get("generation") or 0),
+              {**status, "calibration": calibration}, trigger="drift")

@@ -1,0 +1,108 @@
+"""The operator's few API calls: server-side apply of children and guarded status writes."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from kubernetes import client, config
+from kubernetes.client.exceptions import ApiException
+
+from . import constants as C
+
+_PLURALS = {("v1", "ConfigMap"): "configmaps", ("v1", "Service"): "services", ("v1", "Pod"): "pods",
+            ("apps/v1", "Deployment"): "deployments", ("apps/v1", "StatefulSet"): "statefulsets"}
+
+_lock = threading.Lock()
+_api: client.ApiClient | None = None
+
+
+def api() -> client.ApiClient:
+    """One shared client, from the in-cluster service account or else $KUBECONFIG."""
+    global _api
+    with _lock:
+        if _api is None:
+            cfg = client.Configuration()
+            try:
+                config.load_incluster_config(client_configuration=cfg)
+            except config.ConfigException:
+                config.load_kube_config(client_configuration=cfg)
+            # kopf runs sync handlers in a thread pool; give each thread a connection.
+            cfg.connection_pool_maxsize = 32
+            _api = client.ApiClient(cfg)
+        return _api
+
+
+def object_path(api_version: str, kind: str, namespace: str, name: str) -> str:
+    plural = _PLURALS.get((api_version, kind))
+    if plural is None and api_version == f"{C.GROUP}/{C.VERSION}" and kind == C.RLRUN_KIND:
+        plural = C.PLURAL
+    if plural is None:
+        raise ValueError(f"no API path known for {api_version} {kind}")
+    prefix = "/api/v1" if api_version == "v1" else f"/apis/{api_version}"
+    return f"{prefix}/namespaces/{namespace}/{plural}/{name}"
+
+
+def _call(path: str, method: str, body: Any = None, content_type: str | None = None,
+          query: list[tuple[str, str]] | None = None) -> dict[str, Any]:
+    headers = {"Accept": "application/json"}
+    if content_type:
+        headers["Content-Type"] = content_type
+    return api().call_api(path, method, query_params=query or [], header_params=headers, body=body,
+                          response_type="object", auth_settings=["BearerToken"],
+                          _return_http_data_only=True, _request_timeout=30)
+
+
+def apply(manifest: dict[str, Any]) -> dict[str, Any]:
+    """Server-side apply: creates or patches, and writes nothing when nothing changed."""
+    m = manifest["metadata"]
+    path = object_path(manifest["apiVersion"], manifest["kind"], m["namespace"], m["name"])
+    # The client only serialises JSON content types itself; JSON is valid YAML, so send text.
+    return _call(path, "PATCH", json.dumps(manifest), "application/apply-patch+yaml",
+                 [("fieldManager", C.FIELD_MANAGER), ("force", "true")])
+
+
+def get(api_version: str, kind: str, namespace: str, name: str) -> dict[str, Any] | None:
+    try:
+        return _call(object_path(api_version, kind, namespace, name), "GET")
+    except ApiException as exc:
+        if exc.status == 404:
+            return None
+        raise
+
+
+def get_rlrun(namespace: str, name: str) -> dict[str, Any] | None:
+    return get(f"{C.GROUP}/{C.VERSION}", C.RLRUN_KIND, namespace, name)
+
+
+def update_status(namespace: str, name: str, mutate: Callable[[dict[str, Any], dict[str, Any]], dict[str, Any] | None],
+                  attempts: int = 8) -> dict[str, Any] | None:
+    """Read the RLRun, let mutate(body, status) return a new status, and write it guarded by
+    resourceVersion (retry on conflict), so concurrent handlers never lose each other's fields.
+    mutate returns None to skip the write. Returns the written status, or None."""
+    path = object_path(f"{C.GROUP}/{C.VERSION}", C.RLRUN_KIND, namespace, name) + "/status"
+    for i in range(attempts):
+        body = get_rlrun(namespace, name)
+        if body is None or body["metadata"].get("deletionTimestamp"):
+            return None
+        old = body.get("status") or {}
+        new = mutate(body, json.loads(json.dumps(old)))
+        if new is None or new == old:
+            return None
+        # Merge patch: keys set to None are removed; the resourceVersion makes it conditional.
+        patch = {"metadata": {"resourceVersion": body["metadata"]["resourceVersion"]},
+                 "status": {**{k: None for k in old if k not in new}, **new}}
+        try:
+            _call(path, "PATCH", patch, "application/merge-patch+json")
+            return new
+        except ApiException as exc:
+            if exc.status == 409 and i + 1 < attempts:
+                time.sleep(0.05 * (i + 1))
+                continue
+            if exc.status == 404:
+                return None
+            raise
+    return None

@@ -1,0 +1,29 @@
+"""Entry point: `rlscale operator` / `python -m rlscale.operator` run kopf with our handlers."""
+
+from __future__ import annotations
+
+import logging
+import os
+
+import kopf
+
+from rlscale.metrics_names import OPERATOR_METRICS_PORT
+
+from . import handlers  # noqa: F401  (registers the handlers with kopf)
+from . import metrics
+
+
+def run(namespaces: list[str] | None = None, metrics_port: int = OPERATOR_METRICS_PORT) -> int:
+    """Serve /metrics, then reconcile RLRuns in the given namespaces (all when empty) until stopped."""
+    logging.basicConfig(level=os.environ.get("RLSCALE_LOG_LEVEL", "INFO"),
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    bind = os.environ.get("RLSCALE_OPERATOR_BIND", "0.0.0.0")
+    metrics.serve(metrics_port, bind)
+    health = os.environ.get("RLSCALE_OPERATOR_HEALTH", "")  # e.g. http://0.0.0.0:8081/healthz
+    kopf.run(
+        standalone=True,
+        clusterwide=not namespaces,
+        namespaces=namespaces or (),
+        liveness_endpoint=health or None,
+    )
+    return 0

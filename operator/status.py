@@ -1,0 +1,139 @@
+"""Pure status logic: conditions, phase, progress and drift, from what the operator observed."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+from typing import Any
+
+from . import constants as C
+
+
+def now_iso() -> str:
+    return dt.datetime.now(dt.UTC).replace(microsecond=0).isoformat().replace("+00:00", "Z")
+
+
+def set_condition(conditions: list[dict[str, Any]] | None, type_: str, status: bool | str, reason: str,
+                  message: str, generation: int | None, now: str | None = None) -> list[dict[str, Any]]:
+    """A new conditions list with type_ set; lastTransitionTime moves only when status flips."""
+    st = status if isinstance(status, str) else ("True" if status else "False")
+    out, found = [], False
+    for c in conditions or []:
+        if c.get("type") != type_:
+            out.append(c)
+            continue
+        found = True
+        changed = c.get("status") != st
+        out.append({"type": type_, "status": st, "reason": reason, "message": message,
+                    "lastTransitionTime": (now or now_iso()) if changed else c.get("lastTransitionTime") or now or now_iso(),
+                    "observedGeneration": generation})
+    if not found:
+        out.append({"type": type_, "status": st, "reason": reason, "message": message,
+                    "lastTransitionTime": now or now_iso(), "observedGeneration": generation})
+    order = {t: i for i, t in enumerate(C.CONDITION_TYPES)}
+    return sorted(out, key=lambda c: order.get(c["type"], len(order)))
+
+
+def condition(conditions: list[dict[str, Any]] | None, type_: str) -> dict[str, Any] | None:
+    return next((c for c in conditions or [] if c.get("type") == type_), None)
+
+
+def is_true(conditions: list[dict[str, Any]] | None, type_: str) -> bool:
+    c = condition(conditions, type_)
+    return bool(c and c.get("status") == "True")
+
+
+def phase(conditions: list[dict[str, Any]] | None, suspended: bool, failed: bool = False) -> str:
+    """The one-word phase the printer columns show, derived from the conditions."""
+    if is_true(conditions, C.COND_INVALID) or failed:
+        return C.PHASE_FAILED
+    if is_true(conditions, C.COND_TARGET_REACHED):
+        return C.PHASE_SUCCEEDED
+    if suspended:
+        return C.PHASE_SUSPENDED
+    if is_true(conditions, C.COND_ROLLOUT_READY) and is_true(conditions, C.COND_LEARNERS_READY):
+        return C.PHASE_RUNNING
+    return C.PHASE_PENDING
+
+
+def readiness(role: str, desired: int, ready: int, generation: int | None,
+              conditions: list[dict[str, Any]] | None) -> list[dict[str, Any]]:
+    """Set RolloutReady or LearnersReady from the workload's desired and ready replicas."""
+    type_ = C.COND_ROLLOUT_READY if role == C.ROLE_ROLLOUT else C.COND_LEARNERS_READY
+    what = "rollout replicas" if role == C.ROLE_ROLLOUT else "learner ranks"
+    if desired == 0:
+        return set_condition(conditions, type_, False, "ScaledToZero", f"0 {what} desired", generation)
+    ok = ready >= desired
+    return set_condition(conditions, type_, ok, "AllReady" if ok else "Waiting",
+                         f"{ready}/{desired} {what} ready", generation)
+
+
+PROGRESS_KEYS = ("step", "samples", "reward", "targetMetric", "samplesPerSecond", "elapsedSeconds",
+                 "phaseSeconds", "noiseScale",
+                 "timeToTargetSeconds", "targetReached", "failed", "message")
+
+
+def parse_progress(raw: str | None) -> tuple[dict[str, Any] | None, str | None]:
+    """The learner's progress annotation -> (progress, error); unknown keys are dropped."""
+    if not raw:
+        return None, None
+    try:
+        data = json.loads(raw)
+    except json.JSONDecodeError as exc:
+        return None, (f"metadata.annotations[{C.ANNOTATION_PROGRESS}]: not JSON ({exc.msg}); "
+                      "the learner writes a JSON object such as {\"step\": 3, \"samples\": 384}")
+    if not isinstance(data, dict):
+        return None, f"metadata.annotations[{C.ANNOTATION_PROGRESS}]: {data!r} is not a JSON object"
+    return {k: data[k] for k in PROGRESS_KEYS if k in data}, None
+
+
+def progress_status(progress: dict[str, Any], plan: dict[str, Any], target_value: float,
+                    max_samples: int) -> dict[str, Any]:
+    """status.progress: what the learner reported plus an ETA from the planned samples-to-target."""
+    out = dict(progress)
+    sps = float(progress.get("samplesPerSecond") or 0)
+    if progress.get("targetReached"):
+        out.setdefault("timeToTargetSeconds", progress.get("elapsedSeconds"))
+        out["etaSeconds"] = 0
+        if out.get("timeToTargetSeconds") is not None:
+            out["timeToTarget"] = fmt_duration(float(out["timeToTargetSeconds"]))
+        return out
+    predicted = plan.get("predicted") or {}
+    # Planned samples-to-target = predicted time x predicted rate; fall back to the sample budget.
+    stt = predicted.get("samplesToTarget")
+    if stt is None and predicted.get("timeToTargetSeconds") and predicted.get("samplesPerSecond"):
+        stt = float(predicted["timeToTargetSeconds"]) * float(predicted["samplesPerSecond"])
+    stt = float(stt or max_samples)
+    samples = float(progress.get("samples") or 0)
+    if sps > 0:
+        out["etaSeconds"] = round(max(stt - samples, 0.0) / sps, 1)
+        out["timeToTarget"] = "eta " + fmt_duration(out["etaSeconds"])
+    return out
+
+
+def fmt_duration(seconds: float) -> str:
+    """Compact duration for printer columns: 45s, 4m12s, 3h05m."""
+    s = int(round(seconds))
+    if s < 60:
+        return f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m{s % 60:02d}s"
+    return f"{s // 3600}h{(s % 3600) // 60:02d}m"
+
+
+def drift(plan: dict[str, Any], measured_sps: float | None) -> float | None:
+    """Relative departure of measured throughput from the plan (0.25 = 25% off), or None."""
+    predicted = float((plan.get("predicted") or {}).get("samplesPerSecond") or 0)
+    if not measured_sps or predicted <= 0:
+        return None
+    return abs(float(measured_sps) - predicted) / predicted
+
+
+def plan_summary(plan: dict[str, Any]) -> dict[str, Any]:
+    """The plan as kept in status (the candidates list stays out: status stays small)."""
+    keep = ("prompts", "samplesPerPrompt", "learningRate", "rolloutReplicas", "learnerReplicas",
+            "predicted", "reason")
+    out = {k: plan[k] for k in keep if k in plan}
+    if "prompts" in plan and "samplesPerPrompt" in plan:
+        out["batch"] = f"{plan['prompts']}x{plan['samplesPerPrompt']}"
+    return out
