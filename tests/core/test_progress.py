@@ -1,0 +1,100 @@
+"""Target tracking, the run report and the run metrics, without any heavy component."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import shutil
+from pathlib import Path
+
+import pytest
+from prometheus_client import generate_latest
+
+from rlscale.progress import TargetTracker
+from rlscale.report import read_jsonl, write_report
+from rlscale.run_metrics import RunMetrics
+
+
+def test_target_needs_a_full_window_of_evals():
+    t = TargetTracker(target=0.8, window=3)
+    assert t.add(10, 1000, 5.0, 0.95) == pytest.approx(0.95)
+    assert not t.reached  # one lucky eval is not enough
+    t.add(20, 2000, 10.0, 0.70)
+    avg = t.add(30, 3000, 15.0, 0.70)
+    assert avg == pytest.approx((0.95 + 0.70 + 0.70) / 3) and not t.reached
+    t.add(40, 4000, 20.0, 0.95)  # (0.70 + 0.70 + 0.95) / 3 < 0.8
+    assert not t.reached
+    t.add(50, 5000, 25.0, 0.95)  # (0.70 + 0.95 + 0.95) / 3 >= 0.8
+    assert t.reached and t.reached_at == {"step": 50, "samples": 5000, "seconds": 25.0}
+    t.add(60, 6000, 30.0, 0.1)
+    assert t.reached_at["step"] == 50  # the first time counts
+
+
+def test_eta_from_progress_per_sample():
+    t = TargetTracker(target=0.8, window=1)
+    t.add(1, 0, 0.0, 0.4)
+    t.add(2, 1000, 10.0, 0.5)
+    # 0.1 per 1000 samples, 0.3 to go -> 3000 samples; at 100 samples/s -> 30 s
+    assert t.eta_seconds(100.0) == pytest.approx(30.0)
+    t.add(3, 2000, 20.0, 0.45)
+    t2 = TargetTracker(target=0.8, window=1)
+    t2.add(1, 0, 0, 0.5)
+    t2.add(2, 1000, 1, 0.4)
+    assert t2.eta_seconds(100.0) is None  # not improving: no honest ETA
+
+
+def test_tracker_state_round_trip():
+    t = TargetTracker(target=0.8, window=3)
+    for i, v in enumerate([0.5, 0.6, 0.7]):
+        t.add(i, i * 100, float(i), v)
+    u = TargetTracker(target=0.8, window=3)
+    u.load_state_dict(json.loads(json.dumps(t.state_dict())))
+    assert u.add(4, 400, 4.0, 0.9) == t.add(4, 400, 4.0, 0.9)
+
+
+def _records(n: int = 30) -> list[dict]:
+    recs = []
+    for i in range(1, n + 1):
+        ev = 0.4 + 0.5 * i / n if i % 5 == 0 else None
+        recs.append({
+            "step": i, "samples": 128 * i, "batch_samples": 128, "wall_seconds": 0.5 * i, "prompts": 16, "samples_per_prompt": 8,
+            "phases": {"generate": 0.2, "reward": 0.01, "train": 0.25, "sync": 0.04}, "step_seconds": 0.5,
+            "samples_per_second": 256.0, "reward_mean": 0.3 + 0.01 * i, "eval": ev, "target_metric": ev,
+            "predicted_step_seconds": 0.45, "generated_tokens": 400, "trained_tokens": 1300, "weights_version": i,
+            "overhead_seconds": 0.05, "noise_scale": 300.0,
+            "time_to_target_seconds": 15.0 if i >= n else None, "samples_to_target": 128 * n if i >= n else None,
+        })
+    return recs
+
+
+def test_report_files(tmp_path: Path):
+    recs = _records()
+    (tmp_path / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in recs) + "\n{\"step\": 31, \"trunc")
+    (tmp_path / "plan.json").write_text(json.dumps({"plans": [{"atStep": 0, "prompts": 16, "samplesPerPrompt": 8, "learningRate": 1e-4,
+                                                              "rolloutReplicas": 1, "learnerReplicas": 1, "reason": "N=128 kept"}]}))
+    assert len(read_jsonl(tmp_path / "metrics.jsonl")) == 30  # the cut-off last line is dropped
+    summary = write_report(tmp_path, 0.8, "eval/accuracy", "t").read_text()
+    assert "time to target**: 15.0 s" in summary and "samples to target**: 3,840" in summary
+    assert "measured 0.500 s, planned 0.450 s" in summary
+    png = (tmp_path / "curves.png").read_bytes()
+    assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 10_000
+
+
+def test_run_metrics_expose_every_name_and_pass_promtool(tmp_path: Path):
+    from rlscale import metrics_names as names
+
+    m = RunMetrics()
+    m.set_plan({"prompts": 16, "samplesPerPrompt": 8, "learningRate": 1e-4, "rolloutReplicas": 1, "learnerReplicas": 1,
+                "predicted": {"stepSeconds": 0.4}})
+    for r in _records(30)[:3]:
+        m.observe_step(r)
+    text = generate_latest(m.registry).decode()
+    for n in [v for k, v in vars(names).items() if k.isupper() and isinstance(v, str) and v.startswith("rlscale_") and not v.endswith("_")]:
+        assert f"\n{n}" in "\n" + text or f"{n}_bucket" in text, n
+    assert 'rlscale_step_phase_seconds_count{phase="train"} 3.0' in text
+    assert "rlscale_time_to_target_seconds 15.0" not in text  # not reached within 3 records
+    promtool = shutil.which("promtool") or str(Path.home() / ".cache/rlscale/prometheus/promtool")
+    if not Path(promtool).exists():
+        pytest.fail("promtool missing: run `make prometheus` (make test does)")
+    res = subprocess.run([promtool, "check", "metrics"], input=text, capture_output=True, text=True)
+    assert res.returncode == 0 and not res.stdout.strip() and not res.stderr.strip(), res.stdout + res.stderr
