@@ -1,0 +1,341 @@
+"""The decision: candidates within bounds and budget, T = E / X for each, the fastest wins and says why."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from rlscale.plan.calibration import PHASES, Calibration
+from rlscale.plan.errors import PlanError
+from rlscale.plan.profiles import accelerator_profile
+from rlscale.plan.samples import (
+    DEFAULT_NOISE_MULTIPLE,
+    lr_mismatch,
+    mismatch_penalty,
+    noise_curve,
+    reference_samples,
+    scaled_lr,
+)
+from rlscale.plan.shapes import model_shape_for
+from rlscale.plan.throughput import PLUGIN_REWARD_SECONDS, Phases, SystemModel
+
+# Candidates whose time-to-target lies within this fraction of the best are ties: the
+# one with fewer GPUs (then the smaller batch) wins, as the model is not that precise.
+TIE = 0.005
+
+
+@dataclass(frozen=True)
+class Prediction:
+    """Predicted throughput and time-to-target of one configuration."""
+
+    samples_per_second: float
+    step_seconds: float
+    time_to_target_seconds: float
+    samples_to_target: float
+    phases: Phases
+
+    @property
+    def generate(self) -> float:
+        return self.phases.generate
+
+    @property
+    def reward(self) -> float:
+        return self.phases.reward
+
+    @property
+    def train(self) -> float:
+        return self.phases.train
+
+    @property
+    def sync(self) -> float:
+        return self.phases.sync
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"samplesPerSecond": self.samples_per_second, "stepSeconds": self.step_seconds,
+                "timeToTargetSeconds": self.time_to_target_seconds, "samplesToTarget": self.samples_to_target,
+                "phases": self.phases.to_dict()}
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One configuration the planner compared."""
+
+    prompts: int
+    samples_per_prompt: int
+    rollout_replicas: int
+    learner_replicas: int
+    learning_rate: float
+    gpus: int
+    predicted: Prediction
+    noise_penalty: float  # E(N)/E(N_ref) from the noise curve, lr retuned
+    lr_penalty: float  # extra samples factor from an lr off the sqrt rule
+    concurrency: int  # decode sequences in flight per rollout replica
+    bound: str  # generation "memory"- or "compute"-bound
+
+    @property
+    def batch(self) -> int:
+        return self.prompts * self.samples_per_prompt
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"prompts": self.prompts, "samplesPerPrompt": self.samples_per_prompt, "batch": self.batch,
+                "rolloutReplicas": self.rollout_replicas, "learnerReplicas": self.learner_replicas,
+                "learningRate": self.learning_rate, "gpus": self.gpus, "predicted": self.predicted.to_dict(),
+                "samplesPenalty": self.noise_penalty * self.lr_penalty, "lrPenalty": self.lr_penalty,
+                "decodeConcurrency": self.concurrency, "generationBound": self.bound}
+
+
+@dataclass(frozen=True)
+class Plan:
+    """The planner's choice: batch, learning rate, replica split, predictions and the reason."""
+
+    prompts: int
+    samples_per_prompt: int
+    learning_rate: float
+    rollout_replicas: int
+    learner_replicas: int
+    predicted: Prediction
+    reason: str
+    candidates: list[Candidate]
+    noise_scale: float
+    calibrated: bool = False
+    gpus: int = 0
+    samples_to_target_ref: float = 0.0  # E_ref at the reference batch
+    notes: tuple[str, ...] = field(default_factory=tuple)
+
+    @property
+    def batch(self) -> int:
+        return self.prompts * self.samples_per_prompt
+
+    def summary(self) -> str:
+        return (f"{self.prompts}x{self.samples_per_prompt} lr={self.learning_rate:.1e} "
+                f"rollout={self.rollout_replicas} learner={self.learner_replicas}")
+
+    def to_dict(self) -> dict[str, Any]:
+        """camelCase, JSON-able: what `rlscale plan --json` prints and the operator writes to status.plan."""
+        return {"prompts": self.prompts, "samplesPerPrompt": self.samples_per_prompt,
+                "batch": f"{self.prompts}x{self.samples_per_prompt}",
+                "learningRate": self.learning_rate, "rolloutReplicas": self.rollout_replicas,
+                "learnerReplicas": self.learner_replicas, "gpus": self.gpus,
+                "predicted": self.predicted.to_dict(), "reason": self.reason,
+                "candidates": [c.to_dict() for c in self.candidates], "noiseScale": self.noise_scale,
+                "samplesToTargetAtReference": self.samples_to_target_ref,
+                "calibrated": self.calibrated, "notes": list(self.notes)}
+
+
+# --------------------------------------------------------------------------- building blocks
+
+
+def system_model(spec: Any, calibration: Calibration | None = None) -> SystemModel:
+    """The uncalibrated throughput model of a spec (measured token lengths applied when known)."""
+    dtype = spec.model.dtype
+    prompt = float(spec.task.expected_prompt_tokens)
+    response = float(spec.task.expected_response_tokens)
+    if calibration is not None:
+        if calibration.prompt_tokens:
+            prompt = float(calibration.prompt_tokens)
+        response = calibration.response_length(prompt) or response
+    profile = accelerator_profile(spec.hardware, dtype)
+    builtin_reward = ":" not in spec.task.reward
+    return SystemModel(
+        shape=model_shape_for(spec.model), profile=profile, dtype=dtype,
+        prompt_tokens=prompt, response_tokens=response, max_new_tokens=spec.task.max_new_tokens,
+        algorithm=spec.algorithm.name, reference_model=spec.algorithm.kl_coef > 0,
+        zero_stage=spec.learner.zero_stage, micro_batch=spec.batch.micro_batch,
+        rollout_gpus=spec.rollout.gpus_per_replica, learner_gpus=spec.learner.gpus_per_replica,
+        reward_seconds_per_sample=profile.reward_seconds_per_sample if builtin_reward else PLUGIN_REWARD_SECONDS,
+    )
+
+
+def calibrate(model: SystemModel, calibration: Calibration) -> SystemModel:
+    """Per phase, scale the model so its prediction at the measured configuration equals the measurement.
+
+    Scaling a phase's time by f is dividing its usable bandwidth and FLOP/s (its efficiency factors) by f.
+    """
+    if not calibration.has_phases:
+        return model
+    raw = model.phases(calibration.prompts, calibration.samples_per_prompt,
+                       calibration.rollout_replicas, calibration.learner_replicas)
+    factors = {}
+    for p in PHASES:
+        measured, predicted = calibration.measured(p), getattr(raw, p)
+        factors[p] = measured / predicted if measured is not None and predicted > 0 else 1.0
+    return SystemModel(**{**model.__dict__, "scale": Phases(**factors)})
+
+
+def prompt_candidates(spec: Any) -> list[int]:
+    """Fixed prompts, else powers of two within [minPrompts, maxPrompts], the bounds, and the reference batch."""
+    b = spec.batch
+    if b.prompts != "auto":
+        return [b.prompts]
+    out = {b.min_prompts, b.max_prompts}
+    p = 1
+    while p <= b.max_prompts:
+        if p >= b.min_prompts:
+            out.add(p)
+        p *= 2
+    ref, rem = divmod(spec.optimizer.reference_batch, b.samples_per_prompt)
+    if rem == 0 and b.min_prompts <= ref <= b.max_prompts:
+        out.add(ref)
+    return sorted(out)
+
+
+def replica_splits(spec: Any) -> list[tuple[int, int]]:
+    """(rollout, learner) pairs: fixed counts where given, else 1..maxReplicas, within budget.gpus on GPUs."""
+    ro, le = spec.rollout, spec.learner
+    rs = [ro.replicas] if ro.replicas != "auto" else range(1, ro.max_replicas + 1)
+    ls = [le.replicas] if le.replicas != "auto" else range(1, le.max_replicas + 1)
+    if spec.hardware.accelerator == "cpu":
+        return [(r, k) for r in rs for k in ls]
+    gpus = spec.budget.gpus
+    return [(r, k) for r in rs for k in ls if r * ro.gpus_per_replica + k * le.gpus_per_replica <= gpus]
+
+
+def _gpus(spec: Any, r: int, k: int) -> int:
+    if spec.hardware.accelerator == "cpu":
+        return 0
+    return r * spec.rollout.gpus_per_replica + k * spec.learner.gpus_per_replica
+
+
+# --------------------------------------------------------------------------- the plan
+
+
+def make_plan(spec: Any, calibration: Calibration | None = None) -> Plan:
+    """Choose batch, lr and replica split minimising predicted time-to-target T = E(N) / X(N)."""
+    cal = calibration or Calibration()
+    model = calibrate(system_model(spec, cal), cal)
+    opt, spp = spec.optimizer, spec.batch.samples_per_prompt
+    n_ref = float(opt.reference_batch)
+    n_noise = float(cal.noise_scale) if cal.has_noise_scale else DEFAULT_NOISE_MULTIPLE * n_ref
+    known_task = spec.task.name == "builtin:arithmetic"
+    e_ref, e_known = reference_samples(spec.model.path if known_task else "", n_ref, n_noise)
+
+    splits = replica_splits(spec)
+    if not splits:
+        raise PlanError(f"spec.budget.gpus: {spec.budget.gpus} does not fit one rollout and one learner replica; "
+                        "raise budget.gpus or lower gpusPerReplica")
+    why_not: list[str] = []
+    feasible = []
+    for r, k in splits:
+        bad = model.infeasible(r, k)
+        if bad:
+            why_not.append(bad)
+        else:
+            feasible.append((r, k))
+    if not feasible:
+        raise PlanError(f"spec.{why_not[0]}")
+
+    cands: list[Candidate] = []
+    for prompts in prompt_candidates(spec):
+        n = prompts * spp
+        noise = noise_curve(n, n_ref, n_noise)
+        lr_pen = mismatch_penalty(lr_mismatch(n, n_ref, opt.scaling))
+        e = e_ref * noise * lr_pen
+        lr = scaled_lr(opt.lr, n, n_ref, opt.scaling)
+        for r, k in feasible:
+            ph = model.phases(prompts, spp, r, k)
+            gen = model.generation(prompts, spp, r)
+            step = ph.total
+            x = n / step
+            pred = Prediction(x, step, e / x, e, ph)
+            cands.append(Candidate(prompts, spp, r, k, lr, _gpus(spec, r, k), pred, noise, lr_pen, gen.concurrency, gen.bound))
+
+    best_t = min(c.predicted.time_to_target_seconds for c in cands)
+    tied = [c for c in cands if c.predicted.time_to_target_seconds <= best_t * (1 + TIE)]
+    win = min(tied, key=lambda c: (c.gpus or c.rollout_replicas + c.learner_replicas, c.batch, c.predicted.time_to_target_seconds))
+    per_batch = _best_per_batch(cands, win)
+
+    notes = []
+    if not cal.has_phases:
+        notes.append(f"throughput from the {model.profile.name} profile and the model shape ({model.shape.source}); "
+                     "uncalibrated until steps are measured")
+    if not cal.has_noise_scale:
+        notes.append(f"noise scale N_noise = {DEFAULT_NOISE_MULTIPLE:g} x referenceBatch = {n_noise:g} (default, not measured)")
+    if not e_known:
+        notes.append(f"samples to target at the reference batch: {e_ref:,.0f} is a placeholder; only ratios decide the plan")
+    if win.predicted.samples_to_target > spec.budget.max_samples:
+        notes.append(f"predicted samples to target {win.predicted.samples_to_target:,.0f} exceed budget.maxSamples "
+                     f"({spec.budget.max_samples:,}): the run may stop first")
+    if model.profile.shared_host:
+        notes.append("cpu: rollout and learner replicas share one machine's cores, so more replicas add no throughput")
+
+    return Plan(
+        prompts=win.prompts, samples_per_prompt=spp, learning_rate=win.learning_rate,
+        rollout_replicas=win.rollout_replicas, learner_replicas=win.learner_replicas, predicted=win.predicted,
+        reason=_reason(spec, win, per_batch, n_ref, cal, e_known),
+        candidates=per_batch, noise_scale=n_noise, calibrated=cal.calibrated, gpus=win.gpus,
+        samples_to_target_ref=e_ref, notes=tuple(notes),
+    )
+
+
+def _best_per_batch(cands: list[Candidate], win: Candidate) -> list[Candidate]:
+    """The fastest split for each batch size (the winner's own row for its batch), sorted by time-to-target."""
+    best: dict[int, Candidate] = {}
+    for c in cands:
+        cur = best.get(c.prompts)
+        if cur is None or c.predicted.time_to_target_seconds < cur.predicted.time_to_target_seconds:
+            best[c.prompts] = c
+    best[win.prompts] = win
+    return sorted(best.values(), key=lambda c: (c.predicted.time_to_target_seconds, c is not win))
+
+
+def _x(a: float, digits: int = 2) -> str:
+    return f"x{a:.{digits}f}" if a < 10 else f"x{a:.1f}"
+
+
+def _digits(a: float, b: float) -> int:
+    """Enough decimals that two ratios the rule compares do not print as equal."""
+    d = 2
+    while d < 4 and f"{a:.{d}f}" == f"{b:.{d}f}":
+        d += 1
+    return d
+
+
+def _penalty(big: Candidate, small: Candidate) -> float:
+    return big.predicted.samples_to_target / small.predicted.samples_to_target
+
+
+def _penalty_text(big: Candidate, small: Candidate, scaling: str, digits: int = 2) -> str:
+    """'samples penalty x1.3', with the share of an untuned lr when there is one."""
+    text = f"samples penalty {_x(_penalty(big, small), digits)}"
+    lr_share = big.lr_penalty / small.lr_penalty
+    if abs(lr_share - 1) > 0.005:
+        why = "without lr retune (scaling: none)" if scaling == "none" else f"from the {scaling} rule's lr off the sqrt rule"
+        text += f" ({_x(lr_share)} of it {why})"
+    return text
+
+
+def _reason(spec: Any, win: Candidate, per_batch: list[Candidate], n_ref: float, cal: Calibration, e_known: bool) -> str:
+    """One sentence: the decision rule X(N2)/X(N1) > E(N2)/E(N1) applied to the winner and its rival."""
+    scaling = spec.optimizer.scaling
+    others = [c for c in per_batch if c.batch != win.batch]
+    if spec.batch.prompts != "auto":
+        head = f"N={win.batch} fixed by spec.batch.prompts ({win.prompts} x {win.samples_per_prompt})"
+    elif not others:
+        head = f"N={win.batch} is the only batch within [minPrompts, maxPrompts]"
+    else:
+        ref = min(per_batch, key=lambda c: (abs(math.log(c.batch / n_ref)), c.batch))
+        rival = ref if ref.batch != win.batch else others[0]
+        speed = win.predicted.samples_per_second / rival.predicted.samples_per_second
+        verb = "beats" if rival is ref else "kept over"
+        if win.batch > rival.batch:
+            d = _digits(speed, _penalty(win, rival))
+            head = (f"N={win.batch} {verb} N={rival.batch}: throughput {_x(speed, d)} > "
+                    f"{_penalty_text(win, rival, scaling, d)}")
+        else:
+            d = _digits(1 / speed, _penalty(rival, win))
+            head = (f"N={win.batch} {verb} N={rival.batch}: throughput gain {_x(1 / speed, d)} < "
+                    f"{_penalty_text(rival, win, scaling, d)}")
+    if spec.hardware.accelerator == "cpu":
+        split = f"{win.rollout_replicas} rollout + {win.learner_replicas} learner on one cpu host"
+    else:
+        split = f"{win.rollout_replicas} rollout + {win.learner_replicas} learner replicas on {win.gpus} of {spec.budget.gpus} GPUs"
+    lr = f"lr {win.learning_rate:.2e} by the {scaling} rule" if scaling != "none" else f"lr {win.learning_rate:.2e} (scaling: none)"
+    gen = f"generation {win.predicted.generate / win.predicted.step_seconds:.0%} of the step, {win.bound}-bound at {win.concurrency} sequences/replica"
+    if cal.has_phases:
+        basis = f"calibrated from {cal.steps or 1} measured step(s)"
+    else:
+        basis = "uncalibrated profile"
+    if not e_known or not cal.has_noise_scale:
+        basis += "; only ratios of E decide, so E_ref cancels"
+    return f"{head}; {lr}; {split}; {gen} ({basis})."
