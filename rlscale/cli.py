@@ -71,10 +71,10 @@ def _fmt_s(x: Any) -> str:
         return "-"
     x = float(x)
     if x >= 3600:
-        return f"{x / 3600:.1f} h"
+        return f"{x / 3600:.1f}h"
     if x >= 60:
-        return f"{x / 60:.1f} min"
-    return f"{x:.2f} s" if x < 10 else f"{x:.0f} s"
+        return f"{x / 60:.1f}m"
+    return f"{x:.2f}s" if x < 10 else f"{x:.0f}s"
 
 
 @app.command()
@@ -100,14 +100,14 @@ def plan(file: Path = FileArg, as_json: bool = typer.Option(False, "--json", hel
     out.print(t)
     cands = d.get("candidates") or []
     if cands:
-        c = Table(title="Candidates (best first)", title_justify="left")
-        for col in ("prompts", "N", "lr", "rollout", "learner", "samples/s", "step", "samples to target", "time to target"):
-            c.add_column(col, justify="right")
+        c = Table(title="Candidates, best first (P prompts, N samples per step, E samples to target, T time to target)", title_justify="left")
+        for col in ("P", "N", "lr", "roll", "learn", "smp/s", "step", "E (samples)", "T"):
+            c.add_column(col, justify="right", no_wrap=True)
         for row in cands[:12]:
             pr = row.get("predicted", row)
             c.add_row(str(row["prompts"]), str(row["prompts"] * row["samplesPerPrompt"]), f"{row['learningRate']:.2g}",
                       str(row["rolloutReplicas"]), str(row["learnerReplicas"]), f"{pr['samplesPerSecond']:.1f}",
-                      _fmt_s(pr["stepSeconds"]), f"{pr.get('samplesToTarget', 0):,.0f}", _fmt_s(pr["timeToTargetSeconds"]))
+                      _fmt_s(pr["stepSeconds"]), f"{pr.get('samplesToTarget', 0) / 1000:,.0f}k", _fmt_s(pr["timeToTargetSeconds"]))
         out.print(c)
 
 

@@ -53,7 +53,7 @@ class Role:
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
 
-    def signal(self, sig: int) -> None:
+    def send(self, sig: int) -> None:
         if self.alive():
             try:
                 os.killpg(self.proc.pid, sig)
@@ -64,7 +64,7 @@ class Role:
         """Ask the group to stop, then make sure nothing of it is left."""
         if self.proc is None:
             return
-        self.signal(sig)
+        self.send(sig)
         try:
             self.proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
@@ -122,7 +122,7 @@ def _wait_port(host: str, port: int, proc: Role, timeout: float) -> None:
 def resolve_model_dir(path: str) -> str:
     """A local model directory for the spec's model.path (builtin models are built and cached)."""
     if path.startswith("builtin:"):
-        from rlscale.trainer.modeling import ensure_builtin_model  # heavy: only the embedded run needs it
+        from rlscale.trainer.builtin import ensure_builtin_model  # heavy: only the embedded run needs it
 
         return str(ensure_builtin_model(path))
     return path
@@ -213,7 +213,7 @@ def run_embedded(rlrun: RLRun, *, metrics_port: int = 9400, runs_dir: Path = Pat
         sig = signal.SIGTERM if interrupted["n"] == 1 else signal.SIGKILL
         for r in local.roles:
             if r.name.startswith("learner"):
-                r.signal(sig)
+                r.send(sig)
 
     old = {s: signal.signal(s, on_sigint) for s in (signal.SIGINT, signal.SIGTERM)}
     code = 1
@@ -274,7 +274,7 @@ def _watch(local: LocalRun, driver: Role, rollouts: list[Role], run_dir: Path, s
             for other in local.roles:
                 if other.name.startswith("learner") and other is not driver and not other.alive() and other.proc.returncode:
                     console.print(f"[red]{other.name} exited with {other.proc.returncode}[/]; stopping the run")
-                    driver.signal(signal.SIGTERM)
+                    driver.send(signal.SIGTERM)
             live.update(progress_view(last, spec.target.value, spec.target.metric, spec.budget.max_samples, bar))
             time.sleep(0.25)
         recs, offset = _read_new_records(metrics, offset)
