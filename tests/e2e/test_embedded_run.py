@@ -1,0 +1,113 @@
+"""`rlscale run` end to end: real Ray, vLLM, DeepSpeed and Prometheus; interrupt, resume, reach a target."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+import yaml
+
+from tests.conftest import EXAMPLES, ROOT
+from tests.e2e.conftest import Prometheus, free_port
+
+pytestmark = pytest.mark.slow
+
+TARGET = 0.5  # the warm start begins near 0.4: a small, reachable target for a test
+
+
+def small_run(tmp_path: Path) -> Path:
+    spec = yaml.safe_load((EXAMPLES / "quickstart.yaml").read_text())
+    spec["metadata"]["name"] = "e2e"
+    s = spec["spec"]
+    s["target"].update(value=TARGET, evalEvery=5, window=2)
+    s["batch"].update(prompts=16)
+    s["checkpoint"] = {"every": 10}
+    s["budget"].update(maxSteps=400)
+    f = tmp_path / "e2e.yaml"
+    f.write_text(yaml.safe_dump(spec))
+    return f
+
+
+def records(run_dir: Path) -> list[dict]:
+    p = run_dir / "metrics.jsonl"
+    return [json.loads(line) for line in p.read_text().splitlines() if line.strip()] if p.exists() else []
+
+
+def our_processes(run_json: Path) -> list[psutil.Process]:
+    left = []
+    for p in psutil.process_iter(["pid"]):
+        try:
+            if p.environ().get("RLSCALE_CONFIG") == str(run_json):
+                left.append(p)
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+            pass
+    return left
+
+
+def start_run(spec: Path, runs: Path, port: int, log: Path) -> subprocess.Popen:
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "COLUMNS": "100"}
+    return subprocess.Popen(
+        [sys.executable, "-m", "rlscale.cli", "run", str(spec), "--runs-dir", str(runs), "--metrics-port", str(port), "--linger", "4"],
+        cwd=ROOT, env=env, stdout=open(log, "ab"), stderr=subprocess.STDOUT, start_new_session=True,
+    )
+
+
+def test_interrupt_resume_and_reach_target_scraped_by_prometheus(tmp_path):
+    spec = small_run(tmp_path)
+    runs = tmp_path / "runs"
+    run_dir = runs / "e2e"
+    port = free_port()
+    log = tmp_path / "run.log"
+    prom = Prometheus(tmp_path, [f"127.0.0.1:{port}"])
+    try:
+        # 1. start, let it pass a checkpoint, then Ctrl-C
+        proc = start_run(spec, runs, port, log)
+        deadline = time.monotonic() + 600
+        while time.monotonic() < deadline and proc.poll() is None:
+            recs = records(run_dir)
+            if recs and recs[-1]["step"] >= 13:
+                break
+            time.sleep(1)
+        assert proc.poll() is None, log.read_text()[-4000:]
+        assert records(run_dir), log.read_text()[-4000:]
+        os.killpg(proc.pid, signal.SIGINT)
+        assert proc.wait(timeout=180) == 130, log.read_text()[-4000:]
+        steps_before = records(run_dir)[-1]["step"]
+        ckpts = sorted((run_dir / "checkpoints").iterdir())
+        assert ckpts, "no checkpoint written on Ctrl-C"
+        time.sleep(2)
+        assert not our_processes(run_dir / "run.json"), "stray processes after Ctrl-C"
+
+        # 2. the same command resumes, losing at most one checkpoint interval
+        proc = start_run(spec, runs, port, log)
+        assert proc.wait(timeout=900) == 0, log.read_text()[-4000:]
+        recs = records(run_dir)
+        steps = [r["step"] for r in recs]
+        assert steps == list(range(1, steps[-1] + 1)), "the log is one unbroken history"
+        assert steps[-1] > steps_before
+        assert recs[-1]["time_to_target_seconds"] > 0 and recs[-1]["samples_to_target"] > 0
+        assert recs[-1]["target_metric"] >= TARGET
+        text = log.read_text()
+        assert "resumed" in text or "resum" in text.lower()
+        assert "time to target" in text.lower()
+        assert not our_processes(run_dir / "run.json"), "stray processes after the run"
+
+        # 3. Prometheus scraped the driver's endpoint: read time-to-target back through its API
+        result = prom.query("max_over_time(rlscale_time_to_target_seconds[10m])")
+        assert result and float(result[0]["value"][1]) == pytest.approx(recs[-1]["time_to_target_seconds"], rel=1e-6)
+        assert prom.query("rlscale_steps_total")  # counters were scraped too
+    finally:
+        prom.stop()
+
+    # 4. the report
+    for name in ("metrics.jsonl", "plan.json", "curves.png", "summary.md"):
+        assert (run_dir / name).exists(), name
+    assert "time to target" in (run_dir / "summary.md").read_text()
+    assert (run_dir / "curves.png").read_bytes()[:4] == b"\x89PNG"
