@@ -32,6 +32,16 @@ EXIT_INTERRUPTED = 130
 DEFAULT_CHECKPOINT_PATH = "/checkpoints"  # the pods' volume; locally it lives in the run directory
 
 
+def _die_with_parent() -> None:
+    """If the runner itself is killed (SIGKILL), its roles get SIGTERM instead of living on."""
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except OSError:
+        pass
+
+
 @dataclass
 class Role:
     """One local process running a role entrypoint, in its own process group."""
@@ -47,7 +57,7 @@ class Role:
         self.log.parent.mkdir(parents=True, exist_ok=True)
         fh = open(self.log, "ab")
         self.proc = subprocess.Popen(self.argv, env=self.env, stdout=fh, stderr=subprocess.STDOUT,
-                                     stdin=subprocess.DEVNULL, start_new_session=True)
+                                     stdin=subprocess.DEVNULL, start_new_session=True, preexec_fn=_die_with_parent)
         fh.close()
 
     def alive(self) -> bool:
