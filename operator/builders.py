@@ -69,6 +69,7 @@ def names(run: str) -> dict[str, str]:
         C.ROLE_ROLLOUT: child_name(run, "rollout"),
         C.ROLE_LEARNER: child_name(run, "learner"),
         C.ROLE_METRICS: child_name(run, "metrics"),
+        C.ROLE_RUNNER: child_name(run, "runner"),
     }
 
 
@@ -145,6 +146,8 @@ def _pod_spec(run: RunRef, role: str, image: str, command: list[str], env: list[
                          *(extra_mounts or [])],
     }
     return {
+        # The run's own account: it may read and annotate its RLRun (progress), nothing else.
+        "serviceAccountName": names(run.name)[C.ROLE_RUNNER],
         "containers": [container],
         # The config map is mounted as a directory so edits reach running pods (no subPath).
         "volumes": [{"name": "run-config", "configMap": {"name": names(run.name)[C.ROLE_CONFIG]}},
@@ -266,11 +269,27 @@ def build_metrics_service(run: RunRef) -> dict[str, Any]:
                      "ports": [{"name": "metrics", "port": C.METRICS_PORT, "targetPort": "metrics"}]}}
 
 
+def build_runner_account(run: RunRef) -> list[dict[str, Any]]:
+    """ServiceAccount, Role and RoleBinding for the run's pods: get and patch this RLRun only
+    (rank 0 reports progress in an annotation)."""
+    n = names(run.name)[C.ROLE_RUNNER]
+    return [
+        {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": _meta(run, n, C.ROLE_RUNNER)},
+        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role", "metadata": _meta(run, n, C.ROLE_RUNNER),
+         "rules": [{"apiGroups": [C.GROUP], "resources": [C.PLURAL], "resourceNames": [run.name],
+                    "verbs": ["get", "patch"]}]},
+        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding", "metadata": _meta(run, n, C.ROLE_RUNNER),
+         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": n},
+         "subjects": [{"kind": "ServiceAccount", "name": n, "namespace": run.namespace}]},
+    ]
+
+
 def build_children(run: RunRef, spec: RLRunSpec, plan: dict[str, Any], images: Images | None = None) -> list[dict[str, Any]]:
-    """Everything the run owns, the ConfigMap first (pods mount it)."""
+    """Everything the run owns; the ConfigMap and the pods' account first (pods need both)."""
     images = images or Images()
     return [
         build_configmap(run, spec, plan),
+        *build_runner_account(run),
         build_ray_head_service(run),
         build_learner_service(run),
         build_metrics_service(run),

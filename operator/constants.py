@@ -23,6 +23,7 @@ ROLE_RAY_HEAD = "ray-head"
 ROLE_ROLLOUT = "rollout"
 ROLE_LEARNER = "learner"
 ROLE_METRICS = "metrics"
+ROLE_RUNNER = "runner"  # the ServiceAccount, Role and RoleBinding of the run's pods
 
 # The learner (rank 0) reports progress here as JSON; the operator folds it into status.
 ANNOTATION_PROGRESS = "rlscale.dev/progress"

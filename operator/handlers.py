@@ -49,9 +49,10 @@ def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
     settings.networking.request_timeout = 60
 
 
-@kopf.on.resume(*_RLRUN)
-@kopf.on.create(*_RLRUN)
-@kopf.on.update(*_RLRUN, field="spec")
+# Short retry backoff: a transient API error should not leave a run unreconciled for a minute.
+@kopf.on.resume(*_RLRUN, backoff=2)
+@kopf.on.create(*_RLRUN, backoff=2)
+@kopf.on.update(*_RLRUN, field="spec", backoff=2)
 def reconcile_rlrun(name: str, namespace: str, uid: str, spec: Any, meta: Any, status: Any,
                     reason: str, **_: Any) -> None:
     """Spec created, changed, or seen again at start-up: plan and converge the children."""

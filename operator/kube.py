@@ -14,6 +14,9 @@ from kubernetes.client.exceptions import ApiException
 from . import constants as C
 
 _PLURALS = {("v1", "ConfigMap"): "configmaps", ("v1", "Service"): "services", ("v1", "Pod"): "pods",
+            ("v1", "ServiceAccount"): "serviceaccounts",
+            ("rbac.authorization.k8s.io/v1", "Role"): "roles",
+            ("rbac.authorization.k8s.io/v1", "RoleBinding"): "rolebindings",
             ("apps/v1", "Deployment"): "deployments", ("apps/v1", "StatefulSet"): "statefulsets"}
 
 _lock = threading.Lock()

@@ -9,8 +9,10 @@ import kopf
 
 from rlscale.metrics_names import OPERATOR_METRICS_PORT
 
-from . import handlers  # noqa: F401  (registers the handlers with kopf)
-from . import metrics
+from . import (
+    handlers,  # noqa: F401  (registers the handlers with kopf)
+    metrics,
+)
 
 
 def run(namespaces: list[str] | None = None, metrics_port: int = OPERATOR_METRICS_PORT) -> int:

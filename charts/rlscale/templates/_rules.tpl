@@ -1,0 +1,28 @@
+{{- define "rlscale.rules" -}}
+# The RLRuns: watch them, keep kopf's bookkeeping annotations, write status.
+- apiGroups: [rlscale.dev]
+  resources: [rlruns]
+  verbs: [get, list, watch, patch]
+- apiGroups: [rlscale.dev]
+  resources: [rlruns/status]
+  verbs: [get, patch]
+# What each run owns (server-side apply = patch; it also creates).
+- apiGroups: [""]
+  resources: [configmaps, services, pods]
+  verbs: [get, list, watch, create, patch]
+- apiGroups: [""]
+  resources: [serviceaccounts]
+  verbs: [get, list, watch, create, patch]
+# Each run's pods get a Role that may only get and patch their own RLRun (progress reports);
+# granting it needs the operator to hold the same rights, which it does above.
+- apiGroups: [rbac.authorization.k8s.io]
+  resources: [roles, rolebindings]
+  verbs: [get, list, watch, create, patch]
+- apiGroups: [apps]
+  resources: [deployments, statefulsets]
+  verbs: [get, list, watch, create, patch]
+# kopf reports handler failures as events on the RLRun.
+- apiGroups: ["", events.k8s.io]
+  resources: [events]
+  verbs: [create]
+{{- end -}}

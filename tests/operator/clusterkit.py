@@ -1,0 +1,146 @@
+"""Helpers for the operator tests: waiting, kubectl, the operator process, example runs."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+REPO = Path(__file__).resolve().parents[2]
+OPERATOR_NS = "rlscale-system"
+OPERATOR_SA = "rlscale-operator"  # the chart's name for release "rlscale"
+
+
+def _load_controlplane():
+    spec = importlib.util.spec_from_file_location("rlscale_controlplane", REPO / "hack" / "cluster" / "controlplane.py")
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod  # dataclasses look their module up here
+    spec.loader.exec_module(mod)
+    return mod
+
+
+cp = _load_controlplane()
+
+
+def wait_for(what: str, fn: Callable[[], Any], timeout: float = 30.0, interval: float = 0.25) -> Any:
+    """Poll fn until it returns something truthy; fail naming what never happened."""
+    deadline = time.monotonic() + timeout
+    last: Any = None
+    while time.monotonic() < deadline:
+        last = fn()
+        if last:
+            return last
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what} (last: {last!r})")
+
+
+class Kube:
+    """kubectl (the one built from k8s.io/kubernetes) against the test cluster."""
+
+    def __init__(self, cluster: Any):
+        self.cluster = cluster
+
+    def run(self, *args: str, input: str | None = None, check: bool = True) -> subprocess.CompletedProcess:
+        return self.cluster.kubectl(*args, input=input, check=check)
+
+    def get(self, kind: str, name: str | None = None, ns: str | None = None, selector: str | None = None) -> Any:
+        args = ["get", kind, *([name] if name else []), "-o", "json"]
+        if ns:
+            args += ["-n", ns]
+        if selector:
+            args += ["-l", selector]
+        out = self.run(*args, check=False)
+        if out.returncode != 0:
+            if "NotFound" in out.stderr:
+                return None
+            raise AssertionError(out.stderr)
+        return json.loads(out.stdout)
+
+    def apply(self, obj: dict | str, ns: str | None = None, check: bool = True) -> subprocess.CompletedProcess:
+        text = obj if isinstance(obj, str) else json.dumps(obj)
+        return self.run("apply", "-f", "-", *(["-n", ns] if ns else []), input=text, check=check)
+
+    def patch_rlrun(self, name: str, ns: str, patch: dict) -> None:
+        self.run("patch", "rlrun", name, "-n", ns, "--type=merge", "-p", json.dumps(patch))
+
+
+def chart_objects(helm: Path, *set_args: str) -> list[dict]:
+    """`helm template` of the chart, parsed."""
+    out = subprocess.run([str(helm), "template", "rlscale", str(REPO / "charts" / "rlscale"),
+                          "--namespace", OPERATOR_NS, *set_args],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    return [d for d in yaml.safe_load_all(out.stdout) if d]
+
+
+class Operator:
+    """`python -m rlscale.operator` as a child process, started and stopped by the tests."""
+
+    def __init__(self, kubeconfig: Path, logdir: Path):
+        self.kubeconfig = kubeconfig
+        self.logdir = logdir
+        self.proc: subprocess.Popen | None = None
+        self.metrics_port = 0
+        self.starts = 0
+
+    def start(self, **env: str) -> Operator:
+        assert self.proc is None
+        self.metrics_port = cp.free_port()
+        self.starts += 1
+        log = open(self.logdir / f"operator-{self.starts}.log", "wb")
+        e = {**os.environ, "KUBECONFIG": str(self.kubeconfig), "RLSCALE_OPERATOR_BIND": "127.0.0.1",
+             "RLSCALE_PROGRESS_INTERVAL": "1", "RLSCALE_CHECKPOINT_STORAGE": "", **env}
+        self.proc = subprocess.Popen([sys.executable, "-m", "rlscale.operator", "--metrics-port",
+                                      str(self.metrics_port)], env=e, stdout=log, stderr=subprocess.STDOUT,
+                                     cwd=REPO)
+        log.close()
+        wait_for("operator /metrics", self._metrics_up, timeout=60)
+        return self
+
+    def _metrics_up(self) -> bool:
+        if self.proc is None or self.proc.poll() is not None:
+            raise AssertionError(f"operator exited:\n{self.log_tail()}")
+        try:
+            return bool(self.metrics())
+        except OSError:
+            return False
+
+    def metrics(self) -> str:
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=5) as r:
+            return r.read().decode()
+
+    def kill(self, sig: int = signal.SIGKILL) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.send_signal(sig)
+            try:
+                self.proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.proc = None
+
+    def log_tail(self, n: int = 40) -> str:
+        p = self.logdir / f"operator-{self.starts}.log"
+        return "\n".join(p.read_text(errors="replace").splitlines()[-n:]) if p.exists() else ""
+
+
+def example_run(name: str, path: str = "examples/grpo-h100.yaml", **spec_over: Any) -> dict:
+    """An example RLRun with a new name and spec fields replaced (top-level keys merged)."""
+    obj = yaml.safe_load((REPO / path).read_text())
+    obj["metadata"] = {"name": name}
+    for k, v in spec_over.items():
+        if isinstance(v, dict) and isinstance(obj["spec"].get(k), dict):
+            obj["spec"][k] = {**obj["spec"][k], **v}
+        else:
+            obj["spec"][k] = v
+    return obj

@@ -1,0 +1,142 @@
+"""Unit tests of the pure builders: (spec, plan) -> manifests, no cluster."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from rlscale.operator import builders as B
+from rlscale.operator import constants as C
+
+from rlscale.runconfig import RUNCONFIG_KIND
+from rlscale.spec import parse_spec
+
+RUN = B.RunRef(name="grpo-7b", namespace="team-a", uid="0000-1111")
+PLAN = {"prompts": 32, "samplesPerPrompt": 8, "learningRate": 2e-5, "rolloutReplicas": 3,
+        "learnerReplicas": 2, "predicted": {"samplesPerSecond": 120.0, "stepSeconds": 2.1,
+                                            "timeToTargetSeconds": 900.0}, "reason": "N=256 wins"}
+
+
+def spec(**over):
+    base = {"hardware": {"accelerator": "H100"}, "budget": {"gpus": 16},
+            "rollout": {"gpusPerReplica": 1}, "learner": {"gpusPerReplica": 2}}
+    base.update(over)
+    return parse_spec(base)
+
+
+def by_kind(children):
+    return {(m["kind"], m["metadata"]["name"]): m for m in children}
+
+
+def test_every_child_is_owned_labelled_and_named_once():
+    kids = B.build_children(RUN, spec(), PLAN)
+    assert len(by_kind(kids)) == len(kids) == 10
+    for m in kids:
+        md = m["metadata"]
+        assert md["namespace"] == "team-a"
+        assert md["labels"][C.LABEL_RUN] == "grpo-7b"
+        assert md["labels"][C.LABEL_ROLE] in {C.ROLE_CONFIG, C.ROLE_RAY_HEAD, C.ROLE_ROLLOUT, C.ROLE_LEARNER, C.ROLE_METRICS, C.ROLE_RUNNER}
+        (ref,) = md["ownerReferences"]
+        assert ref == {"apiVersion": "rlscale.dev/v1alpha1", "kind": "RLRun", "name": "grpo-7b",
+                       "uid": "0000-1111", "controller": True, "blockOwnerDeletion": True}
+    assert kids[0]["kind"] == "ConfigMap"  # pods mount it: it goes first
+
+
+def test_replicas_come_from_the_plan_and_suspend_zeroes_both():
+    kids = by_kind(B.build_children(RUN, spec(), PLAN))
+    assert kids[("Deployment", "grpo-7b-rollout")]["spec"]["replicas"] == 3
+    assert kids[("StatefulSet", "grpo-7b-learner")]["spec"]["replicas"] == 2
+    kids = by_kind(B.build_children(RUN, spec(suspend=True), PLAN))
+    assert kids[("Deployment", "grpo-7b-rollout")]["spec"]["replicas"] == 0
+    assert kids[("StatefulSet", "grpo-7b-learner")]["spec"]["replicas"] == 0
+    assert ("ConfigMap", "grpo-7b-config") in kids  # config kept while suspended
+
+
+def test_gpu_requests_follow_gpus_per_replica_and_cpu_has_none():
+    kids = by_kind(B.build_children(RUN, spec(), PLAN))
+    roll = kids[("Deployment", "grpo-7b-rollout")]["spec"]["template"]["spec"]["containers"][0]
+    learn = kids[("StatefulSet", "grpo-7b-learner")]["spec"]["template"]["spec"]["containers"][0]
+    assert roll["resources"]["limits"][C.GPU_RESOURCE] == "1"
+    assert learn["resources"]["limits"][C.GPU_RESOURCE] == "2"
+    assert learn["resources"]["requests"][C.GPU_RESOURCE] == "2"
+    cpu = by_kind(B.build_children(RUN, parse_spec({"hardware": {"accelerator": "cpu"}}), PLAN))
+    c = cpu[("Deployment", "grpo-7b-rollout")]["spec"]["template"]["spec"]["containers"][0]
+    assert C.GPU_RESOURCE not in json.dumps(c["resources"])
+
+
+def test_user_resources_are_kept_and_not_mutated():
+    s = spec(rollout={"gpusPerReplica": 1, "resources": {"limits": {"memory": "64Gi"}}})
+    kids = by_kind(B.build_children(RUN, s, PLAN))
+    res = kids[("Deployment", "grpo-7b-rollout")]["spec"]["template"]["spec"]["containers"][0]["resources"]
+    assert res["limits"] == {"memory": "64Gi", C.GPU_RESOURCE: "1"}
+    assert s.rollout.resources == {"limits": {"memory": "64Gi"}}
+
+
+def test_learner_ranks_get_rank_world_size_and_master():
+    sts = B.build_learner_statefulset(RUN, spec(), PLAN, B.Images())
+    env = {e["name"]: e for e in sts["spec"]["template"]["spec"]["containers"][0]["env"]}
+    assert env["RANK"]["valueFrom"]["fieldRef"]["fieldPath"] == f"metadata.labels['{C.LABEL_POD_INDEX}']"
+    assert env["WORLD_SIZE"]["value"] == "2"
+    assert env["MASTER_ADDR"]["value"] == "grpo-7b-learner-0.grpo-7b-learner.team-a.svc"
+    assert env["RLSCALE_CONFIG"]["value"] == C.CONFIG_PATH
+    assert sts["spec"]["serviceName"] == "grpo-7b-learner"
+    assert sts["spec"]["podManagementPolicy"] == "Parallel"
+    svc = B.build_learner_service(RUN)
+    assert svc["spec"]["clusterIP"] == "None" and svc["metadata"]["name"] == sts["spec"]["serviceName"]
+
+
+def test_role_entrypoints_read_the_mounted_config():
+    kids = B.build_children(RUN, spec(), PLAN)
+    cmds = {}
+    for m in kids:
+        pod = m["spec"] if m["kind"] == "Pod" else m.get("spec", {}).get("template", {}).get("spec")
+        if pod:
+            c = pod["containers"][0]
+            cmds[m["metadata"]["labels"][C.LABEL_ROLE]] = c["command"]
+            assert {"name": "run-config", "configMap": {"name": "grpo-7b-config"}} in pod["volumes"]
+            assert any(v["mountPath"] == C.CONFIG_MOUNT_DIR for v in c["volumeMounts"])
+    assert cmds == {r: ["rlscale", r, "--config", C.CONFIG_PATH]
+                    for r in (C.ROLE_RAY_HEAD, C.ROLE_ROLLOUT, C.ROLE_LEARNER)}
+
+
+def test_configmap_holds_the_resolved_run_config():
+    cm = B.build_configmap(RUN, spec(), PLAN)
+    cfg = json.loads(cm["data"][C.CONFIG_KEY])
+    assert cfg["kind"] == RUNCONFIG_KIND and cfg["run"] == "grpo-7b" and cfg["namespace"] == "team-a"
+    assert cfg["plan"] == PLAN
+    assert cfg["spec"]["learner"]["gpusPerReplica"] == 2  # camelCase, as in the RLRun
+    assert cfg["ray_address"] == "grpo-7b-ray-head.team-a.svc:6379"
+
+
+def test_builders_are_pure_and_deterministic():
+    s = spec()
+    a = json.dumps(B.build_children(RUN, s, PLAN), sort_keys=True)
+    b = json.dumps(B.build_children(RUN, s, dict(PLAN)), sort_keys=True)
+    assert a == b
+    changed = dict(PLAN, rolloutReplicas=4)
+    assert B.plan_hash(changed) != B.plan_hash(PLAN)
+
+
+@pytest.mark.parametrize("run", ["a", "x" * 40, "y" * 63])
+def test_child_names_fit_dns_labels_and_stay_unique(run):
+    n = B.names(run)
+    assert len(set(n.values())) == len(n)
+    for name in n.values():
+        assert len(name) <= 52 and name[0].isalnum() and name[-1].isalnum()
+    assert B.names(run) == n  # stable
+
+
+def test_checkpoint_storage_uses_claims_that_survive_scale_to_zero():
+    sts = B.build_learner_statefulset(RUN, spec(), PLAN, B.Images(checkpoint_storage="50Gi"))
+    assert sts["spec"]["volumeClaimTemplates"][0]["spec"]["resources"]["requests"]["storage"] == "50Gi"
+    assert sts["spec"]["persistentVolumeClaimRetentionPolicy"]["whenScaled"] == "Retain"
+    plain = B.build_learner_statefulset(RUN, spec(), PLAN, B.Images())
+    assert "volumeClaimTemplates" not in plain["spec"]
+    assert {"name": "checkpoints", "emptyDir": {}} in plain["spec"]["template"]["spec"]["volumes"]
+
+
+def test_images_default_from_the_environment_and_spec_wins():
+    imgs = B.Images.from_env({C.ENV_TRAINER_IMAGE: "reg/t:1", C.ENV_ROLLOUT_IMAGE: "reg/r:1"})
+    kids = by_kind(B.build_children(RUN, spec(rollout={"gpusPerReplica": 1, "image": "mine/vllm:2"}), PLAN, imgs))
+    assert kids[("Deployment", "grpo-7b-rollout")]["spec"]["template"]["spec"]["containers"][0]["image"] == "mine/vllm:2"
+    assert kids[("StatefulSet", "grpo-7b-learner")]["spec"]["template"]["spec"]["containers"][0]["image"] == "reg/t:1"

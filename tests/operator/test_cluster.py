@@ -1,0 +1,255 @@
+"""The operator on the real control plane (etcd, kube-apiserver, controller-manager, scheduler,
+kwok GPU nodes) built from Go modules, running as the service account its chart ships."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+from clusterkit import OPERATOR_NS, OPERATOR_SA, example_run, wait_for
+from rlscale.operator import builders as B
+from rlscale.operator import constants as C
+
+pytestmark = pytest.mark.cluster
+
+
+def rlrun(kube, name, ns):
+    return kube.get("rlrun", name, ns) or {}
+
+
+def cond(obj, type_):
+    return next((c for c in (obj.get("status") or {}).get("conditions", []) if c["type"] == type_), {})
+
+
+def workloads(kube, name, ns):
+    n = B.names(name)
+    return kube.get("deployment", n[C.ROLE_ROLLOUT], ns), kube.get("statefulset", n[C.ROLE_LEARNER], ns)
+
+
+def running_pods(kube, name, ns, role):
+    pods = kube.get("pods", ns=ns, selector=f"{C.LABEL_RUN}={name},{C.LABEL_ROLE}={role}")["items"]
+    return [p for p in pods if p["status"].get("phase") == "Running" and not p["metadata"].get("deletionTimestamp")]
+
+
+def wait_running(kube, name, ns, timeout=60):
+    """Until the run is Running with the planned replica counts; returns the RLRun."""
+    def ok():
+        r = rlrun(kube, name, ns)
+        st = r.get("status") or {}
+        return r if st.get("phase") == C.PHASE_RUNNING else None
+    return wait_for(f"RLRun {ns}/{name} phase Running", ok, timeout)
+
+
+def test_apply_creates_planned_children_and_pods_run_on_fake_gpu_nodes(kube, operator, ns):
+    kube.apply(example_run("grpo"), ns)
+    r = wait_running(kube, "grpo", ns)
+    plan = r["status"]["plan"]
+    assert plan["rolloutReplicas"] >= 1 and plan["learnerReplicas"] >= 1 and plan["reason"]
+    dep, sts = workloads(kube, "grpo", ns)
+    assert dep["spec"]["replicas"] == plan["rolloutReplicas"]
+    assert sts["spec"]["replicas"] == plan["learnerReplicas"]
+    # Every child: owned by the run, labelled with run and role.
+    uid = r["metadata"]["uid"]
+    for kind in ("configmap", "service", "deployment", "statefulset", "pod", "serviceaccount", "role", "rolebinding"):
+        items = kube.get(kind, ns=ns, selector=f"{C.LABEL_RUN}=grpo")["items"]
+        assert items, kind
+        for it in items:
+            refs = it["metadata"].get("ownerReferences") or []
+            direct = [x for x in refs if x["kind"] == "RLRun"]
+            if kind == "pod" and not direct:  # workload pods are owned through their controller
+                continue
+            assert direct and direct[0]["uid"] == uid, (kind, it["metadata"]["name"])
+            assert it["metadata"]["labels"][C.LABEL_ROLE]
+    # Pods Running on kwok nodes, each with the GPUs the plan asked for.
+    learners = running_pods(kube, "grpo", ns, C.ROLE_LEARNER)
+    rollouts = running_pods(kube, "grpo", ns, C.ROLE_ROLLOUT)
+    assert len(learners) == plan["learnerReplicas"] and len(rollouts) == plan["rolloutReplicas"]
+    for p in learners + rollouts:
+        assert p["spec"]["nodeName"].startswith("gpu-node-")
+        assert p["spec"]["containers"][0]["resources"]["limits"][C.GPU_RESOURCE] == "1"
+    ranks = sorted(int(p["metadata"]["labels"][C.LABEL_POD_INDEX]) for p in learners)
+    assert ranks == list(range(plan["learnerReplicas"]))  # RANK comes from this label
+    rank_env = next(e for e in learners[0]["spec"]["containers"][0]["env"] if e["name"] == "RANK")
+    assert C.LABEL_POD_INDEX in rank_env["valueFrom"]["fieldRef"]["fieldPath"]
+    assert running_pods(kube, "grpo", ns, C.ROLE_RAY_HEAD)
+    # Conditions carry reason, message, lastTransitionTime and observedGeneration.
+    gen = r["metadata"]["generation"]
+    for t in (C.COND_PLANNED, C.COND_ROLLOUT_READY, C.COND_LEARNERS_READY):
+        c = cond(r, t)
+        assert c["status"] == "True" and c["reason"] and c["message"] and c["lastTransitionTime"], c
+        assert c["observedGeneration"] == gen
+    assert cond(r, C.COND_INVALID)["status"] == "False"
+    # `kubectl get rlrun` shows the plan at a glance.
+    table = kube.run("get", "rlrun", "grpo", "-n", ns).stdout
+    header, row = table.splitlines()[:2]
+    assert header.split()[:6] == ["NAME", "PHASE", "BATCH", "LR", "ROLLOUT", "LEARNER"]
+    cols = row.split()
+    assert cols[:3] == ["grpo", "Running", plan["batch"]]
+    assert float(cols[3]) == pytest.approx(plan["learningRate"])
+    assert cols[4:6] == [str(plan["rolloutReplicas"]), str(plan["learnerReplicas"])]
+
+
+def test_spec_change_replans_and_scales_roles_independently(kube, operator, ns):
+    kube.apply(example_run("scale"), ns)
+    wait_running(kube, "scale", ns)
+    dep0, sts0 = workloads(kube, "scale", ns)
+    want = max(1, dep0["spec"]["replicas"] - 3)
+    kube.patch_rlrun("scale", ns, {"spec": {"rollout": {"replicas": want}}})
+    wait_for("rollout scaled", lambda: workloads(kube, "scale", ns)[0]["spec"]["replicas"] == want)
+    r = wait_for("status re-planned", lambda: (x := rlrun(kube, "scale", ns))["status"].get("observedGeneration")
+                 == x["metadata"]["generation"] and x)
+    assert r["status"]["plan"]["rolloutReplicas"] == want
+    _, sts1 = workloads(kube, "scale", ns)
+    # The learner StatefulSet was not touched: same generation, same replicas.
+    assert sts1["metadata"]["generation"] == sts0["metadata"]["generation"]
+    assert sts1["spec"]["replicas"] == sts0["spec"]["replicas"]
+    wait_for("rollout pods follow", lambda: len(running_pods(kube, "scale", ns, C.ROLE_ROLLOUT)) == want)
+    # And the other way: learners change, rollout stays.
+    learners = max(1, sts0["spec"]["replicas"] // 2)
+    kube.patch_rlrun("scale", ns, {"spec": {"learner": {"replicas": learners}}})
+    wait_for("learners scaled", lambda: workloads(kube, "scale", ns)[1]["spec"]["replicas"] == learners)
+    assert workloads(kube, "scale", ns)[0]["spec"]["replicas"] == want
+
+
+def test_suspend_scales_to_zero_and_resume_restores(kube, operator, ns):
+    kube.apply(example_run("pause"), ns)
+    r = wait_running(kube, "pause", ns)
+    plan = r["status"]["plan"]
+    kube.patch_rlrun("pause", ns, {"spec": {"suspend": True}})
+    wait_for("both roles at zero", lambda: [w["spec"]["replicas"] for w in workloads(kube, "pause", ns)] == [0, 0])
+    wait_for("phase Suspended", lambda: rlrun(kube, "pause", ns)["status"].get("phase") == C.PHASE_SUSPENDED)
+    assert kube.get("configmap", B.names("pause")[C.ROLE_CONFIG], ns)  # config kept
+    assert cond(rlrun(kube, "pause", ns), C.COND_SUSPENDED)["status"] == "True"
+    wait_for("pods gone", lambda: not running_pods(kube, "pause", ns, C.ROLE_LEARNER)
+             and not running_pods(kube, "pause", ns, C.ROLE_ROLLOUT))
+    kube.patch_rlrun("pause", ns, {"spec": {"suspend": False}})
+    wait_running(kube, "pause", ns)
+    dep, sts = workloads(kube, "pause", ns)
+    assert (dep["spec"]["replicas"], sts["spec"]["replicas"]) == (plan["rolloutReplicas"], plan["learnerReplicas"])
+
+
+def test_delete_removes_every_child(kube, operator, ns):
+    kube.apply(example_run("gone"), ns)
+    wait_running(kube, "gone", ns)
+    kube.run("delete", "rlrun", "gone", "-n", ns, "--wait=true", "--timeout=30s")
+    sel = f"{C.LABEL_RUN}=gone"
+    wait_for("children garbage-collected", lambda: all(
+        not kube.get(k, ns=ns, selector=sel)["items"]
+        for k in ("configmap", "service", "deployment", "statefulset", "serviceaccount", "role", "rolebinding")), 45)
+
+
+@pytest.mark.parametrize("patch,message", [
+    ({"batch": {"samplesPerPrompt": 1}}, "batch.samplesPerPrompt must be >= 2 for GRPO"),
+    ({"batch": {"minPrompts": 64, "maxPrompts": 8}}, "batch.minPrompts must be <= batch.maxPrompts"),
+    ({"learner": {"zeroStage": 5}}, "spec.learner.zeroStage"),
+    ({"budget": {"gpus": 1}}, "budget.gpus must cover at least one rollout and one learner replica"),
+    ({"batch": {"promptz": 8}}, 'unknown field "spec.batch.promptz"'),
+])
+def test_bad_specs_are_refused_at_admission_with_a_clear_message(kube, ns, patch, message):
+    out = kube.apply(example_run("bad", **patch), ns, check=False)
+    assert out.returncode != 0
+    assert message in out.stderr, out.stderr
+    assert kube.get("rlrun", "bad", ns) is None
+
+
+def test_spec_only_the_planner_can_judge_is_reported_as_invalid(kube, operator, ns):
+    kube.apply(example_run("unknown-model", model={"path": "acme/secret-model-7b"}), ns)
+    r = wait_for("Invalid condition", lambda: (x := rlrun(kube, "unknown-model", ns))
+                 and cond(x, C.COND_INVALID).get("status") == "True" and x)
+    c = cond(r, C.COND_INVALID)
+    assert c["reason"] == "PlanFailed" and "spec.model.shape" in c["message"] and "acme/secret-model-7b" in c["message"]
+    assert r["status"]["phase"] == C.PHASE_FAILED
+    assert not kube.get("deployment", ns=ns, selector=f"{C.LABEL_RUN}=unknown-model")["items"]
+    # Fixing the spec recovers the run.
+    kube.patch_rlrun("unknown-model", ns, {"spec": {"model": {"path": "Qwen/Qwen2.5-7B"}}})
+    wait_running(kube, "unknown-model", ns)
+    assert cond(rlrun(kube, "unknown-model", ns), C.COND_INVALID)["status"] == "False"
+
+
+def test_deleted_children_are_recreated(kube, operator, ns):
+    kube.apply(example_run("heal"), ns)
+    wait_running(kube, "heal", ns)
+    n = B.names("heal")
+    for kind, name in (("deployment", n[C.ROLE_ROLLOUT]), ("configmap", n[C.ROLE_CONFIG]),
+                       ("pod", n[C.ROLE_RAY_HEAD]), ("service", n[C.ROLE_LEARNER])):
+        old = kube.get(kind, name, ns)["metadata"]["uid"]
+        kube.run("delete", kind, name, "-n", ns, "--wait=true", "--timeout=30s")
+        wait_for(f"{kind} {name} recreated",
+                 lambda k=kind, n=name, o=old: (x := kube.get(k, n, ns)) and x["metadata"]["uid"] != o)
+    wait_running(kube, "heal", ns)
+
+
+def test_operator_killed_mid_reconcile_converges_without_duplicates(kube, operator, ns):
+    operator.kill()
+    # Slow the applies down so that the kill lands between two of them.
+    operator.start(RLSCALE_OPERATOR_STEP_DELAY="1.0")
+    try:
+        kube.apply(example_run("crash"), ns)
+        n = B.names("crash")
+        wait_for("config map applied", lambda: kube.get("configmap", n[C.ROLE_CONFIG], ns), 30, 0.05)
+        assert kube.get("statefulset", n[C.ROLE_LEARNER], ns) is None  # really mid-way
+    finally:
+        operator.kill()
+        operator.start()
+    wait_running(kube, "crash", ns)
+    sel = f"{C.LABEL_RUN}=crash"
+    assert len(kube.get("deployment", ns=ns, selector=sel)["items"]) == 1
+    assert len(kube.get("statefulset", ns=ns, selector=sel)["items"]) == 1
+    assert len(kube.get("pod", ns=ns, selector=f"{sel},{C.LABEL_ROLE}={C.ROLE_RAY_HEAD}")["items"]) == 1
+    assert len(kube.get("configmap", ns=ns, selector=sel)["items"]) == 1
+    r = rlrun(kube, "crash", ns)
+    dep, sts = workloads(kube, "crash", ns)
+    assert (dep["spec"]["replicas"], sts["spec"]["replicas"]) == (
+        r["status"]["plan"]["rolloutReplicas"], r["status"]["plan"]["learnerReplicas"])
+
+
+def test_progress_reported_by_the_learner_feeds_status_and_drift_replans(kube, operator, ns, cluster):
+    kube.apply(example_run("prog"), ns)
+    r = wait_running(kube, "prog", ns)
+    planned = r["status"]["plan"]["predicted"]["samplesPerSecond"]
+    # The learner reports as its own service account, which may patch only its own RLRun.
+    runner = f"system:serviceaccount:{ns}:{B.names('prog')[C.ROLE_RUNNER]}"
+    can = kube.run("auth", "can-i", "patch", "rlruns/prog", "-n", ns, f"--as={runner}", check=False)
+    assert can.stdout.strip() == "yes"
+    cannot = kube.run("auth", "can-i", "patch", "rlruns/other", "-n", ns, f"--as={runner}", check=False)
+    assert cannot.stdout.strip() == "no"
+    slow = round(planned * 0.5, 3)  # 50% off the plan: beyond the 20% drift threshold
+    report = {"step": 12, "samples": 6144, "reward": 0.42, "targetMetric": 0.61, "samplesPerSecond": slow}
+    kube.run("annotate", "--overwrite", f"--as={runner}", "-n", ns, "rlrun", "prog",
+             f"{C.ANNOTATION_PROGRESS}={json.dumps(report)}")
+    r = wait_for("progress in status", lambda: (x := rlrun(kube, "prog", ns))["status"].get("progress", {})
+                 .get("step") == 12 and x)
+    assert r["status"]["progress"]["reward"] == 0.42 and r["status"]["progress"]["timeToTarget"].startswith("eta ")
+    r = wait_for("drift re-plan", lambda: (x := rlrun(kube, "prog", ns))
+                 and cond(x, C.COND_PLANNED).get("reason") == "PlannedDrift" and x)
+    assert r["status"]["calibration"]["samplesPerSecond"] == slow
+    assert abs(r["status"]["plan"]["predicted"]["samplesPerSecond"] - slow) / slow < 0.2
+    row = kube.run("get", "rlrun", "prog", "-n", ns).stdout.splitlines()[1]
+    assert "0.42" in row.split() and re.search(r"eta \d", row)
+    done = dict(report, targetReached=True, targetMetric=0.86, elapsedSeconds=252)
+    kube.run("annotate", "--overwrite", f"--as={runner}", "-n", ns, "rlrun", "prog",
+             f"{C.ANNOTATION_PROGRESS}={json.dumps(done)}")
+    r = wait_for("Succeeded", lambda: (x := rlrun(kube, "prog", ns))["status"].get("phase") == C.PHASE_SUCCEEDED and x)
+    assert cond(r, C.COND_TARGET_REACHED)["status"] == "True"
+    assert r["status"]["progress"]["timeToTarget"] == "4m12s"
+
+
+def test_operator_metrics_and_its_rbac_is_exactly_what_the_chart_ships(kube, operator, ns):
+    kube.apply(example_run("metered"), ns)
+    wait_running(kube, "metered", ns)
+    text = wait_for("run metrics", lambda: (t := operator.metrics()) and 'run="metered"' in t and t)
+    assert re.search(r"^rlscale_operator_reconciles_total\{result=\"ok\"\} [1-9]", text, re.M)
+    assert "rlscale_operator_reconcile_seconds_bucket" in text
+    assert re.search(rf'rlscale_operator_planned_batch_samples\{{namespace="{ns}",run="metered"\}} [1-9]', text)
+    assert re.search(rf'rlscale_operator_replicas\{{namespace="{ns}",role="learner",run="metered",state="ready"\}} [1-9]', text)
+    assert f'rlscale_operator_predicted_time_to_target_seconds{{namespace="{ns}",run="metered"}}' in text
+    sa = f"system:serviceaccount:{OPERATOR_NS}:{OPERATOR_SA}"
+    def can(*args):
+        return kube.run("auth", "can-i", *args, f"--as={sa}", check=False).stdout.strip()
+    assert can("patch", "rlruns/status", "-n", ns) == "yes"
+    assert can("create", "statefulsets", "-n", ns) == "yes"
+    # Nothing beyond what it uses: no secrets, no deletes, no cluster-wide RBAC.
+    assert can("get", "secrets", "-n", ns) == "no"
+    assert can("delete", "deployments", "-n", ns) == "no"
+    assert can("create", "clusterroles") == "no"
