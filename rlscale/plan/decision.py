@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from rlscale.plan.calibration import PHASES, Calibration
@@ -160,7 +160,7 @@ def calibrate(model: SystemModel, calibration: Calibration) -> SystemModel:
     for p in PHASES:
         measured, predicted = calibration.measured(p), getattr(raw, p)
         factors[p] = measured / predicted if measured is not None and predicted > 0 else 1.0
-    return SystemModel(**{**model.__dict__, "scale": Phases(**factors)})
+    return replace(model, scale=Phases(**factors))
 
 
 def prompt_candidates(spec: Any) -> list[int]:
@@ -226,6 +226,9 @@ def make_plan(spec: Any, calibration: Calibration | None = None) -> Plan:
         raise PlanError(f"spec.{why_not[0]}")
 
     cands: list[Candidate] = []
+    gens: dict[tuple[int, int], Any] = {}  # generation depends on (prompts, rollout) only
+    trains: dict[tuple[int, int], float] = {}  # training on (batch, learner) only
+    reward_sync = (model.reward_seconds_per_sample * model.scale.reward, model.sync_seconds() * model.scale.sync)
     for prompts in prompt_candidates(spec):
         n = prompts * spp
         noise = noise_curve(n, n_ref, n_noise)
@@ -233,16 +236,14 @@ def make_plan(spec: Any, calibration: Calibration | None = None) -> Plan:
         e = e_ref * noise * lr_pen
         lr = scaled_lr(opt.lr, n, n_ref, opt.scaling)
         for r, k in feasible:
-            ph = model.phases(prompts, spp, r, k)
-            gen = model.generation(prompts, spp, r)
-            step = ph.total
-            x = n / step
-            pred = Prediction(x, step, e / x, e, ph)
+            gen = gens.get((prompts, r)) or gens.setdefault((prompts, r), model.generation(prompts, spp, r))
+            train = trains.get((n, k)) or trains.setdefault((n, k), model.train_seconds(n, k) * model.scale.train)
+            ph = Phases(gen.seconds * model.scale.generate, n * reward_sync[0], train, reward_sync[1])
+            x = n / ph.total
+            pred = Prediction(x, ph.total, e / x, e, ph)
             cands.append(Candidate(prompts, spp, r, k, lr, _gpus(spec, r, k), pred, noise, lr_pen, gen.concurrency, gen.bound))
 
-    best_t = min(c.predicted.time_to_target_seconds for c in cands)
-    tied = [c for c in cands if c.predicted.time_to_target_seconds <= best_t * (1 + TIE)]
-    win = min(tied, key=lambda c: (c.gpus or c.rollout_replicas + c.learner_replicas, c.batch, c.predicted.time_to_target_seconds))
+    win = pick(cands)
     per_batch = _best_per_batch(cands, win)
 
     notes = []
@@ -262,10 +263,18 @@ def make_plan(spec: Any, calibration: Calibration | None = None) -> Plan:
     return Plan(
         prompts=win.prompts, samples_per_prompt=spp, learning_rate=win.learning_rate,
         rollout_replicas=win.rollout_replicas, learner_replicas=win.learner_replicas, predicted=win.predicted,
-        reason=_reason(spec, win, per_batch, n_ref, cal, e_known),
+        reason=explain(spec, win, per_batch, cal, e_known and cal.has_noise_scale),
         candidates=per_batch, noise_scale=n_noise, calibrated=cal.calibrated, gpus=win.gpus,
         samples_to_target_ref=e_ref, notes=tuple(notes),
     )
+
+
+def pick(cands: list[Candidate]) -> Candidate:
+    """Least predicted time-to-target; near-ties (within TIE) go to fewer GPUs, then the smaller batch."""
+    best_t = min(c.predicted.time_to_target_seconds for c in cands)
+    tied = [c for c in cands if c.predicted.time_to_target_seconds <= best_t * (1 + TIE)]
+    return min(tied, key=lambda c: (c.gpus or c.rollout_replicas + c.learner_replicas, c.batch,
+                                    c.predicted.time_to_target_seconds))
 
 
 def _best_per_batch(cands: list[Candidate], win: Candidate) -> list[Candidate]:
@@ -300,14 +309,16 @@ def _penalty_text(big: Candidate, small: Candidate, scaling: str, digits: int = 
     text = f"samples penalty {_x(_penalty(big, small), digits)}"
     lr_share = big.lr_penalty / small.lr_penalty
     if abs(lr_share - 1) > 0.005:
-        why = "without lr retune (scaling: none)" if scaling == "none" else f"from the {scaling} rule's lr off the sqrt rule"
+        why = "from no lr retune, scaling: none" if scaling == "none" else f"from the {scaling} rule's lr off the sqrt rule"
         text += f" ({_x(lr_share)} of it {why})"
     return text
 
 
-def _reason(spec: Any, win: Candidate, per_batch: list[Candidate], n_ref: float, cal: Calibration, e_known: bool) -> str:
+def explain(spec: Any, win: Candidate, per_batch: list[Candidate], cal: Calibration | None = None,
+            absolute_e: bool = False) -> str:
     """One sentence: the decision rule X(N2)/X(N1) > E(N2)/E(N1) applied to the winner and its rival."""
-    scaling = spec.optimizer.scaling
+    cal = cal or Calibration()
+    scaling, n_ref = spec.optimizer.scaling, spec.optimizer.reference_batch
     others = [c for c in per_batch if c.batch != win.batch]
     if spec.batch.prompts != "auto":
         head = f"N={win.batch} fixed by spec.batch.prompts ({win.prompts} x {win.samples_per_prompt})"
@@ -336,6 +347,6 @@ def _reason(spec: Any, win: Candidate, per_batch: list[Candidate], n_ref: float,
         basis = f"calibrated from {cal.steps or 1} measured step(s)"
     else:
         basis = "uncalibrated profile"
-    if not e_known or not cal.has_noise_scale:
+    if not absolute_e:
         basis += "; only ratios of E decide, so E_ref cancels"
     return f"{head}; {lr}; {split}; {gen} ({basis})."

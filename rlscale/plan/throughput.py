@@ -147,7 +147,8 @@ class SystemModel:
         devices = 1.0 if p.shared_host else float(world)
         tokens = samples * (self.prompt_tokens + self.response_tokens)
         compute = self.train_flops_per_token() * tokens / (p.flops(self.dtype) * p.train_mfu * devices)
-        micro = math.ceil(samples / (self.micro_batch * replicas)) * p.micro_batch_overhead_s
+        # ranks run their micro-batches in parallel, except on a cpu host whose cores are already busy
+        micro = math.ceil(samples / (self.micro_batch * (1 if p.shared_host else replicas))) * p.micro_batch_overhead_s
         models = 2 if self.algorithm == "ppo" else 1
         grad_bytes = self.shape.params * DTYPE_BYTES[self.dtype] * models
         allreduce = 2.0 * (world - 1) / world * grad_bytes / p.collective_bandwidth if world > 1 else 0.0
@@ -193,8 +194,10 @@ class SystemModel:
             limit = p.memory * p.memory_utilization * max(self.learner_gpus, 1)
             need = self.learner_memory(learner) * max(self.learner_gpus, 1)
             if need > limit:
+                zero = "raise learner.zeroStage, " if self.zero_stage < 3 else ""
                 return (f"learner.replicas: {learner} learner replica(s) need {need / gb:.0f} GB of training state each, "
-                        f"above {limit / gb:.0f} GB; raise learner.zeroStage, learner.gpusPerReplica or budget.gpus")
+                        f"above {limit / gb:.0f} GB usable; {zero}raise learner.gpusPerReplica, or allow more learner "
+                        "replicas (learner.maxReplicas, budget.gpus)")
         elif self.learner_memory(learner) > p.memory * p.memory_utilization:
             return (f"hardware.memory: {p.memory / gb:.0f} GB cannot hold {self.learner_memory(learner) / gb:.1f} GB of "
                     "training state; use a smaller model or set hardware.memory")

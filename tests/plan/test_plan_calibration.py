@@ -1,0 +1,104 @@
+"""Calibration: measured phases move the predictions onto the measurements; a measured noise scale replaces the default."""
+
+from __future__ import annotations
+
+import pytest
+
+from rlscale.plan import Calibration, make_plan
+from rlscale.plan.decision import system_model
+from rlscale.spec import parse_spec
+
+BASE = {"model": {"path": "Qwen/Qwen2.5-7B", "maxLength": 2048},
+        "task": {"maxNewTokens": 1024, "expectedPromptTokens": 256, "expectedResponseTokens": 512},
+        "batch": {"samplesPerPrompt": 8, "minPrompts": 4, "maxPrompts": 128},
+        "optimizer": {"referenceBatch": 128, "lr": 1e-6}, "budget": {"gpus": 8}, "hardware": {"accelerator": "H100"},
+        "rollout": {"replicas": 2}, "learner": {"replicas": 2, "zeroStage": 3}}
+MEASURED = Calibration(prompts=16, samples_per_prompt=8, rollout_replicas=2, learner_replicas=2,
+                       generate_s=30.0, reward_s=0.5, train_s=12.0, sync_s=3.0)
+
+
+def test_calibration_moves_prediction_to_the_measured_phases():
+    fixed = parse_spec({**BASE, "batch": {**BASE["batch"], "prompts": 16}})
+    before = make_plan(fixed)
+    after = make_plan(fixed, MEASURED)
+    ph = after.predicted.phases
+    assert (ph.generate, ph.reward, ph.train, ph.sync) == pytest.approx((30.0, 0.5, 12.0, 3.0))
+    assert after.predicted.step_seconds == pytest.approx(45.5)
+    assert after.predicted.samples_per_second == pytest.approx(128 / 45.5)
+    assert before.predicted.step_seconds != pytest.approx(45.5, rel=0.2)  # it did move
+    assert after.calibrated and not before.calibrated
+    assert after.to_dict()["calibrated"] is True
+    assert "calibrated from" in after.reason
+
+
+def test_calibration_scales_every_candidate_by_the_same_phase_factor():
+    auto = parse_spec(BASE)
+    before = {c.prompts: c.predicted.phases for c in make_plan(auto).candidates}
+    after = {c.prompts: c.predicted.phases for c in make_plan(auto, MEASURED).candidates}
+    g = after[16].generate / before[16].generate
+    t = after[16].train / before[16].train
+    assert after[16].generate == pytest.approx(30.0)
+    for p in before:
+        assert after[p].generate / before[p].generate == pytest.approx(g)
+        assert after[p].train / before[p].train == pytest.approx(t)
+
+
+def test_measured_noise_scale_is_used_and_changes_the_choice():
+    auto = parse_spec(BASE)
+    default = make_plan(auto)
+    assert default.noise_scale == 4 * 128
+    small = make_plan(auto, Calibration(noise_scale=8.0))
+    large = make_plan(auto, Calibration(noise_scale=1e9))
+    assert small.noise_scale == 8.0 and large.noise_scale == 1e9
+    assert small.batch < large.batch
+
+
+def test_measured_response_length_changes_generation():
+    spec = parse_spec(BASE)
+    short = system_model(spec, Calibration(response_tokens=64))
+    long = system_model(spec)
+    assert short.response_tokens == 64 and long.response_tokens == 512
+    assert short.generation(16, 8, 2).seconds < long.generation(16, 8, 2).seconds / 4
+    derived = system_model(spec, Calibration(tokens_per_sample=300))
+    assert derived.response_tokens == 300 - 256
+
+
+def _step(prompts, gen, noise=None, spp=8):
+    r = {"prompts": prompts, "samplesPerPrompt": spp, "rolloutReplicas": 1, "learnerReplicas": 1,
+         "phases": {"generate": gen, "reward": 0.01, "train": 2 * gen, "sync": 0.1}}
+    if noise is not None:
+        r["noiseScale"] = noise
+    return r
+
+
+def test_from_steps_takes_the_median_of_the_latest_configuration():
+    old = [_step(8, 9.0, noise=50.0) for _ in range(20)]
+    new = [_step(16, 1.0 + 0.01 * i, noise=100.0) for i in range(15)]
+    new[-3] = _step(16, 500.0, noise=100.0)  # a shared machine stalled for one step
+    cal = Calibration.from_steps(old + new, last=10)
+    assert (cal.prompts, cal.samples_per_prompt, cal.rollout_replicas, cal.learner_replicas) == (16, 8, 1, 1)
+    assert cal.steps == 10
+    assert 1.05 <= cal.generate_s <= 1.14  # the median ignores the stall and the old configuration
+    assert cal.train_s == pytest.approx(2 * cal.generate_s, rel=0.02)
+    assert cal.noise_scale == 100.0
+    assert cal.calibrated
+
+
+def test_from_steps_tolerates_missing_values_and_snake_case():
+    recs = [{"prompts": 4, "samples_per_prompt": 8, "phases": {"generate": 0.2, "train": None}},
+            {"prompts": 4, "samples_per_prompt": 8, "phases": {"generate": 0.4}, "noise_scale": float("nan")}]
+    cal = Calibration.from_steps(recs)
+    assert cal.generate_s == pytest.approx(0.3)
+    assert cal.train_s is None and cal.noise_scale is None
+    assert cal.has_phases and not cal.has_noise_scale
+    assert not Calibration.from_steps([]).calibrated
+
+
+def test_plan_from_step_records_end_to_end():
+    spec = parse_spec({**BASE, "batch": {**BASE["batch"], "prompts": 16},
+                       "rollout": {"replicas": 1}, "learner": {"replicas": 2, "zeroStage": 3}})
+    recs = [{**_step(16, 20.0, noise=300.0), "learnerReplicas": 2} for _ in range(5)]
+    p = make_plan(spec, Calibration.from_steps(recs))
+    assert p.predicted.generate == pytest.approx(20.0)
+    assert p.predicted.train == pytest.approx(40.0)
+    assert p.noise_scale == 300.0
