@@ -15,6 +15,7 @@ from rlscale.plan.samples import (
     mismatch_penalty,
     noise_curve,
     reference_samples,
+    run_key,
     scaled_lr,
 )
 from rlscale.plan.shapes import model_shape_for
@@ -206,9 +207,15 @@ def make_plan(spec: Any, calibration: Calibration | None = None) -> Plan:
     model = calibrate(system_model(spec, cal), cal)
     opt, spp = spec.optimizer, spec.batch.samples_per_prompt
     n_ref = float(opt.reference_batch)
-    n_noise = float(cal.noise_scale) if cal.has_noise_scale else DEFAULT_NOISE_MULTIPLE * n_ref
-    known_task = spec.task.name == "builtin:arithmetic"
-    e_ref, e_known = reference_samples(spec.model.path if known_task else "", n_ref, n_noise)
+    # N_noise: measured > given in the spec (a field the spec may grow) > the default multiple
+    spec_noise = getattr(opt, "noise_scale", None) or getattr(spec.batch, "noise_scale", None)
+    if cal.has_noise_scale:
+        n_noise, noise_from = float(cal.noise_scale), "measured"
+    elif spec_noise:
+        n_noise, noise_from = float(spec_noise), "spec"
+    else:
+        n_noise, noise_from = DEFAULT_NOISE_MULTIPLE * n_ref, "default"
+    e_ref, e_known = reference_samples(run_key(spec), n_ref, n_noise)
 
     splits = replica_splits(spec)
     if not splits:
@@ -250,7 +257,7 @@ def make_plan(spec: Any, calibration: Calibration | None = None) -> Plan:
     if not cal.has_phases:
         notes.append(f"throughput from the {model.profile.name} profile and the model shape ({model.shape.source}); "
                      "uncalibrated until steps are measured")
-    if not cal.has_noise_scale:
+    if noise_from == "default":
         notes.append(f"noise scale N_noise = {DEFAULT_NOISE_MULTIPLE:g} x referenceBatch = {n_noise:g} (default, not measured)")
     if not e_known:
         notes.append(f"samples to target at the reference batch: {e_ref:,.0f} is a placeholder; only ratios decide the plan")
@@ -263,7 +270,7 @@ def make_plan(spec: Any, calibration: Calibration | None = None) -> Plan:
     return Plan(
         prompts=win.prompts, samples_per_prompt=spp, learning_rate=win.learning_rate,
         rollout_replicas=win.rollout_replicas, learner_replicas=win.learner_replicas, predicted=win.predicted,
-        reason=explain(spec, win, per_batch, cal, e_known and cal.has_noise_scale),
+        reason=explain(spec, win, per_batch, cal, e_known and noise_from != "default"),
         candidates=per_batch, noise_scale=n_noise, calibrated=cal.calibrated, gpus=win.gpus,
         samples_to_target_ref=e_ref, notes=tuple(notes),
     )

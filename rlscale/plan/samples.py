@@ -11,10 +11,13 @@ import math
 DEFAULT_NOISE_MULTIPLE = 4.0
 # E_ref without a measurement: samples to target at the reference batch. Only ratios of
 # E enter the decision, so this constant cancels there; it sets the absolute
-# time-to-target shown. Builtin: the tiny-arith prototype reached 0.8 accuracy after
-# ~127k samples at 16 x 8 = 128 samples per step (FACTS.md).
+# time-to-target shown. Builtin: the tiny-arith prototype reached 0.8 accuracy on 2-digit
+# addition after ~127k samples at 16 x 8 = 128 samples per step (FACTS.md).
 DEFAULT_SAMPLES_TO_TARGET = 100_000.0
-KNOWN_SAMPLES_TO_TARGET: dict[str, tuple[float, int]] = {"builtin:tiny-arith": (127_000.0, 128)}
+# (model, task, difficulty, metric, target value) -> (samples to target, at samples per step)
+KNOWN_SAMPLES_TO_TARGET: dict[tuple, tuple[float, int]] = {
+    ("builtin:tiny-arith", "builtin:arithmetic", 1, "eval/accuracy", 0.8): (127_000.0, 128),
+}
 # A step at m x the optimal lr makes (2m - m^2) of the optimal progress in the quadratic
 # model of McCandlish et al. (2018); floor it so m >= 2 reads as "10x the samples", not infinity.
 MIN_PROGRESS = 0.1
@@ -51,9 +54,14 @@ def samples_to_target(n: float, e_ref: float, n_ref: float, n_noise: float, rule
     return e_ref * noise_curve(n, n_ref, n_noise) * mismatch_penalty(lr_mismatch(n, n_ref, rule))
 
 
-def reference_samples(model_path: str, n_ref: float, n_noise: float) -> tuple[float, bool]:
+def run_key(spec) -> tuple:
+    """What a measured samples-to-target depends on: model, task, difficulty and target."""
+    return (spec.model.path, spec.task.name, spec.task.difficulty, spec.target.metric, spec.target.value)
+
+
+def reference_samples(key: tuple, n_ref: float, n_noise: float) -> tuple[float, bool]:
     """(E_ref at N_ref, known): moved along the noise curve from where it was measured, if it was."""
-    known = KNOWN_SAMPLES_TO_TARGET.get(model_path)
+    known = KNOWN_SAMPLES_TO_TARGET.get(key)
     if known is None:
         return DEFAULT_SAMPLES_TO_TARGET, False
     e, n = known

@@ -11,6 +11,7 @@ from rlscale.plan.samples import (
     mismatch_penalty,
     noise_curve,
     reference_samples,
+    run_key,
     samples_to_target,
     scaled_lr,
 )
@@ -57,9 +58,15 @@ def test_linear_rule_overshoots_adam():
 
 
 def test_reference_samples_for_the_builtin_task():
-    e, known = reference_samples("builtin:tiny-arith", 128, 512)
+    from rlscale.spec import parse_spec
+
+    key = run_key(parse_spec({}))  # defaults: tiny-arith, level 1 (2-digit addition), accuracy 0.8
+    e, known = reference_samples(key, 128, 512)
     assert known and e == pytest.approx(127_000)
-    e64, _ = reference_samples("builtin:tiny-arith", 64, 512)
+    e64, _ = reference_samples(key, 64, 512)
     assert e64 == pytest.approx(127_000 * (1 + 64 / 512) / (1 + 128 / 512))
-    e_other, known_other = reference_samples("Qwen/Qwen2.5-7B", 64, 256)
+    other = run_key(parse_spec({"model": {"path": "Qwen/Qwen2.5-7B"}}))
+    e_other, known_other = reference_samples(other, 64, 256)
     assert not known_other and e_other > 0
+    harder = run_key(parse_spec({"target": {"value": 0.95}}))
+    assert not reference_samples(harder, 128, 512)[1]
