@@ -25,7 +25,7 @@ class Calibration:
     sync_s: float | None = None
     prompt_tokens: float | None = None  # measured mean prompt length
     response_tokens: float | None = None  # measured mean response length
-    tokens_per_sample: float | None = None  # prompt + response, when only the sum is known
+    tokens_per_sample: float | None = None  # generated tokens per sample (what the driver counts): the response
     noise_scale: float | None = None
     steps: int = 0  # how many step records went into it
 
@@ -46,13 +46,11 @@ class Calibration:
         v = getattr(self, f"{phase}_s")
         return float(v) if _ok(v) else None
 
-    def response_length(self, expected_prompt: float) -> float | None:
-        """Mean response tokens: measured, or derived from tokens per sample and the prompt length."""
-        if _ok(self.response_tokens):
-            return float(self.response_tokens)
-        if _ok(self.tokens_per_sample):
-            prompt = float(self.prompt_tokens) if _ok(self.prompt_tokens) else expected_prompt
-            return max(1.0, float(self.tokens_per_sample) - prompt)
+    def response_length(self) -> float | None:
+        """Mean generated tokens per sample, if measured (responseTokens, else tokensPerSample)."""
+        for v in (self.response_tokens, self.tokens_per_sample):
+            if _ok(v):
+                return float(v)
         return None
 
     @classmethod

@@ -135,7 +135,7 @@ def system_model(spec: Any, calibration: Calibration | None = None) -> SystemMod
     if calibration is not None:
         if calibration.prompt_tokens:
             prompt = float(calibration.prompt_tokens)
-        response = calibration.response_length(prompt) or response
+        response = calibration.response_length() or response
     profile = accelerator_profile(spec.hardware, dtype)
     builtin_reward = ":" not in spec.task.reward
     return SystemModel(
@@ -252,6 +252,13 @@ def make_plan(spec: Any, calibration: Calibration | None = None) -> Plan:
 
     win = pick(cands)
     per_batch = _best_per_batch(cands, win)
+    if cal.has_phases:
+        # the measured configuration is what runs now: list it so callers can compare against it
+        now = next((c for c in cands if (c.prompts, c.rollout_replicas, c.learner_replicas) ==
+                    (cal.prompts, cal.rollout_replicas, cal.learner_replicas) and c.samples_per_prompt ==
+                    cal.samples_per_prompt), None)
+        if now is not None and now not in per_batch:
+            per_batch = sorted([*per_batch, now], key=lambda c: (c.predicted.time_to_target_seconds, c is not win))
 
     notes = []
     if not cal.has_phases:

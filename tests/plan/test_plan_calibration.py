@@ -59,8 +59,8 @@ def test_measured_response_length_changes_generation():
     long = system_model(spec)
     assert short.response_tokens == 64 and long.response_tokens == 512
     assert short.generation(16, 8, 2).seconds < long.generation(16, 8, 2).seconds / 4
-    derived = system_model(spec, Calibration(tokens_per_sample=300))
-    assert derived.response_tokens == 300 - 256
+    generated = system_model(spec, Calibration(tokens_per_sample=300))  # generated tokens, as the driver counts
+    assert generated.response_tokens == 300 and generated.prompt_tokens == 256
 
 
 def _step(prompts, gen, noise=None, spp=8):
@@ -102,3 +102,16 @@ def test_plan_from_step_records_end_to_end():
     assert p.predicted.generate == pytest.approx(20.0)
     assert p.predicted.train == pytest.approx(40.0)
     assert p.noise_scale == 300.0
+
+
+def test_the_measured_configuration_is_among_the_candidates():
+    auto = parse_spec({**BASE, "rollout": {"replicas": "auto", "maxReplicas": 4},
+                       "learner": {"replicas": "auto", "maxReplicas": 6, "zeroStage": 3}})
+    cal = Calibration(prompts=4, samples_per_prompt=8, rollout_replicas=1, learner_replicas=2,
+                      generate_s=30.0, train_s=2.0, reward_s=0.1, sync_s=1.0)
+    p = make_plan(auto, cal)
+    rows = [c for c in p.candidates if (c.prompts, c.rollout_replicas, c.learner_replicas) == (4, 1, 2)]
+    assert len(rows) == 1
+    assert rows[0].predicted.step_seconds == pytest.approx(33.1)
+    times = [c.predicted.time_to_target_seconds for c in p.candidates]
+    assert times == sorted(times)
