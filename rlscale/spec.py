@@ -101,6 +101,7 @@ class TargetSpec(_Model):
     value: float = Field(0.8, description="Target value; accuracy targets lie in (0, 1].")
     eval_every: PosInt = Field(5, description="Evaluate every this many steps.")
     window: PosInt = Field(3, description="Target reached when the moving average of this many evals reaches value.")
+    expected_samples: float | None = Field(None, gt=0, description="Samples to reach the target at optimizer.referenceBatch, if known from earlier runs; sets the absolute time-to-target (only ratios decide the plan).")
 
 
 class BatchSpec(_Model):
@@ -124,6 +125,7 @@ class OptimizerSpec(_Model):
     weight_decay: float = Field(0.0, ge=0, description="Decoupled weight decay.")
     warmup_steps: int = Field(0, ge=0, description="Linear warm-up steps.")
     grad_clip: float = Field(1.0, ge=0, description="Global gradient-norm clip; 0 disables it.")
+    noise_scale: float | None = Field(None, gt=0, description="Gradient noise scale B_noise in samples, if known; the run measures it, else 4 x referenceBatch.")
 
 
 class BudgetSpec(_Model):

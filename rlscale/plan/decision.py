@@ -207,15 +207,18 @@ def make_plan(spec: Any, calibration: Calibration | None = None) -> Plan:
     model = calibrate(system_model(spec, cal), cal)
     opt, spp = spec.optimizer, spec.batch.samples_per_prompt
     n_ref = float(opt.reference_batch)
-    # N_noise: measured > given in the spec (a field the spec may grow) > the default multiple
-    spec_noise = getattr(opt, "noise_scale", None) or getattr(spec.batch, "noise_scale", None)
+    # N_noise: measured > given in the spec > the default multiple
+    spec_noise = opt.noise_scale
     if cal.has_noise_scale:
         n_noise, noise_from = float(cal.noise_scale), "measured"
     elif spec_noise:
         n_noise, noise_from = float(spec_noise), "spec"
     else:
         n_noise, noise_from = DEFAULT_NOISE_MULTIPLE * n_ref, "default"
-    e_ref, e_known = reference_samples(run_key(spec), n_ref, n_noise)
+    if getattr(spec.target, "expected_samples", None):
+        e_ref, e_known = float(spec.target.expected_samples), True
+    else:
+        e_ref, e_known = reference_samples(run_key(spec), n_ref, n_noise)
 
     splits = replica_splits(spec)
     if not splits:

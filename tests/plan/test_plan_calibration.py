@@ -117,13 +117,7 @@ def test_the_measured_configuration_is_among_the_candidates():
     assert times == sorted(times)
 
 
-def test_noise_scale_from_the_spec_when_it_grows_that_field():
-    from rlscale.spec import OptimizerSpec
-
-    class WithNoise(OptimizerSpec):  # stands in for a future optimizer.noiseScale field
-        noise_scale: float = 77.0
-
-    spec = parse_spec(BASE)
-    spec = spec.model_copy(update={"optimizer": WithNoise(**spec.optimizer.model_dump())})
+def test_noise_scale_from_the_spec_unless_measured():
+    spec = parse_spec({**BASE, "optimizer": {**BASE.get("optimizer", {}), "noiseScale": 77.0}})
     assert make_plan(spec).noise_scale == 77.0
     assert make_plan(spec, Calibration(noise_scale=5.0)).noise_scale == 5.0  # measured wins
