@@ -1,0 +1,278 @@
+"""vLLM engine wrapper: versioned generation with logprobs and in-place weight loading."""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+import threading
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+# The engine must live in the calling process: start-up drops from ~25 s to ~3 s and
+# weight tensors pass to the worker by reference instead of being serialised. These
+# must be set before vLLM reads its environment, i.e. before the first vllm import.
+os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+os.environ.setdefault("VLLM_NO_USAGE_STATS", "1")
+os.environ.setdefault("VLLM_DO_NOT_TRACK", "1")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+if TYPE_CHECKING:
+    import torch
+
+# raw_logprobs: log-softmax of the model's logits before temperature, top-p or any
+# logits processor, in float32. That is exactly what the learner recomputes
+# (log_softmax of the forward pass at temperature 1), so the importance ratio
+# pi_new / pi_old starts at 1 on-policy. processed_logprobs would return the
+# temperature-scaled, nucleus-renormalised distribution the token was drawn from,
+# which is not the policy the loss differentiates.
+LOGPROBS_MODE = "raw_logprobs"
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One generated completion and the policy that produced it."""
+
+    token_ids: list[int]
+    logprobs: list[float]  # float32 log pi(token | prefix) of each sampled token
+    finish_reason: str  # "stop" (EOS / stop token) or "length"
+    weights_version: int
+
+
+@dataclass
+class EngineConfig:
+    """How to build one vLLM engine; the defaults suit the 2-core CPU machines."""
+
+    model: str
+    dtype: str = "float32"
+    max_model_len: int | None = None  # None: the model config's max positions
+    max_num_seqs: int = 256
+    seed: int = 0
+    # CPU: bytes of KV cache (vLLM's VLLM_CPU_KVCACHE_SPACE only takes whole GiB).
+    kv_cache_bytes: int = 512 * 2**20
+    # GPU: fraction of device memory vLLM may take (weights + KV cache).
+    gpu_memory_utilization: float = 0.5
+    block_size: int | None = None  # None: vLLM's default for the platform
+    enforce_eager: bool = True  # skip torch.compile: start-up matters more here
+    multiprocess: bool = False  # True: vLLM's default engine process (path reloads)
+    extra: dict[str, Any] = field(default_factory=dict)  # more LLM(...) arguments
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> EngineConfig:
+        known = {f for f in cls.__dataclass_fields__}
+        unknown = set(d) - known
+        if unknown:
+            raise ValueError(f"engine config: unknown fields {sorted(unknown)}; known: {sorted(known)}")
+        return cls(**dict(d))
+
+
+def eos_token_ids(model_dir: str | os.PathLike) -> list[int]:
+    """EOS ids from the HF config files: the engine runs without a tokenizer."""
+    ids: set[int] = set()
+    for name in ("config.json", "generation_config.json"):
+        p = Path(model_dir) / name
+        if p.is_file():
+            v = json.loads(p.read_text()).get("eos_token_id")
+            if isinstance(v, int):
+                ids.add(v)
+            elif isinstance(v, list):
+                ids.update(int(x) for x in v)
+    return sorted(ids)
+
+
+def _on_gpu() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+class RolloutEngine:
+    """One in-process vLLM `LLM` plus the weights version it currently holds."""
+
+    def __init__(
+        self, config: EngineConfig | Mapping[str, Any], version: int = 0, warmup: bool = True
+    ):
+        if not isinstance(config, EngineConfig):
+            config = EngineConfig.from_dict(config)
+        self.config = config
+        self.version = version
+        self.stop_token_ids = eos_token_ids(config.model)
+        # LLM is not thread-safe; a Serve replica may call from several threads.
+        self._lock = threading.Lock()
+        if not config.multiprocess:
+            os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+        from vllm import LLM
+
+        kwargs: dict[str, Any] = dict(
+            model=config.model,
+            dtype=config.dtype,
+            max_model_len=config.max_model_len,
+            max_num_seqs=config.max_num_seqs,
+            seed=config.seed,
+            enforce_eager=config.enforce_eager,
+            # We speak token ids only: no tokenizer load, no detokenisation cost.
+            skip_tokenizer_init=True,
+            logprobs_mode=LOGPROBS_MODE,
+            enable_prefix_caching=True,
+        )
+        if not config.multiprocess:
+            kwargs["distributed_executor_backend"] = "uni"
+        if _on_gpu():
+            kwargs["gpu_memory_utilization"] = config.gpu_memory_utilization
+        else:
+            kwargs["kv_cache_memory_bytes"] = config.kv_cache_bytes
+        if config.block_size is not None:
+            kwargs["block_size"] = config.block_size
+        kwargs.update(config.extra)
+        self.llm = LLM(**kwargs)
+        self.block_size = int(self.llm.llm_engine.vllm_config.cache_config.block_size)
+        if warmup:
+            # The first call with logprobs pays a one-time cost (seconds on CPU); pay it
+            # at start-up, not inside the first training step.
+            self.generate([[0]], max_new_tokens=2, temperature=1.0, seed=0)
+
+    def generate(
+        self,
+        prompt_token_ids: list[list[int]],
+        samples_per_prompt: int = 1,
+        temperature: float = 1.0,
+        top_p: float = 1.0,
+        max_new_tokens: int = 64,
+        seed: int | Sequence[int] | None = None,
+        stop_token_ids: list[int] | None = None,
+    ) -> list[list[Sample]]:
+        """Per prompt, its `samples_per_prompt` samples (same order as the prompts).
+
+        `seed` is a base seed for the batch, or one seed per prompt."""
+        from vllm import SamplingParams
+        from vllm.inputs import TokensPrompt
+
+        if samples_per_prompt < 1:
+            raise ValueError(f"samples_per_prompt: {samples_per_prompt}; use 1 or more")
+        if not prompt_token_ids:
+            return []
+        stops = self.stop_token_ids if stop_token_ids is None else list(stop_token_ids)
+        if seed is None or isinstance(seed, int):
+            # vLLM gives child j of a prompt seed+j; spacing prompts by n keeps every
+            # sample of the batch on its own stream.
+            seeds = [None if seed is None else seed + i * samples_per_prompt for i in range(len(prompt_token_ids))]
+        else:
+            seeds = list(seed)
+            if len(seeds) != len(prompt_token_ids):
+                raise ValueError(f"seed: {len(seeds)} seeds for {len(prompt_token_ids)} prompts; give one per prompt")
+        params = []
+        for i in range(len(prompt_token_ids)):
+            params.append(
+                SamplingParams(
+                    n=samples_per_prompt,
+                    temperature=temperature,
+                    top_p=top_p,
+                    max_tokens=max_new_tokens,
+                    seed=seeds[i],
+                    logprobs=0,  # just the sampled token's logprob
+                    stop_token_ids=stops,
+                    detokenize=False,
+                )
+            )
+        prompts = [TokensPrompt(prompt_token_ids=list(map(int, p))) for p in prompt_token_ids]
+        with self._lock:
+            outputs = self.llm.generate(prompts, params, use_tqdm=False)
+            version = self.version
+        result: list[list[Sample]] = []
+        for out in outputs:
+            samples = []
+            for comp in sorted(out.outputs, key=lambda c: c.index):
+                ids = list(comp.token_ids)
+                lps = comp.logprobs or []
+                # logprobs=0 returns one entry per position: the sampled token's.
+                flat = [float(pos[t].logprob) for pos, t in zip(lps, ids, strict=True)]
+                samples.append(
+                    Sample(
+                        token_ids=ids,
+                        logprobs=flat,
+                        finish_reason=str(comp.finish_reason),
+                        weights_version=version,
+                    )
+                )
+            result.append(samples)
+        return result
+
+    def load_weights(
+        self,
+        named_tensors: Mapping[str, torch.Tensor] | Iterable[tuple[str, torch.Tensor]],
+        version: int,
+    ) -> float:
+        """Copy HF-named weights into the live engine; returns the seconds it took."""
+        items = named_tensors.items() if isinstance(named_tensors, Mapping) else named_tensors
+        t0 = time.perf_counter()
+        with self._lock:
+            if self.config.multiprocess:
+                # Across the engine-process boundary tensors arrive as nested lists;
+                # going through a safetensors directory is the supported path.
+                self._reload_via_path(items)
+            else:
+                self.llm.collective_rpc(
+                    "reload_weights", kwargs={"weights_iterator": _detached(items)}
+                )
+            self.llm.collective_rpc(_refresh_lm_heads)
+            # Always: the prefix cache holds KV computed with the old weights, and a
+            # prompt longer than one block would silently reuse it.
+            self.llm.reset_prefix_cache()
+            self.version = version
+        return time.perf_counter() - t0
+
+    def _reload_via_path(self, items: Iterable[tuple[str, torch.Tensor]]) -> None:
+        from safetensors.torch import save_file
+
+        with tempfile.TemporaryDirectory(prefix="rlscale-weights-") as d:
+            tensors = {n: t.detach().contiguous().cpu() for n, t in items}
+            save_file(tensors, os.path.join(d, "model.safetensors"))
+            for name in ("config.json", "generation_config.json"):
+                src = Path(self.config.model) / name
+                if src.is_file():
+                    (Path(d) / name).write_bytes(src.read_bytes())
+            self.llm.collective_rpc("reload_weights", kwargs={"weights_path": d})
+
+    def close(self) -> None:
+        """Drop the engine; vLLM frees its memory when the LLM is collected."""
+        llm = getattr(self, "llm", None)
+        if llm is not None:
+            try:
+                llm.llm_engine.engine_core.shutdown()
+            except Exception:  # best effort: the in-process core may have no shutdown
+                pass
+            self.llm = None
+
+
+def _refresh_lm_heads(worker) -> int:
+    """Re-derive the LM heads' kernel form from their (possibly tied) weight.
+
+    With tied embeddings the checkpoint has no lm_head tensor, so the in-place reload
+    skips the head ("ParallelLMHead: Failed to load weights"). Its shared weight is
+    updated through the embedding, but on CPU the head computes logits from a packed
+    copy (oneDNN / sgl kernel) made at load time: without this the logits keep coming
+    from the old embedding. On GPU the method uses the weight directly and this is a no-op.
+    """
+    from vllm.model_executor.layers.vocab_parallel_embedding import (
+        ParallelLMHead,
+        UnquantizedEmbeddingMethod,
+    )
+
+    n = 0
+    for module in worker.get_model().modules():
+        if isinstance(module, ParallelLMHead) and isinstance(
+            module.quant_method, UnquantizedEmbeddingMethod
+        ):
+            module.quant_method.process_weights_after_loading(module)
+            n += 1
+    return n
+
+
+def _detached(items: Iterable[tuple[str, torch.Tensor]]):
+    # A float32 master copy may feed a bf16 engine: the loaders copy_() into the
+    # parameters, which casts, so no conversion (and no extra copy) here.
+    for name, t in items:
+        yield name, t.detach()
