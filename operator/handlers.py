@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import time
+from collections.abc import Mapping
 from typing import Any
 
 import kopf
@@ -32,7 +32,14 @@ _OWNED = {C.LABEL_MANAGED_BY: C.MANAGED_BY}
 
 
 def _plain(x: Any) -> Any:
-    return json.loads(json.dumps(x if x is not None else {}))
+    """kopf's body views (Spec, Status, Meta) as plain dicts and lists."""
+    if x is None:
+        return {}
+    if isinstance(x, Mapping):
+        return {k: _plain(v) if isinstance(v, (Mapping, list)) else v for k, v in x.items()}
+    if isinstance(x, list):
+        return [_plain(v) if isinstance(v, (Mapping, list)) else v for v in x]
+    return x
 
 
 @kopf.on.startup()
@@ -57,7 +64,7 @@ def reconcile_rlrun(name: str, namespace: str, uid: str, spec: Any, meta: Any, s
                     reason: str, **_: Any) -> None:
     """Spec created, changed, or seen again at start-up: plan and converge the children."""
     reconcile(namespace, name, uid, _plain(spec), int(meta.get("generation") or 0), _plain(status),
-              trigger=str(reason))
+              trigger=str(getattr(reason, "value", reason)))
 
 
 def reconcile(namespace: str, name: str, uid: str, spec_dict: dict[str, Any], generation: int,

@@ -54,17 +54,25 @@ def _call(path: str, method: str, body: Any = None, content_type: str | None = N
     headers = {"Accept": "application/json"}
     if content_type:
         headers["Content-Type"] = content_type
-    return api().call_api(path, method, query_params=query or [], header_params=headers, body=body,
-                          response_type="object", auth_settings=["BearerToken"],
-                          _return_http_data_only=True, _request_timeout=30)
+    a = api()
+    method, url, headers, body, _ = a.param_serialize(method, path, query_params=query or [],
+                                                      header_params=headers, body=body,
+                                                      auth_settings=["BearerToken"])
+    resp = a.call_api(method, url, header_params=headers, body=body, _request_timeout=30)
+    data = resp.read()
+    if resp.status >= 400:
+        exc = ApiException(status=resp.status, reason=resp.reason)
+        exc.body = data.decode(errors="replace") if isinstance(data, bytes) else data
+        raise exc
+    return json.loads(data) if data else {}
 
 
 def apply(manifest: dict[str, Any]) -> dict[str, Any]:
     """Server-side apply: creates or patches, and writes nothing when nothing changed."""
     m = manifest["metadata"]
     path = object_path(manifest["apiVersion"], manifest["kind"], m["namespace"], m["name"])
-    # The client only serialises JSON content types itself; JSON is valid YAML, so send text.
-    return _call(path, "PATCH", json.dumps(manifest), "application/apply-patch+yaml",
+    # JSON is valid YAML: the client serialises the dict as JSON for this content type.
+    return _call(path, "PATCH", manifest, "application/apply-patch+yaml",
                  [("fieldManager", C.FIELD_MANAGER), ("force", "true")])
 
 

@@ -19,6 +19,8 @@ def run(namespaces: list[str] | None = None, metrics_port: int = OPERATOR_METRIC
     """Serve /metrics, then reconcile RLRuns in the given namespaces (all when empty) until stopped."""
     logging.basicConfig(level=os.environ.get("RLSCALE_LOG_LEVEL", "INFO"),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    # kopf logs every handler call at INFO; at 100 runs that drowns what matters.
+    logging.getLogger("kopf").setLevel(os.environ.get("RLSCALE_KOPF_LOG_LEVEL", "WARNING"))
     bind = os.environ.get("RLSCALE_OPERATOR_BIND", "0.0.0.0")
     metrics.serve(metrics_port, bind)
     health = os.environ.get("RLSCALE_OPERATOR_HEALTH", "")  # e.g. http://0.0.0.0:8081/healthz

@@ -17,7 +17,8 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent.parent
-CRD_DIR = REPO / "charts" / "rlscale" / "crds"
+# RLSCALE_CRD_DIR: try a CRD other than the committed one (e.g. while changing the spec).
+CRD_DIR = Path(os.environ.get("RLSCALE_CRD_DIR") or REPO / "charts" / "rlscale" / "crds")
 LOOPBACK = "127.0.0.1"
 # Pod IPs kwok hands out are bookkeeping only: nothing here ever connects to them.
 POD_CIDR = "10.244.0.0/16"
@@ -234,9 +235,7 @@ def node_manifest(name: str, gpus: int) -> dict:
                        "nvidia.com/gpu.present": "true"},
         },
         "spec": {},
-        "status": {"capacity": cap, "allocatable": cap,
-                   "nodeInfo": {"architecture": "amd64", "operatingSystem": "linux",
-                                "kubeletVersion": "fake", "kubeProxyVersion": "fake"}},
+        "status": {"capacity": cap, "allocatable": cap},
     }
 
 
@@ -311,6 +310,7 @@ def _start(c: Cluster) -> None:
     ])
     _spawn(c, "kube-scheduler", common)
     _spawn(c, "kwok", [
+        f"--config={HERE / 'kwok-stages.yaml'}", "--node-lease-duration-seconds=40",
         f"--kubeconfig={c.kubeconfig}", "--manage-all-nodes=false",
         f"--manage-nodes-with-annotation-selector={FAKE_NODE_ANNOTATION}=fake",
         f"--cidr={POD_CIDR}", f"--node-ip={LOOPBACK}", f"--node-port={c.kwok_port}",

@@ -3,7 +3,9 @@ running as the service account the chart ships, and a fresh namespace per test."
 
 from __future__ import annotations
 
+import itertools
 import os
+import re
 import signal
 import sys
 import time
@@ -62,10 +64,14 @@ def operator(operator_kubeconfig, tmp_path_factory):
     op.kill(signal.SIGTERM)
 
 
+_ns_counter = itertools.count()
+
+
 @pytest.fixture
 def ns(kube, request):
     """A fresh namespace per test, deleted afterwards (without waiting)."""
-    name = "t-" + request.node.name.lower().replace("_", "-")[:40].strip("-") + f"-{os.getpid() % 1000}"
+    base = re.sub(r"[^a-z0-9]+", "-", request.node.name.lower().removeprefix("test_"))[:40].strip("-")
+    name = f"t-{base}-{next(_ns_counter)}"
     kube.apply({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}})
     yield name
     kube.run("delete", "namespace", name, "--wait=false", check=False)

@@ -140,3 +140,14 @@ def test_images_default_from_the_environment_and_spec_wins():
     kids = by_kind(B.build_children(RUN, spec(rollout={"gpusPerReplica": 1, "image": "mine/vllm:2"}), PLAN, imgs))
     assert kids[("Deployment", "grpo-7b-rollout")]["spec"]["template"]["spec"]["containers"][0]["image"] == "mine/vllm:2"
     assert kids[("StatefulSet", "grpo-7b-learner")]["spec"]["template"]["spec"]["containers"][0]["image"] == "reg/t:1"
+
+
+def test_runner_account_may_patch_only_its_own_run():
+    sa, role, binding = B.build_runner_account(RUN)
+    assert sa["kind"] == "ServiceAccount" and sa["metadata"]["name"] == "grpo-7b-runner"
+    (rule,) = role["rules"]
+    assert rule == {"apiGroups": ["rlscale.dev"], "resources": ["rlruns"], "resourceNames": ["grpo-7b"],
+                    "verbs": ["get", "patch"]}
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "grpo-7b-runner", "namespace": "team-a"}]
+    pod = B.build_ray_head_pod(RUN, spec(), B.Images())
+    assert pod["spec"]["serviceAccountName"] == "grpo-7b-runner"

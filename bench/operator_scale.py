@@ -1,0 +1,168 @@
+"""Operator at scale: apply N RLRuns at once on the loopback control plane and measure seconds
+from each apply to its children being created (p50, p99) and the operator's peak RSS.
+
+Baseline: the same children written straight to the API server by one client with no operator
+(server-side apply, one run after another); the ratio says what the operator adds on top.
+
+    .venv/bin/python bench/operator_scale.py [--runs 100]
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _controlplane():
+    spec = importlib.util.spec_from_file_location("rlscale_controlplane", REPO / "hack" / "cluster" / "controlplane.py")
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def small_run(name: str) -> dict:
+    """The cluster example trimmed to one rollout and one learner GPU, so N runs fit the nodes."""
+    obj = yaml.safe_load((REPO / "examples" / "grpo-h100.yaml").read_text())
+    obj["metadata"] = {"name": name, "namespace": "bench"}
+    obj["spec"]["budget"]["gpus"] = 2
+    obj["spec"]["rollout"]["resources"] = {}
+    obj["spec"]["learner"]["resources"] = {}
+    return obj
+
+
+def percentile(xs: list[float], q: float) -> float:
+    xs = sorted(xs)
+    k = max(0, min(len(xs) - 1, int(round(q * (len(xs) - 1)))))
+    return xs[k]
+
+
+def peak_rss_mib(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--runs", type=int, default=100)
+    ap.add_argument("--timeout", type=float, default=300)
+    a = ap.parse_args()
+    cp = _controlplane()
+    from kubernetes import client, config, watch
+
+    from rlscale.operator import builders as B
+    from rlscale.operator import constants as C
+    from rlscale.operator.planning import plan_for
+    from rlscale.spec import parse_spec
+
+    state = Path(tempfile.mkdtemp(prefix="rlscale-bench-"))
+    nodes = max(4, (2 * a.runs) // 8 + 2)
+    t0 = time.monotonic()
+    cluster = cp.up(state, nodes=nodes, gpus_per_node=8, reuse=False)
+    print(f"control plane with {nodes} fake GPU nodes up in {time.monotonic() - t0:.1f}s", file=sys.stderr)
+    op = None
+    try:
+        cluster.kubectl("create", "namespace", "bench")
+        cluster.kubectl("create", "namespace", "bench-direct")
+        cfg = client.Configuration()
+        config.load_kube_config(str(cluster.kubeconfig), client_configuration=cfg)
+        api = client.ApiClient(cfg)
+        co = client.CustomObjectsApi(api)
+
+        # Baseline: write each run's children directly (no operator), timing each run.
+        os.environ["KUBECONFIG"] = str(cluster.kubeconfig)
+        from rlscale.operator import kube as K
+        direct = []
+        for i in range(min(a.runs, 20)):
+            run = small_run(f"direct-{i}")
+            spec = parse_spec(run["spec"])
+            plan = plan_for(spec)
+            ref = B.RunRef(name=run["metadata"]["name"], namespace="bench-direct", uid="00000000-0000-0000-0000-%012d" % i)
+            s = time.monotonic()
+            for m in B.build_children(ref, spec, plan):
+                K.apply(m)
+            direct.append(time.monotonic() - s)
+        cluster.kubectl("delete", "namespace", "bench-direct", "--wait=false")
+
+        log = open(state / "operator.log", "wb")
+        env = {**os.environ, "KUBECONFIG": str(cluster.kubeconfig), "RLSCALE_OPERATOR_BIND": "127.0.0.1",
+               "RLSCALE_CHECKPOINT_STORAGE": "", "RLSCALE_LOG_LEVEL": "WARNING"}
+        op = subprocess.Popen([sys.executable, "-m", "rlscale.operator", "--metrics-port", str(cp.free_port()),
+                               "--namespace", "bench"], env=env, stdout=log, stderr=subprocess.STDOUT, cwd=REPO)
+        time.sleep(3)  # let kopf list and start watching before the burst
+
+        created: dict[str, float] = {}
+        applied: dict[str, float] = {}
+        done = threading.Event()
+
+        def watch_learners() -> None:
+            # The learner StatefulSet is the last child the operator applies: its arrival = all created.
+            w = watch.Watch()
+            apps = client.AppsV1Api(api)
+            for ev in w.stream(apps.list_namespaced_stateful_set, "bench", timeout_seconds=int(a.timeout)):
+                name = ev["object"].metadata.labels.get(C.LABEL_RUN)
+                if name and name not in created:
+                    created[name] = time.monotonic()
+                    if len(created) >= a.runs:
+                        break
+            done.set()
+
+        th = threading.Thread(target=watch_learners, daemon=True)
+        th.start()
+        time.sleep(0.5)
+        burst = time.monotonic()
+        for i in range(a.runs):
+            run = small_run(f"run-{i:03d}")
+            applied[run["metadata"]["name"]] = time.monotonic()
+            co.create_namespaced_custom_object(C.GROUP, C.VERSION, "bench", C.PLURAL, run)
+        apply_s = time.monotonic() - burst
+        done.wait(a.timeout)
+        lat = [created[n] - applied[n] for n in applied if n in created]
+        missing = a.runs - len(lat)
+        # Let the status writes and readiness events of the burst settle, then read peak RSS.
+        time.sleep(5)
+        rss = peak_rss_mib(op.pid)
+        res = {
+            "runs": a.runs, "childrenCreated": len(lat), "missing": missing,
+            "applySeconds": round(apply_s, 2),
+            "p50Seconds": round(percentile(lat, 0.5), 3) if lat else None,
+            "p99Seconds": round(percentile(lat, 0.99), 3) if lat else None,
+            "maxSeconds": round(max(lat), 3) if lat else None,
+            "allCreatedSeconds": round(max(created.values()) - burst, 2) if created else None,
+            "operatorPeakRssMiB": round(rss, 1),
+            "baselineDirectApplyP50Seconds": round(statistics.median(direct), 3),
+        }
+        res["ratioP50VsDirect"] = round(res["p50Seconds"] / res["baselineDirectApplyP50Seconds"], 1) if lat else None
+        print(f"{a.runs} RLRuns: apply->children p50 {res['p50Seconds']} s, p99 {res['p99Seconds']} s, "
+              f"all {res['allCreatedSeconds']} s after the first apply; operator peak RSS {res['operatorPeakRssMiB']} MiB; "
+              f"baseline (children written directly, no operator) p50 {res['baselineDirectApplyP50Seconds']} s per run: "
+              f"ratio x{res['ratioP50VsDirect']}")
+        print(json.dumps(res))
+        return 0 if missing == 0 else 1
+    finally:
+        if op is not None:
+            op.terminate()
+            try:
+                op.wait(20)
+            except subprocess.TimeoutExpired:
+                op.kill()
+        cp.down(state)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,65 @@
+"""The Helm chart, rendered by the helm built from Go modules (no cluster needed)."""
+
+from __future__ import annotations
+
+import subprocess
+
+import pytest
+import yaml
+from clusterkit import OPERATOR_NS, REPO, chart_objects, cp
+
+pytestmark = pytest.mark.cluster  # needs `make k8s` for helm
+
+HELM = cp.bin_dir() / "helm"
+CHART = REPO / "charts" / "rlscale"
+
+
+def helm(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([str(HELM), *args], capture_output=True, text=True, timeout=60)
+
+
+def test_chart_lints_clean():
+    out = helm("lint", "--strict", str(CHART))
+    assert out.returncode == 0, out.stdout + out.stderr
+
+
+def test_default_render_has_operator_rbac_and_dashboard():
+    objs = chart_objects(HELM)
+    kinds = sorted(o["kind"] for o in objs)
+    assert kinds == ["ClusterRole", "ClusterRoleBinding", "ConfigMap", "Deployment", "Service", "ServiceAccount"]
+    dep = next(o for o in objs if o["kind"] == "Deployment")
+    c = dep["spec"]["template"]["spec"]["containers"][0]
+    assert c["args"][0] == "operator" and dep["spec"]["strategy"]["type"] == "Recreate"
+    env = {e["name"]: e["value"] for e in c["env"]}
+    assert env["RLSCALE_CHECKPOINT_STORAGE"] == "50Gi"
+    assert dep["metadata"]["namespace"] == OPERATOR_NS
+    # Least privilege: no secrets, no delete, nothing cluster-scoped beyond what it watches.
+    rules = next(o for o in objs if o["kind"] == "ClusterRole")["rules"]
+    verbs = {v for r in rules for v in r["verbs"]}
+    assert "delete" not in verbs and "*" not in verbs
+    assert not any("secrets" in r["resources"] for r in rules)
+    dash = next(o for o in objs if o["kind"] == "ConfigMap")
+    assert '"uid": "rlscale-runs"' in dash["data"]["rlscale.json"]
+
+
+def test_namespaced_install_uses_roles_in_each_namespace():
+    objs = chart_objects(HELM, "--set", "operator.watchNamespaces={team-a,team-b}")
+    assert not [o for o in objs if o["kind"].startswith("Cluster")]
+    roles = [o for o in objs if o["kind"] == "Role"]
+    assert sorted(r["metadata"]["namespace"] for r in roles) == ["team-a", "team-b"]
+    dep = next(o for o in objs if o["kind"] == "Deployment")
+    assert "--namespace=team-a" in dep["spec"]["template"]["spec"]["containers"][0]["args"]
+
+
+def test_values_schema_refuses_bad_values_naming_them():
+    out = helm("template", "x", str(CHART), "--set", "checkpointStorage=lots")
+    assert out.returncode != 0 and "checkpointStorage" in out.stderr
+    out = helm("template", "x", str(CHART), "--set", "operator.imagez=1")
+    assert out.returncode != 0 and "imagez" in out.stderr
+
+
+def test_chart_crd_is_the_generated_one():
+    from rlscale.crd import crd_yaml
+
+    committed = yaml.safe_load((CHART / "crds" / "rlruns.rlscale.dev.yaml").read_text())
+    assert committed == yaml.safe_load(crd_yaml())
