@@ -30,6 +30,7 @@ def _load_controlplane():
 
 
 cp = _load_controlplane()
+K8S_VERSION = cp.versions()["K8S_VERSION"]
 
 
 def wait_for(what: str, fn: Callable[[], Any], timeout: float = 30.0, interval: float = 0.25) -> Any:
@@ -76,8 +77,9 @@ class Kube:
 
 def chart_objects(helm: Path, *set_args: str) -> list[dict]:
     """`helm template` of the chart, parsed."""
+    # helm built from source assumes Kubernetes v1.20 offline; say which one we run.
     out = subprocess.run([str(helm), "template", "rlscale", str(REPO / "charts" / "rlscale"),
-                          "--namespace", OPERATOR_NS, *set_args],
+                          "--namespace", OPERATOR_NS, "--kube-version", K8S_VERSION, *set_args],
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     return [d for d in yaml.safe_load_all(out.stdout) if d]

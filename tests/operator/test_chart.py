@@ -6,7 +6,7 @@ import subprocess
 
 import pytest
 import yaml
-from clusterkit import OPERATOR_NS, REPO, chart_objects, cp
+from clusterkit import K8S_VERSION, OPERATOR_NS, REPO, chart_objects, cp
 
 pytestmark = pytest.mark.cluster  # needs `make k8s` for helm
 
@@ -19,7 +19,7 @@ def helm(*args: str) -> subprocess.CompletedProcess:
 
 
 def test_chart_lints_clean():
-    out = helm("lint", "--strict", str(CHART))
+    out = helm("lint", "--strict", "--kube-version", K8S_VERSION, str(CHART))
     assert out.returncode == 0, out.stdout + out.stderr
 
 
@@ -52,9 +52,9 @@ def test_namespaced_install_uses_roles_in_each_namespace():
 
 
 def test_values_schema_refuses_bad_values_naming_them():
-    out = helm("template", "x", str(CHART), "--set", "checkpointStorage=lots")
+    out = helm("template", "x", str(CHART), "--kube-version", K8S_VERSION, "--set", "checkpointStorage=lots")
     assert out.returncode != 0 and "checkpointStorage" in out.stderr
-    out = helm("template", "x", str(CHART), "--set", "operator.imagez=1")
+    out = helm("template", "x", str(CHART), "--kube-version", K8S_VERSION, "--set", "operator.imagez=1")
     assert out.returncode != 0 and "imagez" in out.stderr
 
 
