@@ -163,11 +163,16 @@ class RolloutEngine:
             seeds = list(seed)
             if len(seeds) != len(prompt_token_ids):
                 raise ValueError(f"seed: {len(seeds)} seeds for {len(prompt_token_ids)} prompts; give one per prompt")
-        params = []
-        for i in range(len(prompt_token_ids)):
-            params.append(
+        # vLLM refuses n > 1 with greedy decoding: send each greedy copy on its own.
+        copies = samples_per_prompt if temperature == 0 else 1
+        n = samples_per_prompt // copies
+        params, prompts = [], []
+        for i, p in enumerate(prompt_token_ids):
+            prompts += [TokensPrompt(prompt_token_ids=list(map(int, p))) for _ in range(copies)]
+            # One SamplingParams per request: vLLM updates them in place.
+            params += [
                 SamplingParams(
-                    n=samples_per_prompt,
+                    n=n,
                     temperature=temperature,
                     top_p=top_p,
                     max_tokens=max_new_tokens,
@@ -176,15 +181,16 @@ class RolloutEngine:
                     stop_token_ids=stops,
                     detokenize=False,
                 )
-            )
-        prompts = [TokensPrompt(prompt_token_ids=list(map(int, p))) for p in prompt_token_ids]
+                for _ in range(copies)
+            ]
         with self._lock:
             outputs = self.llm.generate(prompts, params, use_tqdm=False)
             version = self.version
         result: list[list[Sample]] = []
-        for out in outputs:
+        for i in range(len(prompt_token_ids)):
             samples = []
-            for comp in sorted(out.outputs, key=lambda c: c.index):
+            group = outputs[i * copies : (i + 1) * copies]
+            for comp in (c for out in group for c in sorted(out.outputs, key=lambda c: c.index)):
                 ids = list(comp.token_ids)
                 lps = comp.logprobs or []
                 # logprobs=0 returns one entry per position: the sampled token's.

@@ -1,0 +1,433 @@
+"""Ray Serve deployment of the rollout engine, the weight store, and the driver's client."""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import logging
+import os
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+# On 2 shared cores the router's 0.1 s queue-length probe times out under bursts and
+# floods the log; the router lives in the calling process, so set it before import.
+os.environ.setdefault("RAY_SERVE_QUEUE_LENGTH_RESPONSE_DEADLINE_S", "1.0")
+
+import ray  # noqa: E402
+from ray import serve  # noqa: E402
+from rlscale.rollout.engine import EngineConfig, Sample  # noqa: E402
+
+log = logging.getLogger(__name__)
+
+APP_NAME = "rlscale-rollout"
+DEPLOYMENT_NAME = "RolloutReplica"
+STORE_NAMESPACE = "rlscale"  # Serve replicas live in the "serve" namespace: name it
+ROLLOUT_RESOURCE = "rollout"  # one per rollout pod / `rlscale rollout` process
+
+# Errors that mean "the replica went away", not "the request is bad": retry elsewhere.
+_RETRYABLE = (
+    ray.exceptions.RayActorError,  # ActorDiedError, ActorUnavailableError
+    ray.exceptions.WorkerCrashedError,
+    ray.exceptions.NodeDiedError,
+    ray.exceptions.ObjectLostError,
+)
+
+
+def store_name(app_name: str) -> str:
+    return f"{app_name}-weights"
+
+
+@ray.remote(num_cpus=0, max_restarts=0)
+class WeightStore:
+    """Holds the newest published weights (one ObjectRef) and a register of replicas."""
+
+    def __init__(self) -> None:
+        self._version: int | None = None
+        self._refs: list[ray.ObjectRef] = []
+        self._replicas: dict[str, dict[str, Any]] = {}
+
+    def publish(self, version: int, refs: list[ray.ObjectRef]) -> None:
+        # refs arrive wrapped in a list so Ray hands us the reference, not the tensors.
+        if self._version is not None and version <= self._version:
+            raise ValueError(
+                f"weights version {version} is not newer than the published {self._version}; "
+                "publish increasing versions"
+            )
+        self._version, self._refs = version, list(refs)  # dropping old refs frees them
+
+    def latest(self) -> tuple[int | None, list[ray.ObjectRef]]:
+        return self._version, self._refs
+
+    def version(self) -> int | None:
+        return self._version
+
+    def register(self, replica: str, info: dict[str, Any]) -> None:
+        """A replica says it is up: pid, node, the version it started with, metrics URL."""
+        self._replicas[replica] = info
+
+    def unregister(self, replica: str) -> None:
+        self._replicas.pop(replica, None)
+
+    def replicas(self) -> dict[str, dict[str, Any]]:
+        return dict(self._replicas)
+
+
+@dataclass
+class GenerateRequest:
+    """One chunk of prompts for one replica; seeds are per prompt so chunking is invisible."""
+
+    prompt_token_ids: list[list[int]]
+    seeds: list[int] | None
+    samples_per_prompt: int = 1
+    temperature: float = 1.0
+    top_p: float = 1.0
+    max_new_tokens: int = 64
+    min_version: int = 0
+    stop_token_ids: list[int] | None = None
+
+    def sampling_key(self) -> tuple:
+        stops = None if self.stop_token_ids is None else tuple(self.stop_token_ids)
+        return (self.samples_per_prompt, self.temperature, self.top_p, self.max_new_tokens, stops)
+
+
+class RolloutReplica:
+    """A Serve replica: one engine, kept at or ahead of the version each request needs."""
+
+    def __init__(
+        self,
+        engine_config: dict[str, Any],
+        store: str,
+        initial_version: int = 0,
+        metrics_port: int | None = None,
+        version_wait_s: float = 60.0,
+    ):
+        from rlscale.rollout.engine import RolloutEngine
+        from rlscale.rollout.metrics import RolloutMetrics
+
+        self.metrics = RolloutMetrics()
+        self.engine = RolloutEngine(engine_config, version=initial_version)
+        self.store = ray.get_actor(store, namespace=STORE_NAMESPACE)
+        self.version_wait_s = version_wait_s
+        self.replica_id = _replica_id()
+        # A replica that starts late must not serve old weights: load the newest now.
+        self._sync(self.engine.version)
+        self.metrics.weights_version.set(self.engine.version)
+        self._metrics_server = None
+        url = None
+        if metrics_port is not None:
+            from prometheus_client import start_http_server
+
+            self._metrics_server, _ = start_http_server(metrics_port, registry=self.metrics.registry)
+            url = f"http://{ray.util.get_node_ip_address()}:{self._metrics_server.server_port}/metrics"
+        info = {
+            "pid": os.getpid(),
+            "node_id": ray.get_runtime_context().get_node_id(),
+            "start_version": self.engine.version,
+            "metrics_url": url,
+        }
+        ray.get(self.store.register.remote(self.replica_id, info))
+
+    def _sync(self, need: int) -> None:
+        """Load the store's newest weights if they are newer than ours; wait for `need`."""
+        deadline = time.monotonic() + self.version_wait_s
+        while True:
+            version, refs = ray.get(self.store.latest.remote())
+            if version is not None and version > self.engine.version:
+                t0 = time.perf_counter()
+                named_tensors = ray.get(refs[0])
+                self.engine.load_weights(named_tensors, version)
+                del named_tensors
+                self.metrics.weight_load_seconds.observe(time.perf_counter() - t0)
+                self.metrics.weights_version.set(version)
+            if self.engine.version >= need:
+                return
+            if time.monotonic() > deadline:
+                raise RuntimeError(
+                    f"a request needs weights version {need} but the newest published is "
+                    f"{version}; call RolloutClient.publish_weights({need}, ...) first"
+                )
+            time.sleep(0.05)
+
+    async def generate(self, request: dict[str, Any]) -> list[list[Sample]]:
+        self.metrics.requests_in_flight.inc()
+        try:
+            return await self._generate_batch(GenerateRequest(**request))
+        finally:
+            self.metrics.requests_in_flight.dec()
+
+    # Requests that arrive while the engine is busy are merged into its next call, so
+    # many small requests still make one large vLLM batch.
+    @serve.batch(max_batch_size=64, batch_wait_timeout_s=0.005)
+    async def _generate_batch(self, requests: list[GenerateRequest]) -> list[list[list[Sample]]]:
+        return await asyncio.to_thread(self._run_batch, requests)
+
+    def _run_batch(self, requests: list[GenerateRequest]) -> list[list[list[Sample]]]:
+        self._sync(max(r.min_version for r in requests))
+        groups: dict[tuple, list[int]] = {}
+        for i, r in enumerate(requests):
+            groups.setdefault(r.sampling_key(), []).append(i)
+        results: list[list[list[Sample]]] = [[] for _ in requests]
+        for idxs in groups.values():
+            first = requests[idxs[0]]
+            prompts = [p for i in idxs for p in requests[i].prompt_token_ids]
+            seeds = None
+            if all(requests[i].seeds is not None for i in idxs):
+                seeds = [s for i in idxs for s in requests[i].seeds]
+            t0 = time.perf_counter()
+            out = self.engine.generate(
+                prompts,
+                samples_per_prompt=first.samples_per_prompt,
+                temperature=first.temperature,
+                top_p=first.top_p,
+                max_new_tokens=first.max_new_tokens,
+                seed=seeds,
+                stop_token_ids=first.stop_token_ids,
+            )
+            tokens = sum(len(s.token_ids) for group in out for s in group)
+            self.metrics.observe_generation(
+                time.perf_counter() - t0, sum(len(g) for g in out), tokens
+            )
+            pos = 0
+            for i in idxs:
+                n = len(requests[i].prompt_token_ids)
+                results[i] = out[pos : pos + n]
+                pos += n
+        return results
+
+    async def weights_version(self) -> int:
+        return self.engine.version
+
+    async def info(self) -> dict[str, Any]:
+        """Who answered: for tests and for the driver's logs."""
+        return {"replica": self.replica_id, "pid": os.getpid(), "version": self.engine.version}
+
+    async def metrics_text(self) -> bytes:
+        return self.metrics.text()
+
+    def __del__(self):
+        # Serve calls this on a graceful stop (scale-down); a crashed replica stays
+        # registered, so readers also check that the process lives.
+        server = getattr(self, "_metrics_server", None)
+        if server is not None:
+            server.shutdown()
+        try:
+            ray.get(self.store.unregister.remote(self.replica_id), timeout=5)
+        except Exception:  # the store or Ray may already be gone at shutdown
+            pass
+
+
+def _replica_id() -> str:
+    try:
+        return serve.get_replica_context().replica_id.unique_id
+    except Exception:  # constructed outside Serve (direct use in tests or tools)
+        return f"pid-{os.getpid()}"
+
+
+@dataclass
+class RolloutOptions:
+    """Placement and request shaping of the rollout application."""
+
+    app_name: str = APP_NAME
+    num_replicas: int = 1
+    # {"rollout": 1} pins one replica per rollout pod or `rlscale rollout` process.
+    resources: dict[str, float] = field(default_factory=lambda: {ROLLOUT_RESOURCE: 1.0})
+    # CPU replicas would otherwise reserve Ray's CPUs and not fit beside the learner.
+    num_cpus: float = 0.0
+    num_gpus: float = 0.0
+    max_ongoing_requests: int = 64
+    requests_per_replica: int = 2  # chunks per replica and call; merged by serve.batch
+    max_retries: int = 5
+    request_timeout_s: float = 900.0
+    metrics_port: int | None = None  # 0: an ephemeral port per replica
+    initial_version: int = 0
+    version_wait_s: float = 60.0
+    graceful_shutdown_timeout_s: float = 120.0  # let in-flight batches finish on scale-down
+
+
+class RolloutClient:
+    """The driver's side: deploy, scale, publish weights, generate with retries."""
+
+    def __init__(self, engine_config: EngineConfig | Mapping[str, Any], options: RolloutOptions | None = None):
+        if isinstance(engine_config, EngineConfig):
+            engine_config = asdict(engine_config)
+        self.engine_config = dict(engine_config)
+        self.options = options or RolloutOptions()
+        self._store = None
+        self._handle = None
+        self._published: int | None = None
+        self.retries = 0  # requests resent after their replica died
+        self._retries_lock = threading.Lock()
+
+    @classmethod
+    def deploy(
+        cls, engine_config: EngineConfig | Mapping[str, Any], options: RolloutOptions | None = None
+    ) -> RolloutClient:
+        """Create the weight store and the Serve application (ray must be initialised)."""
+        client = cls(engine_config, options)
+        client._store = WeightStore.options(
+            name=store_name(client.options.app_name), namespace=STORE_NAMESPACE, get_if_exists=True
+        ).remote()
+        client._published = ray.get(client._store.version.remote())
+        serve.start(proxy_location="Disabled")
+        client._run(client.options.num_replicas)
+        return client
+
+    def _run(self, num_replicas: int) -> None:
+        o = self.options
+        actor_options: dict[str, Any] = {"num_cpus": o.num_cpus, "resources": dict(o.resources)}
+        if o.num_gpus:
+            actor_options["num_gpus"] = o.num_gpus
+        app = (
+            serve.deployment(RolloutReplica)
+            .options(
+                name=DEPLOYMENT_NAME,
+                num_replicas=num_replicas,
+                ray_actor_options=actor_options,
+                max_ongoing_requests=o.max_ongoing_requests,
+                graceful_shutdown_timeout_s=o.graceful_shutdown_timeout_s,
+            )
+            .bind(
+                self.engine_config,
+                store_name(o.app_name),
+                o.initial_version,
+                o.metrics_port,
+                o.version_wait_s,
+            )
+        )
+        # external_scaler_enabled lets scale() change the replica count alone; a second
+        # serve.run would be a new code version and restart every replica.
+        self._handle = serve.run(
+            app, name=o.app_name, route_prefix=None, external_scaler_enabled=True
+        )
+        self.options.num_replicas = num_replicas
+
+    @property
+    def num_replicas(self) -> int:
+        return self.options.num_replicas
+
+    def scale(self, num_replicas: int, timeout_s: float = 600.0) -> None:
+        """Change the replica count in place; in-flight requests finish or are retried."""
+        if num_replicas < 1:
+            raise ValueError(f"num_replicas: {num_replicas}; use 1 or more (delete the app to stop)")
+        # This is the call behind Serve's REST scale endpoint (the dashboard, which
+        # serves it, is off here). Running replicas stay; removed ones stop taking
+        # requests and drain the in-flight ones (graceful_shutdown_timeout_s).
+        from ray.serve._private.common import DeploymentID
+        from ray.serve._private.constants import SERVE_CONTROLLER_NAME, SERVE_NAMESPACE
+
+        controller = ray.get_actor(SERVE_CONTROLLER_NAME, namespace=SERVE_NAMESPACE)
+        dep = DeploymentID(name=DEPLOYMENT_NAME, app_name=self.options.app_name)
+        ray.get(controller.update_deployment_replicas.remote(dep, num_replicas))
+        self.options.num_replicas = num_replicas
+        self.wait_replicas(num_replicas, timeout_s=timeout_s)
+
+    def replica_states(self) -> dict[str, int]:
+        """Replica counts by state (RUNNING, STARTING, STOPPING, ...) from Serve."""
+        app = serve.status().applications.get(self.options.app_name)
+        if app is None or DEPLOYMENT_NAME not in app.deployments:
+            return {}
+        return {str(k): v for k, v in app.deployments[DEPLOYMENT_NAME].replica_states.items()}
+
+    def wait_replicas(self, num_replicas: int, timeout_s: float = 600.0) -> None:
+        """Block until exactly `num_replicas` replicas run and none is starting or draining."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            states = self.replica_states()
+            if states == {"RUNNING": num_replicas}:
+                return
+            if time.monotonic() > deadline:
+                raise TimeoutError(
+                    f"rollout replicas: wanted {num_replicas} running, have {states} after "
+                    f"{timeout_s:.0f} s; check the `{ROLLOUT_RESOURCE}` resources offered"
+                )
+            time.sleep(0.2)
+
+    def publish_weights(self, version: int, named_tensors: Mapping[str, Any]) -> None:
+        """Put the weights in the object store once; replicas fetch them when asked for `version`."""
+        tensors = {k: v.detach().cpu() if hasattr(v, "detach") else v for k, v in named_tensors.items()}
+        ref = ray.put(tensors)
+        ray.get(self._store.publish.remote(version, [ref]))
+        self._published = version
+
+    @property
+    def published_version(self) -> int | None:
+        return self._published
+
+    def generate(
+        self,
+        prompt_token_ids: Sequence[Sequence[int]],
+        samples_per_prompt: int = 1,
+        *,
+        temperature: float = 1.0,
+        top_p: float = 1.0,
+        max_new_tokens: int = 64,
+        seed: int | None = None,
+        version: int | None = None,
+        stop_token_ids: list[int] | None = None,
+    ) -> list[list[Sample]]:
+        """Per prompt its samples, generated with weights version >= `version` (default: newest published)."""
+        if version is None:
+            version = self._published if self._published is not None else self.options.initial_version
+        prompts = [list(map(int, p)) for p in prompt_token_ids]
+        if not prompts:
+            return []
+        # Seeds per prompt make the result independent of how prompts are chunked.
+        seeds = None if seed is None else [seed + i * samples_per_prompt for i in range(len(prompts))]
+        k = max(1, min(len(prompts), self.options.num_replicas * self.options.requests_per_replica))
+        bounds = [round(i * len(prompts) / k) for i in range(k + 1)]
+        requests = [
+            GenerateRequest(
+                prompt_token_ids=prompts[a:b],
+                seeds=None if seeds is None else seeds[a:b],
+                samples_per_prompt=samples_per_prompt,
+                temperature=temperature,
+                top_p=top_p,
+                max_new_tokens=max_new_tokens,
+                min_version=version,
+                stop_token_ids=stop_token_ids,
+            )
+            for a, b in zip(bounds, bounds[1:], strict=False)
+        ]
+        with concurrent.futures.ThreadPoolExecutor(max_workers=len(requests)) as pool:
+            parts = list(pool.map(self._call_with_retries, requests))
+        return [group for part in parts for group in part]
+
+    def _call_with_retries(self, request: GenerateRequest) -> list[list[Sample]]:
+        payload = asdict(request)
+        for attempt in range(self.options.max_retries + 1):
+            try:
+                resp = self._handle.generate.remote(payload)
+                return resp.result(timeout_s=self.options.request_timeout_s)
+            except _RETRYABLE as exc:
+                if attempt == self.options.max_retries:
+                    raise
+                with self._retries_lock:
+                    self.retries += 1
+                log.warning("rollout request failed on a lost replica (%s); retrying", type(exc).__name__)
+                time.sleep(min(0.2 * 2**attempt, 5.0))  # let Serve notice and route around it
+        raise AssertionError("unreachable")
+
+    def replica_info(self) -> dict[str, Any]:
+        """One replica's identity (whichever the router picks)."""
+        return self._handle.info.remote().result()
+
+    def replicas(self) -> dict[str, dict[str, Any]]:
+        """Replicas started and not stopped (a crashed one may linger): id -> pid, node,
+        the weights version it started with, metrics URL."""
+        return ray.get(self._store.replicas.remote())
+
+    def metrics_endpoints(self) -> list[str]:
+        """The /metrics URLs of replicas started with a metrics port."""
+        return [i["metrics_url"] for i in self.replicas().values() if i.get("metrics_url")]
+
+    def shutdown(self) -> None:
+        """Delete the Serve application and the weight store."""
+        try:
+            serve.delete(self.options.app_name)
+        finally:
+            if self._store is not None:
+                ray.kill(self._store)
+                self._store = None
