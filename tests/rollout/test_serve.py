@@ -160,3 +160,37 @@ def test_a_killed_replicas_requests_complete_elsewhere(client):
     # Serve replaces the dead replica; the replacement starts on the newest weights.
     client.wait_replicas(2, timeout_s=180)
     assert all(i["start_version"] == 2 for i in _live(client).values())
+
+
+def test_rollout_entrypoint_joins_the_cluster_with_one_rollout_slot(ray_cluster, tmp_path):
+    import subprocess
+    import sys
+
+    from rlscale.runconfig import RunConfig
+
+    ray = ray_cluster
+    address = ray.get_runtime_context().gcs_address
+    config = RunConfig(run="t", spec={}, plan={}, ray_address=address).save(tmp_path / "run.json")
+    slots = ray.cluster_resources().get("rollout", 0)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "rlscale.rollout.entrypoint", "--config", str(config)],
+        start_new_session=True,
+    )
+    try:
+        deadline = time.monotonic() + 120
+        while ray.cluster_resources().get("rollout", 0) < slots + 1:
+            assert proc.poll() is None, f"rlscale rollout exited with {proc.returncode}"
+            assert time.monotonic() < deadline, "the rollout worker never joined"
+            time.sleep(0.2)
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=60) == 0
+        deadline = time.monotonic() + 60
+        while ray.cluster_resources().get("rollout", 0) > slots:
+            assert time.monotonic() < deadline, "the rollout slot outlived its process"
+            time.sleep(0.2)
+        # Nothing it started (raylet, workers) is left in its session.
+        left = subprocess.run(["pgrep", "-s", str(proc.pid)], capture_output=True, text=True)
+        assert left.stdout.split() == []
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)

@@ -1,0 +1,71 @@
+"""`rlscale rollout --config FILE`: join the run's Ray cluster offering one `rollout` slot."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+from rlscale.rollout.serve import ROLLOUT_RESOURCE
+
+
+def ray_start_command(ray_address: str, num_cpus: int = 0) -> list[str]:
+    """The `ray start` line of a rollout worker; Serve places one replica per `rollout` slot."""
+    ray_bin = shutil.which("ray", path=str(Path(sys.executable).parent)) or shutil.which("ray")
+    if ray_bin is None:
+        raise FileNotFoundError("the `ray` command is not installed next to this Python; install ray[serve]")
+    return [
+        ray_bin,
+        "start",
+        f"--address={ray_address}",
+        f"--resources={json.dumps({ROLLOUT_RESOURCE: 1})}",
+        # Replicas ask for num_cpus=0: the node's CPUs stay free for vLLM's own threads,
+        # and on one machine the head already offers the CPUs once.
+        f"--num-cpus={num_cpus}",
+        "--disable-usage-stats",
+        "--block",
+    ]
+
+
+def main(config_path: str | None = None) -> int:
+    """Run a Ray worker node until killed (config from the path or $RLSCALE_CONFIG); returns its exit status."""
+    from rlscale.runconfig import load_run_config
+
+    config = load_run_config(config_path)
+    address = config.ray_address or os.environ.get("RAY_ADDRESS")
+    if not address:
+        print(
+            f"{config_path}: ray_address is empty; the run's Ray head address (host:port) "
+            "is needed (set it in the run config or RAY_ADDRESS)",
+            file=sys.stderr,
+        )
+        return 2
+    cmd = ray_start_command(address)
+    proc = subprocess.Popen(cmd)
+
+    # `ray start --block` stops its raylet and workers on SIGTERM; pass ours on so that
+    # killing this process (the runner's or the kubelet's way) leaves nothing behind.
+    stopping = []
+
+    def forward(signum, _frame):
+        stopping.append(signum)
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+
+    signal.signal(signal.SIGTERM, forward)
+    signal.signal(signal.SIGINT, forward)
+    rc = proc.wait()
+    # Being told to stop is how this role is meant to end (ray exits 1 on SIGTERM);
+    # anything else means the node died under us.
+    return 0 if stopping else rc
+
+
+if __name__ == "__main__":
+    if len(sys.argv) != 3 or sys.argv[1] != "--config":
+        print("usage: python -m rlscale.rollout.entrypoint --config FILE", file=sys.stderr)
+        raise SystemExit(2)
+    raise SystemExit(main(sys.argv[2]))
