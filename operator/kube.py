@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import threading
 import time
 from collections.abc import Callable
@@ -32,7 +33,9 @@ def api() -> client.ApiClient:
             try:
                 config.load_incluster_config(client_configuration=cfg)
             except config.ConfigException:
-                config.load_kube_config(client_configuration=cfg)
+                # Read $KUBECONFIG now: the client captured it at import time.
+                config.load_kube_config(config_file=os.environ.get("KUBECONFIG") or None,
+                                        client_configuration=cfg)
             # kopf runs sync handlers in a thread pool; give each thread a connection.
             cfg.connection_pool_maxsize = 32
             _api = client.ApiClient(cfg)
