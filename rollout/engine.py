@@ -143,6 +143,7 @@ class RolloutEngine:
         max_new_tokens: int = 64,
         seed: int | Sequence[int] | None = None,
         stop_token_ids: list[int] | None = None,
+        ignore_eos: bool = False,
     ) -> list[list[Sample]]:
         """Per prompt, its `samples_per_prompt` samples (same order as the prompts).
 
@@ -178,7 +179,8 @@ class RolloutEngine:
                     max_tokens=max_new_tokens,
                     seed=seeds[i],
                     logprobs=0,  # just the sampled token's logprob
-                    stop_token_ids=stops,
+                    stop_token_ids=[] if ignore_eos else stops,
+                    ignore_eos=ignore_eos,  # fixed lengths, for benchmarks
                     detokenize=False,
                 )
                 for _ in range(copies)
