@@ -1,0 +1,356 @@
+"""The driver (learner rank 0): draw prompts, roll out, reward, learn, publish weights, measure, re-plan."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import random
+import signal
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from rlscale.trainer.rewards import exact_match, resolve_reward, score
+from rlscale.trainer.tasks import ArithmeticTask, Problem, PromptIterator
+
+from rlscale.plan import Calibration, make_plan
+from rlscale.progress import TargetTracker
+from rlscale.report import read_jsonl, write_report
+from rlscale.run_metrics import RunMetrics
+from rlscale.runconfig import RunConfig
+
+log = logging.getLogger("rlscale.driver")
+
+EXIT_TARGET, EXIT_BUDGET, EXIT_INTERRUPTED = 0, 3, 130
+REPLAN_WARMUP_STEPS = 10  # first steps carry one-off costs (first logprobs call, compiles)
+REPLAN_EVERY = 25
+REPLAN_MIN_GAIN = 0.10  # switch only when the new choice is predicted 10% faster: no flapping
+
+
+@dataclass
+class RunState:
+    """Everything besides the model and optimiser that a resumed run needs to continue identically."""
+
+    step: int = 0
+    samples: int = 0
+    version: int = 0
+    elapsed_s: float = 0.0  # training-loop seconds summed over every segment of the run
+    generated_tokens_total: int = 0
+    trained_tokens_total: int = 0
+    prompts: int = 0
+    learning_rate: float = 0.0
+    rollout_replicas: int = 1
+    data: dict = field(default_factory=dict)
+    tracker: dict = field(default_factory=dict)
+    rng: dict = field(default_factory=dict)
+
+    def to_dict(self) -> dict:
+        return dict(self.__dict__)
+
+
+def _rng_state() -> dict:
+    return {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state().tolist()}
+
+
+def _set_rng_state(s: dict) -> None:
+    if not s:
+        return
+    py = s["python"]
+    random.setstate((py[0], tuple(py[1]), py[2]))
+    npy = s["numpy"]
+    np.random.set_state((npy[0], np.asarray(npy[1], dtype=np.uint32), npy[2], npy[3], npy[4]))
+    torch.set_rng_state(torch.tensor(s["torch"], dtype=torch.uint8))
+
+
+class Driver:
+    """One run's loop on rank 0, around a learner (DeepSpeed ranks) and a rollout client (Serve replicas)."""
+
+    def __init__(self, cfg: RunConfig, learner, rollout, tokenizer):
+        self.cfg = cfg
+        self.spec = cfg.parsed_spec()
+        self.learner = learner
+        self.rollout = rollout
+        self.tok = tokenizer
+        self.run_dir = Path(cfg.report_dir or ".")
+        self.ckpt_dir = Path(cfg.checkpoint_dir or self.run_dir / "checkpoints")
+        self.metrics = RunMetrics()
+        self.stop_requested = False
+        t = self.spec.task
+        self.task = ArithmeticTask(difficulty=t.difficulty, seed=0)
+        self.data = PromptIterator(self.task.train, seed=1)
+        self.reward_fn = resolve_reward(t.reward)
+        self.tracker = TargetTracker(self.spec.target.value, self.spec.target.window)
+        self.plan = dict(cfg.plan)
+        self.state = RunState(prompts=self.plan["prompts"], learning_rate=self.plan["learningRate"],
+                              rollout_replicas=self.plan["rolloutReplicas"])
+        self.records: list[dict[str, Any]] = []
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def request_stop(self, *_: Any) -> None:
+        self.stop_requested = True
+
+    def resume_or_start(self) -> bool:
+        """Load the newest checkpoint if there is one; returns True when resumed."""
+        state = self.learner.load_checkpoint(self.ckpt_dir)
+        if state is None:
+            self._write_plans([{**self.plan, "atStep": 0}], append=False)
+            metrics = self.run_dir / "metrics.jsonl"
+            if metrics.exists():
+                metrics.unlink()  # a run without a checkpoint starts its log afresh
+            return False
+        self.state = RunState(**state)
+        self.data.load_state_dict(self.state.data)
+        self.tracker.load_state_dict(self.state.tracker)
+        _set_rng_state(self.state.rng)
+        # Steps after the checkpoint are redone: drop them from the log so it stays one history.
+        kept = [r for r in read_jsonl(self.run_dir / "metrics.jsonl") if r["step"] <= self.state.step]
+        self._rewrite_metrics(kept)
+        self.records = kept
+        self.metrics.restore_totals({"step": self.state.step, "samples": self.state.samples,
+                                     "generated_tokens_total": self.state.generated_tokens_total,
+                                     "trained_tokens_total": self.state.trained_tokens_total})
+        if self.tracker.reached_at:
+            self.metrics.ttt.set(self.tracker.reached_at["seconds"])
+            self.metrics.stt.set(self.tracker.reached_at["samples"])
+        plans = self._read_plans()
+        if plans:
+            self.plan = {k: v for k, v in plans[-1].items() if k not in ("atStep", "why")}
+        log.info("resumed from step %d (%d samples, weights v%d)", self.state.step, self.state.samples, self.state.version)
+        return True
+
+    def checkpoint(self) -> None:
+        self.state.data = self.data.state_dict()
+        self.state.tracker = self.tracker.state_dict()
+        self.state.rng = _rng_state()
+        self.learner.save_checkpoint(self.ckpt_dir, self.state.to_dict(), keep=self.spec.checkpoint.keep)
+
+    # ------------------------------------------------------------------ the loop
+
+    def run(self) -> int:
+        spec = self.spec
+        self.metrics.target_value.set(spec.target.value)
+        self.metrics.set_plan(self.plan)
+        # Replicas start from the model directory; the learner's weights are the truth (a resumed
+        # run's differ), so publish them before the first request.
+        self.rollout.publish_weights(self.state.version, self.learner.export_weights())
+        self.metrics.version.set(self.state.version)
+        code = EXIT_BUDGET
+        last_ckpt = self.state.step
+        while True:
+            if self.tracker.reached:
+                code = EXIT_TARGET
+                break
+            if self.state.step >= spec.budget.max_steps or self.state.samples >= spec.budget.max_samples:
+                code = EXIT_BUDGET
+                break
+            if self.stop_requested:
+                code = EXIT_INTERRUPTED
+                break
+            rec = self.step()
+            if spec.target.eval_every and self.state.step % spec.target.eval_every == 0:
+                self.evaluate(rec)
+            self._finish_record(rec)
+            if self.state.step - last_ckpt >= spec.checkpoint.every:
+                self.checkpoint()
+                last_ckpt = self.state.step
+            self.maybe_replan()
+        if self.state.step != last_ckpt or code == EXIT_INTERRUPTED:
+            self.checkpoint()
+        write_report(self.run_dir, spec.target.value, spec.target.metric, self.cfg.run)
+        return code
+
+    def step(self) -> dict[str, Any]:
+        spec, st = self.spec, self.state
+        p, n = int(st.prompts), spec.batch.samples_per_prompt
+        t0 = time.perf_counter()
+        problems = self.data.next_batch(p)
+        prompt_ids = [self.tok(pr.prompt).input_ids for pr in problems]
+        groups = self.rollout.generate(prompt_ids, n, temperature=spec.rollout.temperature, top_p=spec.rollout.top_p,
+                                       max_new_tokens=spec.task.max_new_tokens, seed=st.step * 7919 + 17,
+                                       version=st.version)
+        t1 = time.perf_counter()
+        samples = [s for g in groups for s in g]
+        texts = self.tok.batch_decode([s.token_ids for s in samples], skip_special_tokens=True)
+        finished = [s.finish_reason == "stop" for s in samples]
+        rewards = score(self.reward_fn, [pr.prompt for pr in problems for _ in range(n)], texts,
+                        [pr.answer for pr in problems for _ in range(n)], finished)
+        t2 = time.perf_counter()
+        batch = {
+            "prompt_ids": [ids for ids in prompt_ids for _ in range(n)],
+            "response_ids": [s.token_ids for s in samples],
+            "old_logprobs": [s.logprobs for s in samples],
+            "rewards": rewards,
+            "group_size": n,
+        }
+        stats = self.learner.step(batch, lr=st.learning_rate)
+        t3 = time.perf_counter()
+        st.version += 1
+        self.rollout.publish_weights(st.version, self.learner.export_weights())
+        t4 = time.perf_counter()
+        gen_tokens = sum(len(s.token_ids) for s in samples)
+        trained_tokens = sum(len(a) + len(b) for a, b in zip(batch["prompt_ids"], batch["response_ids"]))
+        st.step += 1
+        st.samples += len(samples)
+        st.generated_tokens_total += gen_tokens
+        st.trained_tokens_total += trained_tokens
+        phases = {"generate": t1 - t0, "reward": t2 - t1, "train": t3 - t2, "sync": t4 - t3}
+        step_s = t4 - t0
+        st.elapsed_s += step_s
+        compute = stats.get("compute_seconds")
+        return {
+            "step": st.step, "samples": st.samples, "batch_samples": len(samples), "prompts": p,
+            "samples_per_prompt": n, "lr": st.learning_rate, "phases": phases, "step_seconds": step_s,
+            "samples_per_second": len(samples) / step_s if step_s > 0 else 0.0,
+            "reward_mean": float(np.mean(rewards)) if rewards else 0.0,
+            "generated_tokens": gen_tokens, "trained_tokens": trained_tokens,
+            "generated_tokens_total": st.generated_tokens_total, "trained_tokens_total": st.trained_tokens_total,
+            "weights_version": st.version, "noise_scale": stats.get("noise_scale"),
+            "loss": stats.get("loss"), "grad_norm": stats.get("grad_norm"),
+            "rollout_replicas": st.rollout_replicas, "learner_replicas": self.plan["learnerReplicas"],
+            "predicted_step_seconds": self.plan["predicted"]["stepSeconds"],
+            # What the loop adds on top of the model's own work: serving calls, publishing, DeepSpeed.
+            "overhead_seconds": None if compute is None else max(0.0, step_s - compute - stats.get("generate_compute_seconds", 0.0)),
+            "eval": None, "target_metric": self.tracker.current,
+        }
+
+    def evaluate(self, rec: dict[str, Any]) -> float:
+        """Greedy held-out accuracy through the rollout replicas (the policy as it is now)."""
+        t0 = time.perf_counter()
+        acc = evaluate_accuracy(self.rollout, self.tok, self.task.eval, self.spec.task.max_new_tokens, self.state.version)
+        rec["eval_seconds"] = time.perf_counter() - t0
+        self.state.elapsed_s += rec["eval_seconds"]
+        rec["eval"] = acc
+        rec["target_metric"] = self.tracker.add(self.state.step, self.state.samples, self.state.elapsed_s, acc)
+        return acc
+
+    def _finish_record(self, rec: dict[str, Any]) -> None:
+        rec["wall_seconds"] = self.state.elapsed_s
+        if self.tracker.reached_at:
+            rec["time_to_target_seconds"] = self.tracker.reached_at["seconds"]
+            rec["samples_to_target"] = self.tracker.reached_at["samples"]
+        recent = [r["samples_per_second"] for r in self.records[-20:]] + [rec["samples_per_second"]]
+        rec["eta_seconds"] = self.tracker.eta_seconds(float(np.median(recent)))
+        self.records.append(rec)
+        self.metrics.observe_step(rec)
+        with open(self.run_dir / "metrics.jsonl", "a", encoding="utf-8") as f:
+            f.write(json.dumps(rec) + "\n")
+
+    # ------------------------------------------------------------------ re-planning
+
+    def maybe_replan(self) -> None:
+        """Recalibrate from measured steps; apply a new choice between steps when it is clearly better."""
+        st = self.state
+        if st.step < REPLAN_WARMUP_STEPS or st.step % REPLAN_EVERY:
+            return
+        recent = self.records[-REPLAN_EVERY:]
+        cal = Calibration.from_steps([_calibration_record(r) for r in recent])
+        new = make_plan(self.spec, cal).to_dict()
+        # Learner ranks are fixed for the life of the processes: choose among candidates that keep them.
+        learners = int(self.cfg.plan["learnerReplicas"])
+        cands = [c for c in new.get("candidates", []) if c["learnerReplicas"] == learners]
+        if not cands:
+            return
+        best = min(cands, key=lambda c: c["predicted"]["timeToTargetSeconds"])
+        cur = next((c for c in cands if c["prompts"] == st.prompts and c["rolloutReplicas"] == st.rollout_replicas), None)
+        best_t = best["predicted"]["timeToTargetSeconds"]
+        cur_t = cur["predicted"]["timeToTargetSeconds"] if cur else float("inf")
+        changed = (best["prompts"], best["rolloutReplicas"]) != (st.prompts, st.rollout_replicas)
+        if changed and best_t < (1 - REPLAN_MIN_GAIN) * cur_t:
+            new = {**new, **{k: best[k] for k in ("prompts", "samplesPerPrompt", "batch", "rolloutReplicas", "learnerReplicas",
+                                                   "learningRate", "predicted")}}
+            why = (f"calibrated at step {st.step}: {new['prompts']}x{new['samplesPerPrompt']} with {new['rolloutReplicas']} rollout "
+                   f"predicted {best_t:.0f}s to target vs {cur_t:.0f}s for {st.prompts}x{new['samplesPerPrompt']}")
+            log.info("re-plan: %s", why)
+            if new["rolloutReplicas"] != st.rollout_replicas:
+                self.rollout.scale(new["rolloutReplicas"])
+            st.prompts, st.rollout_replicas, st.learning_rate = new["prompts"], new["rolloutReplicas"], new["learningRate"]
+            self.plan = new
+            self.metrics.set_plan(new)
+            self._write_plans([{**new, "atStep": st.step, "why": why}], append=True)
+        elif cur is not None:
+            # Same choice: keep the recalibrated prediction so predicted-vs-measured is honest.
+            self.plan = {**self.plan, "predicted": cur["predicted"], "calibrated": True}
+            self.metrics.predicted_step.set(cur["predicted"]["stepSeconds"])
+
+    def _read_plans(self) -> list[dict]:
+        p = self.run_dir / "plan.json"
+        return json.loads(p.read_text())["plans"] if p.exists() else []
+
+    def _write_plans(self, plans: list[dict], append: bool) -> None:
+        allp = (self._read_plans() if append else []) + plans
+        tmp = self.run_dir / "plan.json.tmp"
+        tmp.write_text(json.dumps({"plans": allp}, indent=2))
+        os.replace(tmp, self.run_dir / "plan.json")
+
+    def _rewrite_metrics(self, recs: list[dict]) -> None:
+        tmp = self.run_dir / "metrics.jsonl.tmp"
+        tmp.write_text("".join(json.dumps(r) + "\n" for r in recs))
+        os.replace(tmp, self.run_dir / "metrics.jsonl")
+
+
+def _calibration_record(r: dict[str, Any]) -> dict[str, Any]:
+    return {"prompts": r["prompts"], "samplesPerPrompt": r["samples_per_prompt"], "rolloutReplicas": r["rollout_replicas"],
+            "learnerReplicas": r["learner_replicas"], "phases": r["phases"], "noiseScale": r.get("noise_scale"),
+            "tokensPerSample": r["generated_tokens"] / max(1, r["batch_samples"])}
+
+
+def evaluate_accuracy(rollout, tok, problems: list[Problem], max_new_tokens: int, version: int) -> float:
+    """Share of held-out problems answered exactly, greedy decoding."""
+    ids = [tok(p.prompt).input_ids for p in problems]
+    groups = rollout.generate(ids, 1, temperature=0.0, top_p=1.0, max_new_tokens=max_new_tokens, version=version)
+    outs = [g[0] for g in groups]
+    texts = tok.batch_decode([o.token_ids for o in outs], skip_special_tokens=True)
+    correct = sum(exact_match(p.prompt, t, p.answer, finished=o.finish_reason == "stop") >= 1.0
+                  for p, t, o in zip(problems, texts, outs))
+    return correct / max(1, len(problems))
+
+
+def install_stop_handlers(driver: Driver) -> None:
+    """SIGTERM/SIGINT: finish the current step, checkpoint, exit 130."""
+    signal.signal(signal.SIGTERM, driver.request_stop)
+    signal.signal(signal.SIGINT, driver.request_stop)
+
+
+def drive(cfg: RunConfig, learner) -> int:
+    """Rank 0's whole job: connect to the run's Ray cluster, deploy rollout, run the loop, clean up."""
+    import ray
+    from rlscale.rollout.engine import EngineConfig
+    from rlscale.rollout.serve import RolloutClient, RolloutOptions
+    from transformers import AutoTokenizer
+
+    spec = cfg.parsed_spec()
+    extra = cfg.extra or {}
+    tok = AutoTokenizer.from_pretrained(cfg.model_dir, local_files_only=True)
+    ray.init(address=cfg.ray_address, namespace=f"rlscale-{cfg.run}", log_to_driver=False,
+             logging_level=logging.WARNING)
+    engine = EngineConfig(model=str(cfg.model_dir), dtype=spec.model.dtype, max_model_len=spec.model.max_length,
+                          seed=int(extra.get("seed", 0)))
+    on_gpu = spec.hardware.accelerator != "cpu"
+    client = RolloutClient.deploy(engine, RolloutOptions(
+        app_name=f"rollout-{cfg.run}", num_replicas=int(cfg.plan["rolloutReplicas"]),
+        num_gpus=float(spec.rollout.gpus_per_replica) if on_gpu else 0.0))
+    driver = Driver(cfg, learner, client, tok)
+    driver.resume_or_start()
+    if client.published_version is not None and client.published_version >= driver.state.version:
+        # The Ray cluster outlived an earlier driver: versions only move forward.
+        driver.state.version = client.published_version + 1
+    install_stop_handlers(driver)
+    server = driver.metrics.serve(cfg.metrics_port, addr="127.0.0.1" if extra.get("local") else "0.0.0.0")
+    try:
+        code = driver.run()
+        linger = float(extra.get("lingerSeconds") or 0)
+        if linger > 0:
+            time.sleep(linger)  # a scraper's last look at the final values
+    finally:
+        try:
+            client.shutdown()
+        finally:
+            ray.shutdown()
+            if server is not None and isinstance(server, tuple):
+                server[0].shutdown()
+    return code
