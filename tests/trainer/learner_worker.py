@@ -1,0 +1,107 @@
+"""A learner rank for the tests, run as its own process (DeepSpeed owns the process group).
+
+Usage: python learner_worker.py MODE ARGS_JSON, with RANK/WORLD_SIZE/MASTER_* in the env.
+Modes: `fixed` (steps on given batches, then every rank dumps its parameters),
+`loop` (a driver-like loop with sampling and checkpoints; may kill itself mid-run),
+`grpo` (GRPO on the builtin task, printing held-out accuracy before and after).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+from pathlib import Path
+
+import torch
+from rlscale.trainer.batching import RolloutBatch
+from rlscale.trainer.generation import accuracy, generate
+from rlscale.trainer.learner import Learner, LearnerConfig
+from rlscale.trainer.rewards import exact_match, score
+from rlscale.trainer.tasks import ArithmeticTask, PromptIterator
+
+
+def dump_params(learner: Learner, path: Path) -> None:
+    torch.save({n: p.detach().clone() for n, p in learner.engine.module.named_parameters()}, path)
+
+
+def fixed(args: dict) -> None:
+    learner = Learner(LearnerConfig(**args["config"]))
+    if learner.rank == 0:
+        for batch, lr in zip(args["batches"], args["lrs"], strict=True):
+            stats = learner.step(batch, lr=lr)
+            print("STATS", json.dumps(stats), flush=True)
+        learner.shutdown()
+    else:
+        learner.follow()
+    dump_params(learner, Path(args["out"]) / f"rank{learner.rank}.pt")
+
+
+def rollout_batch(learner, tokenizer, problems, n, step, reward_fn=exact_match, max_new_tokens=4):
+    """Sample with the learner's own weights, seeded by step, as the driver's rollout would."""
+    outs = generate(learner.engine.module, tokenizer, [p.prompt for p in problems], samples_per_prompt=n,
+                    max_new_tokens=max_new_tokens, temperature=1.0, seed=step * 7919 + 17)
+    rewards = score(reward_fn, [p.prompt for p in problems for _ in range(n)], [o.text for o in outs],
+                    [p.answer for p in problems for _ in range(n)], [o.finished for o in outs])
+    return RolloutBatch([o.prompt_ids for o in outs], [o.response_ids for o in outs], rewards, n)
+
+
+def loop(args: dict) -> None:
+    """Steps until args['steps'], checkpointing every args['every']; records each step's batch."""
+    from transformers import AutoTokenizer
+
+    learner = Learner(LearnerConfig(**args["config"]))
+    tok = AutoTokenizer.from_pretrained(args["config"]["model_path"])
+    task = ArithmeticTask(difficulty=1, seed=0)
+    data = PromptIterator(task.train, seed=1)
+    step = 0
+    state = learner.load_checkpoint(args["ckpt"])
+    if state is not None:
+        step = state["step"]
+        data.load_state_dict(state["data"])
+    record = Path(args["out"]) / f"run-{args['tag']}.jsonl"
+    while step < args["steps"]:
+        problems = data.next_batch(args["prompts"])
+        batch = rollout_batch(learner, tok, problems, args["samples_per_prompt"], step)
+        learner.step(batch)
+        step += 1
+        digest = sum(p.double().sum().item() for p in learner.engine.module.parameters())
+        with open(record, "a") as f:
+            f.write(json.dumps({"step": step, "prompts": [p.prompt for p in problems],
+                                "responses": batch.response_ids, "param_sum": digest}) + "\n")
+        if step % args["every"] == 0:
+            learner.save_checkpoint(args["ckpt"], {"step": step, "data": data.state_dict()}, keep=2)
+        if step == args.get("crash_after"):
+            # Die mid-checkpoint: a half-written directory must never be mistaken for a good one.
+            partial = Path(args["ckpt"]) / f".tmp-step-{step + 1:08d}"
+            partial.mkdir(parents=True, exist_ok=True)
+            (partial / "half-written").write_text("x")
+            os.kill(os.getpid(), signal.SIGKILL)
+    learner.shutdown()
+
+
+def grpo(args: dict) -> None:
+    """GRPO from the builtin warm-started model; prints accuracy before and after as JSON."""
+    from transformers import AutoTokenizer
+
+    learner = Learner(LearnerConfig(**args["config"]))
+    tok = AutoTokenizer.from_pretrained(args["config"]["model_path"])
+    torch.manual_seed(args.get("seed", 0))
+    task = ArithmeticTask(difficulty=1, seed=0)
+    data = PromptIterator(task.train, seed=args.get("seed", 0))
+    before = accuracy(learner.engine.module, tok, task.eval, max_new_tokens=4)
+    rewards = []
+    for step in range(args["steps"]):
+        batch = rollout_batch(learner, tok, data.next_batch(args["prompts"]), args["samples_per_prompt"], step)
+        learner.step(batch)
+        rewards.append(sum(batch.rewards) / len(batch))
+    after = accuracy(learner.engine.module, tok, task.eval, max_new_tokens=4)
+    print("RESULT", json.dumps({"before": before, "after": after, "rewards": rewards}), flush=True)
+    learner.shutdown()
+
+
+if __name__ == "__main__":
+    torch.set_num_threads(int(os.environ.get("WORKER_THREADS", "1")))
+    mode, args_json = sys.argv[1], sys.argv[2]
+    {"fixed": fixed, "loop": loop, "grpo": grpo}[mode](json.loads(Path(args_json).read_text()))

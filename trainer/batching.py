@@ -1,0 +1,134 @@
+"""Rollout batches as the driver hands them over, and their packing into padded micro-batches."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class RolloutBatch:
+    """Samples of one step, grouped prompt by prompt (samples_per_prompt consecutive samples each).
+
+    response_ids include the EOS token when the sample finished; rollout_logprobs (optional)
+    are the sampler's per-token logprobs, used only to report the rollout/learner mismatch.
+    """
+
+    prompt_ids: list[list[int]]
+    response_ids: list[list[int]]
+    rewards: list[float]
+    samples_per_prompt: int
+    rollout_logprobs: list[list[float]] | None = None
+    version: int | None = None
+
+    def __post_init__(self):
+        n = len(self.prompt_ids)
+        if len(self.response_ids) != n or len(self.rewards) != n:
+            raise ValueError(
+                f"RolloutBatch: {n} prompts, {len(self.response_ids)} responses and {len(self.rewards)} rewards; "
+                "pass one of each per sample"
+            )
+        if n % self.samples_per_prompt:
+            raise ValueError(
+                f"RolloutBatch: {n} samples is not a multiple of samples_per_prompt={self.samples_per_prompt}"
+            )
+        if any(len(r) == 0 for r in self.response_ids):
+            raise ValueError("RolloutBatch: an empty response; every sample needs at least one token (EOS)")
+
+    @classmethod
+    def from_dict(cls, d: dict) -> RolloutBatch:
+        """From the driver's dict: prompt_ids, response_ids, rewards, group_size (or samples_per_prompt),
+        optional old_logprobs (or rollout_logprobs) and version."""
+        spp = d.get("samples_per_prompt", d.get("group_size"))
+        if spp is None:
+            raise ValueError("RolloutBatch: the batch dict needs group_size (samples per prompt)")
+        logprobs = d.get("rollout_logprobs", d.get("old_logprobs"))
+        if logprobs is not None and any(lp is None for lp in logprobs):
+            logprobs = None  # a sampler that returned no logprobs for some samples: report no mismatch
+        return cls(
+            prompt_ids=[list(map(int, p)) for p in d["prompt_ids"]],
+            response_ids=[list(map(int, r)) for r in d["response_ids"]],
+            rewards=[float(r) for r in d["rewards"]],
+            samples_per_prompt=int(spp),
+            rollout_logprobs=[list(map(float, lp)) for lp in logprobs] if logprobs is not None else None,
+            version=d.get("version"),
+        )
+
+    def __len__(self) -> int:
+        return len(self.prompt_ids)
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(len(p) + len(r) for p, r in zip(self.prompt_ids, self.response_ids, strict=True))
+
+
+@dataclass
+class MicroBatch:
+    """Right-padded sequences (prompt + response) and response-aligned [B, T] views."""
+
+    input_ids: torch.Tensor
+    attention_mask: torch.Tensor
+    logit_index: torch.Tensor  # [B, T]: position whose logits predict response token j
+    response: torch.Tensor  # [B, T] response token ids
+    mask: torch.Tensor  # [B, T] 1 on real response tokens
+    advantages: torch.Tensor  # [B] (GRPO) or [B, T] (PPO, after preparation)
+    rewards: torch.Tensor  # [B]
+    num_samples: int
+    rollout_logprobs: torch.Tensor | None = None
+    old_logprobs: torch.Tensor | None = None
+    old_values: torch.Tensor | None = None
+    returns: torch.Tensor | None = None
+    kl: torch.Tensor | None = None
+
+
+def micro_batches(indices: list[int], size: int, count: int) -> list[list[int]]:
+    """Split indices into `count` chunks of at most `size`; trailing chunks may be empty."""
+    chunks = [indices[i : i + size] for i in range(0, len(indices), size)]
+    if len(chunks) > count:
+        raise ValueError(f"micro_batches: {len(indices)} samples need more than {count} micro-batches of {size}")
+    return chunks + [[] for _ in range(count - len(chunks))]
+
+
+def pack(batch: RolloutBatch, indices: list[int], advantages: torch.Tensor, device, pad_id: int = 0) -> MicroBatch:
+    """Pack samples into a micro-batch; an empty index list gives a zero-weight placeholder.
+
+    Ranks must run the same number of backward passes (ZeRO 2/3 reduce in each), so a
+    rank with fewer samples runs placeholders whose mask is all zero.
+    """
+    placeholder = not indices
+    rows = indices or [0]
+    seqs = [batch.prompt_ids[i] + batch.response_ids[i] for i in rows]
+    width = max(len(s) for s in seqs)
+    resp_len = max(len(batch.response_ids[i]) for i in rows)
+    input_ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
+    attention = torch.zeros((len(rows), width), dtype=torch.long)
+    logit_index = torch.zeros((len(rows), resp_len), dtype=torch.long)
+    response = torch.full((len(rows), resp_len), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(rows), resp_len), dtype=torch.float32)
+    rollout_lp = torch.zeros((len(rows), resp_len)) if batch.rollout_logprobs is not None else None
+    for b, i in enumerate(rows):
+        p, r = batch.prompt_ids[i], batch.response_ids[i]
+        input_ids[b, : len(p) + len(r)] = torch.tensor(p + r)
+        attention[b, : len(p) + len(r)] = 1
+        # Padding positions point at the last real logit; the mask zeroes them.
+        logit_index[b] = torch.clamp(torch.arange(resp_len) + len(p) - 1, max=len(p) + len(r) - 2)
+        response[b, : len(r)] = torch.tensor(r)
+        mask[b, : len(r)] = 0.0 if placeholder else 1.0
+        if rollout_lp is not None:
+            lp = batch.rollout_logprobs[i]
+            rollout_lp[b, : len(lp)] = torch.tensor(lp, dtype=torch.float32)
+    rewards = torch.tensor([batch.rewards[i] for i in rows], dtype=torch.float32)
+    adv = advantages[rows].float() * (0.0 if placeholder else 1.0)
+    to = lambda t: t.to(device) if t is not None else None  # noqa: E731
+    return MicroBatch(
+        input_ids=to(input_ids),
+        attention_mask=to(attention),
+        logit_index=to(logit_index),
+        response=to(response),
+        mask=to(mask),
+        advantages=to(adv),
+        rewards=to(rewards),
+        num_samples=0 if placeholder else len(rows),
+        rollout_logprobs=to(rollout_lp),
+    )

@@ -1,0 +1,153 @@
+"""The builtin model `builtin:tiny-arith`: built from a config, warm-started, cached in HF format."""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import shutil
+import tempfile
+import time
+from pathlib import Path
+
+# Bump when the recipe changes so stale caches are rebuilt rather than reused.
+RECIPE_VERSION = 1
+TINY_ARITH = {
+    "shape": {"hidden_size": 256, "num_layers": 4, "num_heads": 4, "head_dim": 64, "intermediate_size": 768},
+    "task": "builtin:arithmetic",
+    "lr": 1e-3,
+    "batch": 128,
+    "target_accuracy": 0.4,
+    "eval_every": 25,
+    "max_steps": 3000,
+    "seed": 0,
+}
+BUILTIN_MODELS = {"builtin:tiny-arith": TINY_ARITH}
+
+
+def cache_root(cache_dir: str | Path | None = None) -> Path:
+    """$RLSCALE_CACHE/models, else ~/.cache/rlscale/models."""
+    if cache_dir is not None:
+        return Path(cache_dir)
+    base = os.environ.get("RLSCALE_CACHE") or Path.home() / ".cache" / "rlscale"
+    return Path(base) / "models"
+
+
+def builtin_model_dir(name: str, cache_dir: str | Path | None = None) -> Path:
+    """Where a builtin model lives in the cache (it may not exist yet)."""
+    if name not in BUILTIN_MODELS:
+        raise ValueError(f"spec.model.path: {name!r} is not a builtin model; use one of {sorted(BUILTIN_MODELS)}")
+    return cache_root(cache_dir) / f"{name.split(':', 1)[1]}-v{RECIPE_VERSION}"
+
+
+def resolve_model_path(path: str, cache_dir: str | Path | None = None, progress: bool = True) -> Path:
+    """A builtin name (built on first use) or a local HF directory; hub ids are not fetched."""
+    if path.startswith("builtin:"):
+        return ensure_builtin_model(path, cache_dir=cache_dir, progress=progress)
+    local = Path(path).expanduser()
+    if not (local / "config.json").is_file():
+        raise ValueError(
+            f"spec.model.path: {path!r} is not a local model directory with a config.json; "
+            "use builtin:tiny-arith or download the model to a directory first"
+        )
+    return local
+
+
+def ensure_builtin_model(name: str, cache_dir: str | Path | None = None, progress: bool = True) -> Path:
+    """Return the cached builtin model, building and warm-starting it once; safe under races."""
+    final = builtin_model_dir(name, cache_dir)
+    if (final / "rlscale-builtin.json").is_file():
+        return final
+    final.parent.mkdir(parents=True, exist_ok=True)
+    # One builder at a time; a process that waited finds the finished model.
+    with open(final.parent / f".{final.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if (final / "rlscale-builtin.json").is_file():
+            return final
+        tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.", dir=final.parent))
+        try:
+            info = warm_start(tmp, BUILTIN_MODELS[name], progress=progress)
+            # The marker is written last: a directory without it is never trusted.
+            (tmp / "rlscale-builtin.json").write_text(json.dumps({"name": name, **info}, indent=2))
+            if final.exists():
+                shutil.rmtree(final)
+            os.rename(tmp, final)
+        finally:
+            if tmp.exists():
+                shutil.rmtree(tmp, ignore_errors=True)
+    return final
+
+
+def warm_start(out_dir: Path, recipe: dict, progress: bool = True) -> dict:
+    """Supervised warm start on the task's training split until greedy held-out accuracy reaches the target."""
+    import torch
+    from rlscale.trainer.generation import accuracy
+    from rlscale.trainer.modeling import build_tokenizer, qwen2_config, save_model
+    from rlscale.trainer.tasks import PromptIterator, load_task
+
+    start = time.perf_counter()
+    torch.manual_seed(recipe["seed"])
+    from transformers import Qwen2ForCausalLM
+
+    tokenizer = build_tokenizer()
+    model = Qwen2ForCausalLM(qwen2_config(**recipe["shape"]))
+    task = load_task(recipe["task"], seed=recipe["seed"])
+    data = PromptIterator(task.train, seed=recipe["seed"])
+    opt = torch.optim.AdamW(model.parameters(), lr=recipe["lr"])
+    model.train()
+
+    acc, step, loss_value = 0.0, 0, float("nan")
+    with _progress(progress) as bar:
+        task_id = bar.add_task(f"warm-starting builtin model (target greedy accuracy {recipe['target_accuracy']:.0%})", total=None) if bar else None
+        while step < recipe["max_steps"]:
+            batch = data.next_batch(recipe["batch"])
+            input_ids, labels = _sft_batch(tokenizer, batch)
+            loss = model(input_ids=input_ids, attention_mask=(input_ids != tokenizer.pad_token_id).long(), labels=labels).loss
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+            step += 1
+            loss_value = loss.item()
+            if step % recipe["eval_every"] == 0:
+                acc = accuracy(model, tokenizer, task.eval, max_new_tokens=4)
+                model.train()
+            if bar:
+                bar.update(task_id, description=f"warm start: step {step} loss {loss_value:.3f} held-out accuracy {acc:.1%}")
+            if acc >= recipe["target_accuracy"]:
+                break
+    if acc < recipe["target_accuracy"]:
+        raise RuntimeError(
+            f"warm start of the builtin model stopped at {step} steps with accuracy {acc:.2f} < "
+            f"{recipe['target_accuracy']}; raise max_steps in trainer/builtin.py"
+        )
+    save_model(model, tokenizer, out_dir)
+    return {"steps": step, "accuracy": acc, "seconds": round(time.perf_counter() - start, 1), "recipe": recipe}
+
+
+def _sft_batch(tokenizer, problems):
+    """Right-padded "<bos>prompt answer<eos>" sequences, loss on the answer and EOS only."""
+    import torch
+
+    rows, labels = [], []
+    for p in problems:
+        prompt = tokenizer(p.prompt).input_ids
+        answer = tokenizer(p.answer, add_special_tokens=False).input_ids + [tokenizer.eos_token_id]
+        rows.append(prompt + answer)
+        labels.append([-100] * len(prompt) + answer)
+    width = max(len(r) for r in rows)
+    pad = tokenizer.pad_token_id
+    input_ids = torch.tensor([r + [pad] * (width - len(r)) for r in rows])
+    label_t = torch.tensor([r + [-100] * (width - len(r)) for r in labels])
+    return input_ids, label_t
+
+
+@contextlib.contextmanager
+def _progress(enabled: bool):
+    if not enabled:
+        yield None
+        return
+    from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+    with Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(), transient=False) as bar:
+        yield bar

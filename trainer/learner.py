@@ -1,0 +1,481 @@
+"""The DeepSpeed learner: one rank per process; rank 0 drives, the other ranks follow.
+
+Protocol: every public collective method called on rank 0 first broadcasts its name
+and arguments on a gloo control group; ranks > 0 sit in `follow()` and run the same
+method. So the driver only ever talks to rank 0, and collectives always match.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import shutil
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from rlscale.trainer import algorithms as A
+from rlscale.trainer import checkpoint
+from rlscale.trainer.batching import RolloutBatch, micro_batches, pack
+from rlscale.trainer.noise import NoiseScale
+
+
+@dataclass
+class LearnerConfig:
+    """Everything a rank needs to build its engines; plain data so it can travel in a run config."""
+
+    model_path: str
+    algorithm: str = "grpo"
+    dtype: str = "float32"
+    zero_stage: int = 1
+    micro_batch: int = 32
+    lr: float = 1e-4
+    betas: tuple[float, float] = (0.9, 0.99)
+    eps: float = 1e-8
+    weight_decay: float = 0.0
+    warmup_steps: int = 0
+    grad_clip: float = 1.0
+    clip_ratio: float = 0.2
+    clip_ratio_high: float | None = None
+    kl_coef: float = 0.0
+    kl_estimator: str = "k3"
+    entropy_coef: float = 0.0
+    gamma: float = 1.0
+    lam: float = 0.95
+    value_coef: float = 0.5
+    value_clip: float | None = 0.2
+    std_normalize: bool = True
+    drop_uniform_groups: bool = True  # groups whose samples all score the same teach nothing
+    measure_noise: bool = True
+    noise_ema: float = 0.9
+    seed: int = 0
+    extra_ds_config: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def from_spec(cls, spec, model_path: str, learning_rate: float | None = None, **overrides) -> LearnerConfig:
+        """From a validated RLRunSpec (rlscale.spec) and the plan's learning rate."""
+        a, o = spec.algorithm, spec.optimizer
+        kw = dict(
+            model_path=str(model_path),
+            algorithm=a.name,
+            dtype=spec.model.dtype,
+            zero_stage=spec.learner.zero_stage,
+            micro_batch=spec.batch.micro_batch,
+            lr=learning_rate if learning_rate is not None else o.lr,
+            betas=tuple(o.betas),
+            eps=o.eps,
+            weight_decay=o.weight_decay,
+            warmup_steps=o.warmup_steps,
+            grad_clip=o.grad_clip,
+            clip_ratio=a.clip_ratio,
+            clip_ratio_high=a.clip_ratio_high,
+            kl_coef=a.kl_coef,
+            gamma=a.gamma,
+            lam=a.lambda_,
+            value_coef=a.value_coef,
+            std_normalize=a.std_normalize,
+        )
+        kw.update(overrides)
+        return cls(**kw)
+
+
+def init_distributed() -> tuple[int, int]:
+    """Join the process group from RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT (defaults: one rank on loopback)."""
+    import deepspeed
+
+    if dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    os.environ.setdefault("RANK", "0")
+    os.environ.setdefault("WORLD_SIZE", "1")
+    os.environ.setdefault("LOCAL_RANK", os.environ["RANK"] if torch.cuda.device_count() <= 1 else "0")
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    if "MASTER_PORT" not in os.environ:
+        if os.environ["WORLD_SIZE"] != "1":
+            raise RuntimeError("learner: WORLD_SIZE > 1 needs MASTER_ADDR and MASTER_PORT of rank 0; set them in the environment")
+        import socket
+
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            os.environ["MASTER_PORT"] = str(s.getsockname()[1])
+    # DeepSpeed picks the backend from its accelerator: gloo on CPU, NCCL on GPU.
+    deepspeed.init_distributed(verbose=False)
+    return dist.get_rank(), dist.get_world_size()
+
+
+class ValueModel(torch.nn.Module):
+    """PPO critic: the policy's transformer body with a scalar head (zero-initialised)."""
+
+    def __init__(self, model_path: str, dtype: torch.dtype):
+        super().__init__()
+        from transformers import AutoModel
+
+        self.body = AutoModel.from_pretrained(model_path, dtype=dtype, local_files_only=True)
+        self.head = torch.nn.Linear(self.body.config.hidden_size, 1, dtype=dtype)
+        torch.nn.init.zeros_(self.head.weight)
+        torch.nn.init.zeros_(self.head.bias)
+
+    def forward(self, input_ids, attention_mask):
+        hidden = self.body(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+        return self.head(hidden).squeeze(-1).float()
+
+
+class Learner:
+    """One DeepSpeed rank of the policy (and critic, for PPO); see the module docstring."""
+
+    def __init__(self, config: LearnerConfig):
+        import deepspeed
+        from transformers import AutoModelForCausalLM
+
+        self.config = config
+        self.rank, self.world_size = init_distributed()
+        # Control messages travel on gloo even when gradients use NCCL.
+        self._control = dist.new_group(backend="gloo") if self.world_size > 1 else None
+        torch.manual_seed(config.seed)
+        self.dtype = getattr(torch, config.dtype)
+        self.device = torch.device(f"cuda:{torch.cuda.current_device()}") if torch.cuda.is_available() else torch.device("cpu")
+        policy = AutoModelForCausalLM.from_pretrained(config.model_path, dtype=self.dtype, local_files_only=True)
+        self.engine, *_ = deepspeed.initialize(model=policy, model_parameters=policy.parameters(), config=self._ds_config())
+        self.critic = None
+        if config.algorithm == "ppo":
+            critic = ValueModel(config.model_path, self.dtype)
+            self.critic, *_ = deepspeed.initialize(model=critic, model_parameters=critic.parameters(), config=self._ds_config())
+        elif config.algorithm != "grpo":
+            raise ValueError(f"spec.algorithm.name: {config.algorithm!r} is not supported; use 'grpo' or 'ppo'")
+        self.reference = None
+        if config.kl_coef > 0:
+            # Frozen copy of the starting policy; kept whole on each rank (small next to the engines).
+            self.reference = AutoModelForCausalLM.from_pretrained(config.model_path, dtype=self.dtype, local_files_only=True)
+            self.reference.to(self.device).eval().requires_grad_(False)
+        self.lr = config.lr
+        self.steps = 0  # optimiser steps applied
+        self.version = 0  # weights version: 0 = the loaded model, +1 per applied step
+        self.noise = NoiseScale(config.noise_ema)
+
+    def _ds_config(self) -> dict:
+        c = self.config
+        cfg = {
+            "train_micro_batch_size_per_gpu": c.micro_batch,
+            "gradient_accumulation_steps": 1,
+            "train_batch_size": c.micro_batch * self.world_size,
+            # The learner decides the boundary: backward only accumulates, step() reduces
+            # and updates, so one optimiser step covers a batch of any size.
+            "managed_gradient_accumulation": False,
+            "gradient_clipping": c.grad_clip,
+            "optimizer": {
+                "type": "AdamW",
+                # torch's AdamW: DeepSpeed's own CPU FusedAdam costs a ~55 s compile.
+                "params": {"lr": c.lr, "betas": list(c.betas), "eps": c.eps, "weight_decay": c.weight_decay, "torch_adam": True},
+            },
+            "zero_optimization": {"stage": c.zero_stage},
+            "bf16": {"enabled": c.dtype == "bfloat16"},
+            "fp16": {"enabled": c.dtype == "float16"},
+            "steps_per_print": 10**9,
+            "wall_clock_breakdown": False,
+        }
+        cfg.update(c.extra_ds_config)
+        return cfg
+
+    # --- the rank-0 API, collective underneath -----------------------------------
+
+    def _collective(self, name: str, *args):
+        if self.world_size > 1 and self.rank == 0:
+            dist.broadcast_object_list([name, args], src=0, group=self._control)
+        return getattr(self, "_" + name)(*args)
+
+    def step(self, batch: RolloutBatch | dict, lr: float | None = None) -> dict[str, float | None]:
+        """One optimiser step over the whole batch (rank 0; followers join); returns stats.
+
+        `batch` is a RolloutBatch or a dict of its fields (see RolloutBatch.from_dict).
+        """
+        if isinstance(batch, dict):
+            batch = RolloutBatch.from_dict(batch)
+        return self._collective("step", batch, lr)
+
+    def export_weights(self, dtype: str | None = None) -> dict[str, torch.Tensor]:
+        """Full policy weights under HF names on CPU (gathered under ZeRO-3); empty dict on ranks > 0."""
+        return self._collective("export_weights", dtype)
+
+    def save_checkpoint(self, directory: str | Path, state: dict | None = None, keep: int = 2) -> Path | None:
+        """Atomically checkpoint the engines plus `state` (the driver's run state) under directory."""
+        directory = Path(directory)
+        name = f"step-{int((state or {}).get('step', self.steps)):08d}"
+        return self._collective("save_checkpoint", str(directory), name, state or {}, keep)
+
+    def load_checkpoint(self, directory: str | Path) -> dict | None:
+        """Restore the newest checkpoint under directory; returns the saved run state, or None if there is none."""
+        path = checkpoint.latest_checkpoint(directory)
+        if path is None:
+            return None
+        return self._collective("load_checkpoint", str(path))
+
+    def shutdown(self) -> None:
+        """Release the followers (rank 0) and leave the process group."""
+        if self.world_size > 1 and self.rank == 0:
+            dist.broadcast_object_list(["stop", ()], src=0, group=self._control)
+
+    def follow(self) -> None:
+        """Ranks > 0: run whatever rank 0 runs, until it calls shutdown()."""
+        if self.rank == 0:
+            raise RuntimeError("learner: rank 0 drives the run; follow() is for ranks > 0")
+        while True:
+            msg = [None, None]
+            dist.broadcast_object_list(msg, src=0, group=self._control)
+            name, args = msg
+            if name == "stop":
+                return
+            getattr(self, "_" + name)(*args)
+
+    # --- what every rank runs ------------------------------------------------------
+
+    def _set_lr(self, lr: float) -> None:
+        # Linear warm-up as a multiplier, so a re-planned lr still warms up from step 0.
+        warm = self.config.warmup_steps
+        factor = min(1.0, (self.steps + 1) / warm) if warm else 1.0
+        for engine in filter(None, (self.engine, self.critic)):
+            for group in engine.optimizer.param_groups:
+                group["lr"] = lr * factor
+
+    def _step(self, batch: RolloutBatch, lr: float | None) -> dict[str, float]:
+        start = time.perf_counter()
+        c = self.config
+        if lr is not None:
+            self.lr = lr
+        self._set_lr(self.lr)
+        rewards = torch.tensor(batch.rewards, dtype=torch.float32)
+        keep = torch.ones(len(batch), dtype=torch.bool)
+        stats: dict[str, float] = {"reward_mean": rewards.mean().item(), "samples": float(len(batch))}
+        advantages = torch.zeros(len(batch))
+        if c.algorithm == "grpo":
+            advantages = A.grpo_advantages(rewards, batch.samples_per_prompt, normalize_std=c.std_normalize)
+            if c.drop_uniform_groups:
+                keep = A.groups_with_signal(rewards, batch.samples_per_prompt)
+        kept = keep.nonzero().flatten().tolist()
+        stats["samples_trained"] = float(len(kept))
+        if not kept:
+            # Every group scored uniformly: nothing to learn, no step, same weights version.
+            elapsed = time.perf_counter() - start
+            stats.update(skipped=1.0, train_seconds=elapsed, compute_seconds=elapsed, lr=self.lr,
+                         loss=None, grad_norm=None, noise_scale=self.noise.value, version=float(self.version))
+            return stats
+
+        # Every rank sees the whole batch and takes every world_size-th kept sample;
+        # the token-level mean is over the whole batch, so each rank divides by its total.
+        total_tokens = sum(len(batch.response_ids[i]) for i in kept)
+        mine = kept[self.rank :: self.world_size]
+        n_micro = math.ceil(math.ceil(len(kept) / self.world_size) / c.micro_batch)
+        chunks = micro_batches(mine, c.micro_batch, n_micro)
+
+        packed = [pack(batch, idx, advantages, self.device) for idx in chunks]
+        if c.algorithm == "ppo":
+            self._ppo_prepare(packed, batch)
+
+        sums = {"policy_loss": 0.0, "kl": 0.0, "entropy": 0.0, "clipfrac": 0.0, "value_loss": 0.0, "logprob_diff": 0.0}
+        g_small_sq = b_small = None
+        for k, mb in enumerate(packed):
+            out = self._micro_step(mb, total_tokens)
+            for key, value in out.items():
+                sums[key] = sums.get(key, 0.0) + value
+            if k == 0 and c.measure_noise and len(packed) > 1:
+                g_small_sq, b_small = self._local_grad_sq(), mb.num_samples
+        noise = None
+        if g_small_sq is not None:
+            noise = self._update_noise(g_small_sq, b_small, len(mine), total_tokens, packed)
+
+        self.engine.step()
+        if self.critic is not None:
+            self.critic.step()
+        self.steps += 1
+        self.version += 1
+
+        # Per-rank sums of token-weighted stats, normalised by the batch's token count.
+        reduced = torch.tensor([sums[k] for k in sorted(sums)], dtype=torch.float64)
+        if self.world_size > 1:
+            dist.all_reduce(reduced, group=self._control)
+        for key, value in zip(sorted(sums), reduced.tolist(), strict=True):
+            stats[key] = value / total_tokens
+        grad_norm = self.engine.get_global_grad_norm()
+        stats.update(
+            lr=self._current_lr(),
+            tokens=float(total_tokens),
+            grad_norm=float(grad_norm) if grad_norm is not None else None,
+            noise_scale=float(noise) if noise is not None else self.noise.value,
+            version=float(self.version),
+            skipped=0.0,
+        )
+        stats["loss"] = stats["policy_loss"] + c.kl_coef * stats["kl"] * (c.algorithm == "grpo")
+        stats["train_seconds"] = stats["compute_seconds"] = time.perf_counter() - start
+        return stats
+
+    def _current_lr(self) -> float:
+        return float(self.engine.optimizer.param_groups[0]["lr"])
+
+    def _forward_logprobs(self, model, mb):
+        logits = model(input_ids=mb.input_ids, attention_mask=mb.attention_mask).logits
+        # logits at position t predict token t+1; gather the positions that predict response tokens.
+        resp_logits = logits.gather(1, mb.logit_index.unsqueeze(-1).expand(-1, -1, logits.shape[-1]))
+        return A.token_logprobs(resp_logits, mb.response), resp_logits
+
+    def _micro_step(self, mb, total_tokens: int) -> dict[str, float]:
+        c = self.config
+        logprobs, resp_logits = self._forward_logprobs(self.engine, mb)
+        # One optimiser step per batch: the parameters that sampled (up to engine
+        # numerics) are the current ones, so the old policy is the current one, detached.
+        old = mb.old_logprobs if mb.old_logprobs is not None else logprobs.detach()
+        denom = total_tokens / self.world_size  # DeepSpeed averages over ranks
+        loss, pstats = A.policy_loss(
+            logprobs, old, mb.advantages, mb.mask, clip_low=c.clip_ratio, clip_high=c.clip_ratio_high, denom=denom
+        )
+        ntok = mb.mask.sum().item()
+        out = {"policy_loss": loss.item() * denom, "clipfrac": pstats["clipfrac"].item() * ntok}
+        entropy = A.entropy_from_logits(resp_logits)
+        out["entropy"] = A.masked_sum(entropy, mb.mask).item()
+        if c.entropy_coef:
+            loss = loss - c.entropy_coef * A.masked_mean(entropy, mb.mask, denom=denom)
+        if self.reference is not None and c.algorithm == "grpo":
+            with torch.no_grad():
+                ref, _ = self._forward_logprobs(self.reference, mb)
+            kl = A.kl_divergence(logprobs, ref, c.kl_estimator)
+            loss = loss + c.kl_coef * A.masked_mean(kl, mb.mask, denom=denom)
+            out["kl"] = A.masked_sum(kl.detach(), mb.mask).item()
+        elif mb.kl is not None:
+            out["kl"] = A.masked_sum(mb.kl, mb.mask).item()
+        if mb.rollout_logprobs is not None:
+            out["logprob_diff"] = A.masked_sum((logprobs.detach() - mb.rollout_logprobs).abs(), mb.mask).item()
+        self.engine.backward(loss, scale_wrt_gas=False)
+        if self.critic is not None:
+            values = self._values(self.critic, mb)
+            vloss = c.value_coef * A.value_loss(values, mb.old_values, mb.returns, mb.mask, clip=c.value_clip, denom=denom)
+            self.critic.backward(vloss, scale_wrt_gas=False)
+            out["value_loss"] = vloss.item() * denom / max(c.value_coef, 1e-12)
+        return out
+
+    def _values(self, critic, mb):
+        values = critic(mb.input_ids, mb.attention_mask)
+        return values.gather(1, mb.logit_index)
+
+    @torch.no_grad()
+    def _ppo_prepare(self, packed, batch: RolloutBatch) -> None:
+        """Old values, reference KL and GAE advantages before any update (PPO)."""
+        c = self.config
+        all_adv = []
+        for mb in packed:
+            mb.old_values = self._values(self.critic, mb) * mb.mask
+            kl = None
+            if self.reference is not None:
+                logprobs, _ = self._forward_logprobs(self.engine, mb)
+                ref, _ = self._forward_logprobs(self.reference, mb)
+                kl = A.kl_divergence(logprobs, ref, "k1")
+                mb.kl = kl * mb.mask
+            rewards = A.token_rewards(mb.rewards, mb.mask, kl=kl, kl_coef=c.kl_coef)
+            mb.advantages, mb.returns = A.gae(rewards, mb.old_values, mb.mask, gamma=c.gamma, lam=c.lam)
+            all_adv.append((mb.advantages, mb.mask))
+        # Whiten over this rank's share of the batch (the usual PPO normalisation).
+        adv = torch.cat([a.flatten() for a, _ in all_adv])
+        mask = torch.cat([m.flatten() for _, m in all_adv])
+        mean = A.masked_mean(adv, mask)
+        std = A.masked_mean((adv - mean) ** 2, mask).sqrt()
+        for mb in packed:
+            mb.advantages = (mb.advantages - mean) / (std + 1e-8) * mb.mask
+
+    # --- gradient noise scale --------------------------------------------------------
+
+    def _local_grad_sq(self) -> float | None:
+        """|g|^2 of this rank's locally accumulated gradient (ZeRO 0/1: grads stay local until step)."""
+        if self.config.zero_stage >= 2:
+            return None
+        total = 0.0
+        for p in self.engine.module.parameters():
+            if p.grad is not None:
+                total += p.grad.float().pow(2).sum().item()
+        return total
+
+    def _update_noise(self, g_small_sq, b_small, b_big, total_tokens, packed) -> float | None:
+        """B_simple from the first micro-batch vs this rank's whole share, in samples."""
+        g_big_sq = self._local_grad_sq()
+        if g_small_sq is None or g_big_sq is None:
+            return None
+        # The accumulated losses were divided by the batch's token count / world size;
+        # rescale both gradients to their own token means so the norms are comparable.
+        denom = total_tokens / self.world_size
+        small_tokens = packed[0].mask.sum().item()
+        big_tokens = sum(mb.mask.sum().item() for mb in packed)
+        pair = torch.tensor(
+            [g_small_sq * (denom / small_tokens) ** 2, g_big_sq * (denom / big_tokens) ** 2], dtype=torch.float64
+        )
+        if self.world_size > 1:
+            dist.all_reduce(pair, group=self._control)
+            pair /= self.world_size
+        if not b_small < b_big:
+            return self.noise.value
+        return self.noise.update(pair[0].item(), pair[1].item(), b_small, b_big)
+
+    # --- weights and checkpoints -------------------------------------------------------
+
+    def _export_weights(self, dtype: str | None) -> dict[str, torch.Tensor]:
+        import deepspeed
+
+        module = self.engine.module
+        params = list(module.named_parameters())
+        out: dict[str, torch.Tensor] = {}
+        target = getattr(torch, dtype) if dtype else None
+        # Under ZeRO-3 each rank holds a shard: gather (collective) and copy out on rank 0.
+        ctx = (
+            deepspeed.zero.GatheredParameters([p for _, p in params], modifier_rank=None)
+            if self.config.zero_stage == 3
+            else _nullcontext()
+        )
+        with ctx:
+            if self.rank == 0:
+                for name, p in params:
+                    t = p.detach().to("cpu", copy=True)
+                    out[name] = t.to(target) if target is not None else t
+        return out
+
+    def _engines(self):
+        return [(self.engine, "policy")] + ([(self.critic, "critic")] if self.critic is not None else [])
+
+    def _save_checkpoint(self, directory: str, name: str, state: dict, keep: int) -> Path | None:
+        final = Path(directory) / name
+        tmp = Path(directory) / f".tmp-{name}"
+        if self.rank == 0:
+            shutil.rmtree(tmp, ignore_errors=True)
+            tmp.mkdir(parents=True)
+        self._barrier()
+        for engine, tag in self._engines():
+            engine.save_checkpoint(str(tmp), tag=tag, save_latest=False)
+        self._barrier()  # every rank's shards are on disk before the rename makes them visible
+        result = None
+        if self.rank == 0:
+            learner_state = {"steps": self.steps, "version": self.version, "lr": self.lr, "noise": self.noise.state_dict()}
+            result = checkpoint.finish(tmp, final, {"run": state, "learner": learner_state}, keep)
+        self._barrier()
+        return result
+
+    def _load_checkpoint(self, path: str) -> dict:
+        for engine, tag in self._engines():
+            loaded, _ = engine.load_checkpoint(path, tag=tag)
+            if loaded is None:
+                raise RuntimeError(f"learner: checkpoint {path} has no DeepSpeed state {tag!r}; delete it to start afresh")
+        saved = checkpoint.read_state(Path(path))
+        ls = saved["learner"]
+        self.steps, self.version, self.lr = ls["steps"], ls["version"], ls["lr"]
+        self.noise.load_state_dict(ls["noise"])
+        return saved["run"]
+
+    def _barrier(self) -> None:
+        if self.world_size > 1:
+            dist.barrier(group=self._control)
+
+    def config_dict(self) -> dict:
+        return asdict(self.config)
+
+
+class _nullcontext:
+    def __enter__(self):
+        return None
+
+    def __exit__(self, *exc):
+        return False

@@ -1,0 +1,56 @@
+"""Gradient noise scale B_simple = tr(Sigma) / |G|^2 (McCandlish et al. 2018, appendix A.1).
+
+From squared gradient norms measured at two batch sizes B_small < B_big:
+  |G|^2     ~ (B_big |G_big|^2 - B_small |G_small|^2) / (B_big - B_small)
+  tr(Sigma) ~ (|G_small|^2 - |G_big|^2) / (1/B_small - 1/B_big)
+Each estimate alone is noisy (either can be negative), so both are smoothed with an
+EMA before dividing.
+"""
+
+from __future__ import annotations
+
+import math
+
+
+def noise_components(g_small_sq: float, g_big_sq: float, b_small: float, b_big: float) -> tuple[float, float]:
+    """Unbiased estimates (|G|^2, tr(Sigma)) from squared norms at batch sizes b_small < b_big."""
+    if not 0 < b_small < b_big:
+        raise ValueError(f"noise scale: need 0 < b_small < b_big, got b_small={b_small}, b_big={b_big}")
+    g_sq = (b_big * g_big_sq - b_small * g_small_sq) / (b_big - b_small)
+    trace = (g_small_sq - g_big_sq) / (1.0 / b_small - 1.0 / b_big)
+    return g_sq, trace
+
+
+class NoiseScale:
+    """EMA-smoothed B_simple; `update` returns the current estimate (None until |G|^2 > 0)."""
+
+    def __init__(self, decay: float = 0.9):
+        self.decay = decay
+        self.g_sq: float | None = None
+        self.trace: float | None = None
+        self.count = 0
+
+    def update(self, g_small_sq: float, g_big_sq: float, b_small: float, b_big: float) -> float | None:
+        g_sq, trace = noise_components(g_small_sq, g_big_sq, b_small, b_big)
+        if not (math.isfinite(g_sq) and math.isfinite(trace)):
+            return self.value
+        if self.g_sq is None:
+            self.g_sq, self.trace = g_sq, trace
+        else:
+            d = self.decay
+            self.g_sq = d * self.g_sq + (1 - d) * g_sq
+            self.trace = d * self.trace + (1 - d) * trace
+        self.count += 1
+        return self.value
+
+    @property
+    def value(self) -> float | None:
+        if self.g_sq is None or self.g_sq <= 0 or self.trace is None:
+            return None
+        return max(self.trace, 0.0) / self.g_sq
+
+    def state_dict(self) -> dict:
+        return {"decay": self.decay, "g_sq": self.g_sq, "trace": self.trace, "count": self.count}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.decay, self.g_sq, self.trace, self.count = state["decay"], state["g_sq"], state["trace"], state["count"]
