@@ -1,0 +1,119 @@
+"""Tasks, the prompt iterator, rewards, the tokenizer and the noise-scale estimator."""
+
+from __future__ import annotations
+
+import math
+import sys
+import textwrap
+
+import pytest
+
+from rlscale.trainer.noise import NoiseScale, noise_components
+from rlscale.trainer.rewards import exact_match, format_reward, resolve_reward, score
+from rlscale.trainer.tasks import ArithmeticTask, PromptIterator, load_task
+
+
+def test_arithmetic_split_is_the_calibrated_one_and_deterministic():
+    task = ArithmeticTask(difficulty=1, seed=0)
+    assert len(task.train) == 7600 and len(task.eval) == 500
+    assert not {p.prompt for p in task.train} & {p.prompt for p in task.eval}
+    p = task.train[0]
+    a, b = p.prompt.rstrip("=").split("+")
+    assert 10 <= int(a) <= 99 and 10 <= int(b) <= 99 and p.answer == str(int(a) + int(b))
+    assert ArithmeticTask(difficulty=1, seed=0).eval == task.eval
+    assert ArithmeticTask(difficulty=1, seed=1).eval != task.eval
+
+
+@pytest.mark.parametrize("level", [0, 2, 3])
+def test_other_levels_have_correct_answers(level):
+    task = ArithmeticTask(difficulty=level, seed=0)
+    for p in task.train[:200] + task.eval[:200]:
+        assert eval(p.prompt.rstrip("=")) == int(p.answer)  # noqa: S307 - our own generated digits
+    assert len(task.eval) > 0
+
+
+def test_unknown_task_and_level_name_the_field():
+    with pytest.raises(ValueError, match="spec.task.name"):
+        load_task("gsm8k")
+    with pytest.raises(ValueError, match="task difficulty: 7"):
+        ArithmeticTask(difficulty=7)
+
+
+def test_prompt_iterator_restores_exactly_across_epochs():
+    task = ArithmeticTask(difficulty=0, seed=0)  # 80 training problems: epochs turn over quickly
+    it = PromptIterator(task.train, seed=3)
+    first_epoch = it.next_batch(len(task.train))
+    assert sorted(p.prompt for p in first_epoch) == sorted(p.prompt for p in task.train)
+    it.next_batch(50)
+    state = it.state_dict()
+    expected = it.next_batch(70)  # crosses into the third epoch
+    again = PromptIterator(task.train, seed=3)
+    again.load_state_dict(state)
+    assert again.next_batch(70) == expected
+    assert PromptIterator(task.train, seed=4).next_batch(10) != PromptIterator(task.train, seed=3).next_batch(10)
+
+
+def test_rewards():
+    assert exact_match("23+58=", "81", "81", finished=True) == 1.0
+    assert exact_match("23+58=", "81", "81", finished=False) == 0.0  # no EOS: ran out of tokens
+    assert exact_match("23+58=", "811", "81", finished=True) == 0.0
+    assert format_reward("23+58=", "80", "81", finished=True) == 1.0
+    assert format_reward("23+58=", "8+0", "81", finished=True) == 0.0
+    assert resolve_reward("exact-match+format")("1+1=", "2", "2", finished=True) == pytest.approx(1.1)
+
+
+def test_plugin_reward_by_module_function(tmp_path, monkeypatch):
+    (tmp_path / "my_rewards.py").write_text(textwrap.dedent("""
+        def length(prompt, completion, answer, *, finished):
+            return len(completion)
+        def bad(prompt, completion, answer, *, finished):
+            return "yes"
+        NOT_CALLABLE = 3
+    """))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    fn = resolve_reward("my_rewards:length")
+    assert score(fn, ["1+1="], ["123"], ["2"], [True]) == [3.0]
+    with pytest.raises(TypeError, match="must return a float"):
+        score(resolve_reward("my_rewards:bad"), ["1+1="], ["2"], ["2"], [True])
+    with pytest.raises(ValueError, match="no callable 'NOT_CALLABLE'"):
+        resolve_reward("my_rewards:NOT_CALLABLE")
+    with pytest.raises(ValueError, match="cannot be imported"):
+        resolve_reward("no_such_module_xyz:f")
+    with pytest.raises(ValueError, match="spec.task.reward"):
+        resolve_reward("exact")
+    sys.modules.pop("my_rewards", None)
+
+
+def test_noise_components_recover_known_values():
+    # With true |G|^2 = 4 and tr(Sigma) = 64: E|G_B|^2 = |G|^2 + tr(Sigma)/B.
+    g_sq, trace = 4.0, 64.0
+    small, big = g_sq + trace / 8, g_sq + trace / 128
+    est_g, est_trace = noise_components(small, big, 8, 128)
+    assert est_g == pytest.approx(g_sq) and est_trace == pytest.approx(trace)
+    with pytest.raises(ValueError, match="b_small < b_big"):
+        noise_components(1.0, 1.0, 8, 8)
+
+
+def test_noise_scale_smooths_before_dividing():
+    ns = NoiseScale(decay=0.5)
+    assert ns.value is None
+    ns.update(4 + 64 / 8, 4 + 64 / 128, 8, 128)
+    assert ns.value == pytest.approx(16.0)
+    # A noisy measurement with negative |G|^2 does not make the estimate negative or infinite.
+    ns.update(1.0, 2.0, 8, 128)
+    assert ns.value is not None and math.isfinite(ns.value) and ns.value >= 0
+    state = ns.state_dict()
+    other = NoiseScale()
+    other.load_state_dict(state)
+    assert other.value == ns.value
+
+
+def test_tokenizer_round_trip(small_model):
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(small_model)
+    assert len(tok) == 17
+    ids = tok("23+58=").input_ids
+    assert ids[0] == tok.bos_token_id and len(ids) == 7
+    assert tok.decode(ids, skip_special_tokens=True) == "23+58="
+    assert tok.decode(tok("81", add_special_tokens=False).input_ids + [tok.eos_token_id]) == "81<eos>"
