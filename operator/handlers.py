@@ -46,6 +46,9 @@ def _plain(x: Any) -> Any:
 def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
     # One replica (the chart uses Recreate): no peering objects needed.
     settings.peering.standalone = True
+    # No cluster scans: the CRD ships with the chart (resolved once at start) and namespaces
+    # are exact names, so the operator needs no list/watch on CRDs or namespaces.
+    settings.scanning.disabled = True
     settings.posting.level = logging.WARNING
     # Keep kopf's bookkeeping under our own prefix and out of status.
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix="rlscale.dev")
@@ -99,6 +102,10 @@ def reconcile(namespace: str, name: str, uid: str, spec_dict: dict[str, Any], ge
     except kopf.PermanentError:
         M.RECONCILES.labels("invalid").inc()
         raise
+    except kube.NamespaceTerminating:
+        # The run goes with its namespace; retrying would only fail again.
+        M.RECONCILES.labels("skipped").inc()
+        return {}
     except Exception as exc:
         M.RECONCILES.labels("error").inc()
         M.ERRORS.labels(type(exc).__name__).inc()
@@ -121,7 +128,12 @@ def _planned_status(st: dict[str, Any], spec: Any, plan: dict[str, Any], generat
                             "SuspendRequested" if spec.suspend else "Active",
                             "rollout and learners scaled to zero; config and checkpoints kept"
                             if spec.suspend else "not suspended", generation)
+    seen = st.get("replicas") or {}
     for role in (C.ROLE_ROLLOUT, C.ROLE_LEARNER):
+        # The workload watch records readiness as it happens; an apply response can be older
+        # than that record, so it only counts when the desired count just changed.
+        if (seen.get(role) or {}).get("desired") == desired[role]:
+            ready[role] = int(seen[role].get("ready") or 0)
         conds = S.readiness(role, desired[role], ready[role], generation, conds)
     st["conditions"] = conds
     st["plan"] = S.plan_summary(plan)

@@ -20,6 +20,10 @@ _PLURALS = {("v1", "ConfigMap"): "configmaps", ("v1", "Service"): "services", ("
             ("rbac.authorization.k8s.io/v1", "RoleBinding"): "rolebindings",
             ("apps/v1", "Deployment"): "deployments", ("apps/v1", "StatefulSet"): "statefulsets"}
 
+class NamespaceTerminating(ApiException):
+    """The namespace is being deleted: nothing can be created there, and nothing needs to be."""
+
+
 _lock = threading.Lock()
 _api: client.ApiClient | None = None
 
@@ -64,8 +68,10 @@ def _call(path: str, method: str, body: Any = None, content_type: str | None = N
     resp = a.call_api(method, url, header_params=headers, body=body, _request_timeout=30)
     data = resp.read()
     if resp.status >= 400:
-        exc = ApiException(status=resp.status, reason=resp.reason)
-        exc.body = data.decode(errors="replace") if isinstance(data, bytes) else data
+        text = data.decode(errors="replace") if isinstance(data, bytes) else str(data)
+        cls = NamespaceTerminating if "NamespaceTerminating" in text else ApiException
+        exc = cls(status=resp.status, reason=resp.reason)
+        exc.body = text
         raise exc
     return json.loads(data) if data else {}
 

@@ -95,7 +95,7 @@ class Operator:
         self.metrics_port = 0
         self.starts = 0
 
-    def start(self, **env: str) -> Operator:
+    def start(self, *args: str, **env: str) -> Operator:
         assert self.proc is None
         self.metrics_port = cp.free_port()
         self.starts += 1
@@ -103,7 +103,7 @@ class Operator:
         e = {**os.environ, "KUBECONFIG": str(self.kubeconfig), "RLSCALE_OPERATOR_BIND": "127.0.0.1",
              "RLSCALE_PROGRESS_INTERVAL": "1", "RLSCALE_CHECKPOINT_STORAGE": "", **env}
         self.proc = subprocess.Popen([sys.executable, "-m", "rlscale.operator", "--metrics-port",
-                                      str(self.metrics_port)], env=e, stdout=log, stderr=subprocess.STDOUT,
+                                      str(self.metrics_port), *args], env=e, stdout=log, stderr=subprocess.STDOUT,
                                      cwd=REPO)
         log.close()
         wait_for("operator /metrics", self._metrics_up, timeout=60)

@@ -182,12 +182,16 @@ def test_deleted_children_are_recreated(kube, operator, ns):
 
 def test_operator_killed_mid_reconcile_converges_without_duplicates(kube, operator, ns):
     operator.kill()
-    # Slow the applies down so that the kill lands between two of them.
-    operator.start(RLSCALE_OPERATOR_STEP_DELAY="1.0")
+    # Slow the applies down so that the kill lands between two of them; watch only this
+    # namespace so that resuming other tests' runs does not queue ahead of this one.
+    operator.start("--namespace", ns, RLSCALE_OPERATOR_STEP_DELAY="1.0")
     try:
         kube.apply(example_run("crash"), ns)
         n = B.names("crash")
-        wait_for("config map applied", lambda: kube.get("configmap", n[C.ROLE_CONFIG], ns), 30, 0.05)
+        try:
+            wait_for("config map applied", lambda: kube.get("configmap", n[C.ROLE_CONFIG], ns), 30, 0.05)
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}\noperator log:\n{operator.log_tail()}") from None
         assert kube.get("statefulset", n[C.ROLE_LEARNER], ns) is None  # really mid-way
     finally:
         operator.kill()
@@ -253,3 +257,7 @@ def test_operator_metrics_and_its_rbac_is_exactly_what_the_chart_ships(kube, ope
     assert can("get", "secrets", "-n", ns) == "no"
     assert can("delete", "deployments", "-n", ns) == "no"
     assert can("create", "clusterroles") == "no"
+    # And what it has was enough: the API server refused it nothing.
+    refused = [line for line in operator.log_tail(100000).splitlines()
+               if f'User \\"{sa}\\" cannot' in line or f'User "{sa}" cannot' in line]
+    assert not refused, "\n".join(refused[:5])
