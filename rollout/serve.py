@@ -112,6 +112,7 @@ class RolloutReplica:
         self.store = ray.get_actor(store, namespace=STORE_NAMESPACE)
         self.version_wait_s = version_wait_s
         self.replica_id = _replica_id()
+        self._store_version: int | None = None  # last version loaded from the store
         # A replica that starts late must not serve old weights: load the newest now.
         self._sync(self.engine.version)
         self.metrics.weights_version.set(self.engine.version)
@@ -135,10 +136,16 @@ class RolloutReplica:
         deadline = time.monotonic() + self.version_wait_s
         while True:
             version, refs = ray.get(self.store.latest.remote())
-            if version is not None and version > self.engine.version:
+            # Published weights win over the model directory's even at the same
+            # version number: the learner's copy is the truth (a resumed run's differ).
+            if version is not None and (
+                version > self.engine.version
+                or (version == self.engine.version and self._store_version is None)
+            ):
                 t0 = time.perf_counter()
                 named_tensors = ray.get(refs[0])
                 self.engine.load_weights(named_tensors, version)
+                self._store_version = version
                 del named_tensors
                 self.metrics.weight_load_seconds.observe(time.perf_counter() - t0)
                 self.metrics.weights_version.set(version)

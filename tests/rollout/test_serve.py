@@ -57,16 +57,18 @@ def _complete(results, n_prompts: int, n_samples: int) -> bool:
 
 
 def test_requests_get_the_version_they_ask_for(client, model_dirs):
+    # Version 0 is also the number of the model directory's weights; published weights
+    # still replace them (the learner's copy is the truth, e.g. after a resume).
     weights = decisive_state_dict(model_dirs[1], seed=1)
-    client.publish_weights(1, weights)
-    out = client.generate([PROMPT] * 3, samples_per_prompt=2, temperature=0.0, max_new_tokens=12, version=1)
-    assert {s.weights_version for g in out for s in g} == {1}
+    client.publish_weights(0, weights)
+    out = client.generate([PROMPT] * 3, samples_per_prompt=2, temperature=0.0, max_new_tokens=12, version=0)
+    assert {s.weights_version for g in out for s in g} == {0}
     expected = hf_greedy(hf_model(weights, model_dirs[1]), PROMPT, 12, EOS)
     assert all(s.token_ids == expected for g in out for s in g)
 
     # Publishing is once per version and only forward.
     with pytest.raises(Exception, match="not newer"):
-        client.publish_weights(1, weights)
+        client.publish_weights(0, weights)
     # A version nobody published cannot be served; the error says what to do.
     with pytest.raises(Exception, match="publish_weights"):
         client.generate([PROMPT], max_new_tokens=2, version=7)
@@ -75,14 +77,14 @@ def test_requests_get_the_version_they_ask_for(client, model_dirs):
 def test_replica_metrics_are_served(client):
     import urllib.request
 
-    client.generate([PROMPT] * 2, samples_per_prompt=2, max_new_tokens=4, version=1)
+    client.generate([PROMPT] * 2, samples_per_prompt=2, max_new_tokens=4, version=0)
     (url,) = [i["metrics_url"] for i in _live(client).values()]
     text = urllib.request.urlopen(url, timeout=10).read().decode()
     for name in (
         "rlscale_rollout_generated_tokens_total",
         "rlscale_rollout_samples_total",
         "rlscale_rollout_requests_in_flight",
-        "rlscale_rollout_weights_version 1.0",
+        "rlscale_rollout_weights_version 0.0",
         "rlscale_rollout_weight_load_seconds_count",
         "rlscale_rollout_generation_seconds_bucket",
     ):
@@ -135,31 +137,35 @@ def test_scaling_up_and_down_under_load_loses_no_request(client, model_dirs):
 def test_a_killed_replicas_requests_complete_elsewhere(client):
     client.scale(2)
     victims = list(_live(client).values())
-    assert len(victims) == 2
+    assert len(victims) == 2, victims
     retries_before = client.retries
     done = {}
 
     def run():
         # Long enough that both replicas are mid-generation when one is killed.
         done["out"] = client.generate(
-            [PROMPT] * 32, samples_per_prompt=8, max_new_tokens=200, seed=5, version=2
+            [PROMPT] * 16, samples_per_prompt=4, max_new_tokens=160, seed=5, version=2
         )
 
     t = threading.Thread(target=run)
     t.start()
-    # Kill the victim while it holds requests: its own gauge says when.
-    deadline = time.monotonic() + 60
-    while _in_flight(victims[0]["metrics_url"]) < 1:
-        assert time.monotonic() < deadline, "the victim never received a request"
-        time.sleep(0.05)
-    os.kill(victims[0]["pid"], signal.SIGKILL)
+    # Kill a replica while it holds requests: its own gauge says when. (The router may
+    # not know the newest replica yet, so whichever is busy first is the victim.)
+    deadline, victim = time.monotonic() + 60, None
+    while victim is None:
+        assert time.monotonic() < deadline, "no replica received a request"
+        victim = next((v for v in victims if _in_flight(v["metrics_url"]) >= 1), None)
+        time.sleep(0.02)
+    os.kill(victim["pid"], signal.SIGKILL)
     t.join(timeout=300)
     assert not t.is_alive()
-    assert _complete(done["out"], 32, 8)
+    assert _complete(done["out"], 16, 4)
     assert client.retries > retries_before
     # Serve replaces the dead replica; the replacement starts on the newest weights.
     client.wait_replicas(2, timeout_s=180)
-    assert all(i["start_version"] == 2 for i in _live(client).values())
+    live = _live(client)
+    replacement = [i for i in live.values() if i["pid"] not in {v["pid"] for v in victims}]
+    assert [i["start_version"] for i in replacement] == [2], live
 
 
 def test_rollout_entrypoint_joins_the_cluster_with_one_rollout_slot(ray_cluster, tmp_path):
