@@ -32,7 +32,7 @@ if [[ ${#need[@]} -eq 0 ]]; then
   exit 0
 fi
 command -v go >/dev/null || { echo "build.sh: Go is needed to build ${need[*]} (apt-get install golang or a Go >= 1.26 toolchain)" >&2; exit 1; }
-echo "building ${need[*]} into $BIN (cold: about 25 minutes on 2 cores; cached afterwards)"
+echo "building ${need[*]} into $BIN (cold: about 20 minutes on 2 cores; cached afterwards)"
 start=$(date +%s)
 
 # -s -w drops symbols (smaller, faster links); -trimpath keeps the cache path out.

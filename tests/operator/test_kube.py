@@ -1,0 +1,32 @@
+"""The operator's API paths and error mapping (no cluster)."""
+
+from __future__ import annotations
+
+import pytest
+from rlscale.operator import kube
+
+
+@pytest.mark.parametrize("api_version,kind,path", [
+    ("v1", "ConfigMap", "/api/v1/namespaces/ns/configmaps/x"),
+    ("v1", "ServiceAccount", "/api/v1/namespaces/ns/serviceaccounts/x"),
+    ("apps/v1", "StatefulSet", "/apis/apps/v1/namespaces/ns/statefulsets/x"),
+    ("rbac.authorization.k8s.io/v1", "RoleBinding", "/apis/rbac.authorization.k8s.io/v1/namespaces/ns/rolebindings/x"),
+    ("rlscale.dev/v1alpha1", "RLRun", "/apis/rlscale.dev/v1alpha1/namespaces/ns/rlruns/x"),
+])
+def test_object_paths(api_version, kind, path):
+    assert kube.object_path(api_version, kind, "ns", "x") == path
+
+
+def test_unknown_kind_is_refused_by_name():
+    with pytest.raises(ValueError, match="batch/v1 Job"):
+        kube.object_path("batch/v1", "Job", "ns", "x")
+
+
+def test_every_built_child_has_a_path():
+    from rlscale.operator import builders as B
+
+    from rlscale.spec import parse_spec
+
+    plan = {"prompts": 8, "samplesPerPrompt": 8, "rolloutReplicas": 1, "learnerReplicas": 1}
+    for m in B.build_children(B.RunRef("r", "ns", "u"), parse_spec({}), plan):
+        assert kube.object_path(m["apiVersion"], m["kind"], "ns", m["metadata"]["name"])
