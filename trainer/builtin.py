@@ -98,8 +98,7 @@ def warm_start(out_dir: Path, recipe: dict, progress: bool = True) -> dict:
     model.train()
 
     acc, step, loss_value = 0.0, 0, float("nan")
-    with _progress(progress) as bar:
-        task_id = bar.add_task(f"warm-starting builtin model (target greedy accuracy {recipe['target_accuracy']:.0%})", total=None) if bar else None
+    with _progress(progress) as report:
         while step < recipe["max_steps"]:
             batch = data.next_batch(recipe["batch"])
             input_ids, labels = _sft_batch(tokenizer, batch)
@@ -109,11 +108,12 @@ def warm_start(out_dir: Path, recipe: dict, progress: bool = True) -> dict:
             opt.step()
             step += 1
             loss_value = loss.item()
-            if step % recipe["eval_every"] == 0:
+            evaluated = step % recipe["eval_every"] == 0
+            if evaluated:
                 acc = accuracy(model, tokenizer, task.eval, max_new_tokens=4)
                 model.train()
-            if bar:
-                bar.update(task_id, description=f"warm start: step {step} loss {loss_value:.3f} held-out accuracy {acc:.1%}")
+            report(f"warm-starting builtin model: step {step}, loss {loss_value:.3f}, held-out accuracy "
+                   f"{acc:.1%} (stops at {recipe['target_accuracy']:.0%})", evaluated)
             if acc >= recipe["target_accuracy"]:
                 break
     if acc < recipe["target_accuracy"]:
@@ -144,10 +144,25 @@ def _sft_batch(tokenizer, problems):
 
 @contextlib.contextmanager
 def _progress(enabled: bool):
+    """Yields report(text, evaluated): a rich live line on a terminal, a plain line per eval in logs."""
+    import sys
+
     if not enabled:
-        yield None
+        yield lambda text, evaluated: None
         return
+    from rich.console import Console
     from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
-    with Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(), transient=False) as bar:
-        yield bar
+    console = Console(stderr=True)
+    if not console.is_terminal:
+        start = time.perf_counter()
+
+        def line(text, evaluated):
+            if evaluated:
+                print(f"[{time.perf_counter() - start:6.0f} s] {text}", file=sys.stderr, flush=True)
+
+        yield line
+        return
+    with Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(), console=console) as bar:
+        task = bar.add_task("warm-starting builtin model", total=None)
+        yield lambda text, evaluated: bar.update(task, description=text)
