@@ -367,8 +367,10 @@ class Learner:
             if self.reference is not None:
                 logprobs, _ = self._forward_logprobs(self.engine, mb)
                 ref, _ = self._forward_logprobs(self.reference, mb)
+                # The reward penalty uses k1 (its sum over a sequence is the sequence's log
+                # ratio); the reported KL uses k3, which is never negative.
                 kl = A.kl_divergence(logprobs, ref, "k1")
-                mb.kl = kl * mb.mask
+                mb.kl = A.kl_divergence(logprobs, ref, "k3") * mb.mask
             rewards = A.token_rewards(mb.rewards, mb.mask, kl=kl, kl_coef=c.kl_coef)
             mb.advantages, mb.returns = A.gae(rewards, mb.old_values, mb.mask, gamma=c.gamma, lam=c.lam)
             all_adv.append((mb.advantages, mb.mask))

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 
 import pytest
-
 from rlscale.trainer import checkpoint
 
 pytestmark = pytest.mark.slow
