@@ -206,7 +206,7 @@ def crd() -> dict[str, Any]:
                                 "apiVersion": {"type": "string"},
                                 "kind": {"type": "string"},
                                 "metadata": {"type": "object"},
-                                "spec": {"default": {}, **spec_schema()},
+                                "spec": spec_schema(),
                                 "status": status_schema(),
                             },
                         }
