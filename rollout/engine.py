@@ -56,7 +56,9 @@ class EngineConfig:
     # GPU: fraction of device memory vLLM may take (weights + KV cache).
     gpu_memory_utilization: float = 0.5
     block_size: int | None = None  # None: vLLM's default for the platform
-    enforce_eager: bool = True  # skip torch.compile: start-up matters more here
+    # None: eager on CPU (start-up matters more than torch.compile there), CUDA graphs
+    # and compilation on GPU (decode throughput at small batches depends on them).
+    enforce_eager: bool | None = None
     multiprocess: bool = False  # True: vLLM's default engine process (path reloads)
     extra: dict[str, Any] = field(default_factory=dict)  # more LLM(...) arguments
 
@@ -102,25 +104,28 @@ class RolloutEngine:
         self.stop_token_ids = eos_token_ids(config.model)
         # LLM is not thread-safe; a Serve replica may call from several threads.
         self._lock = threading.Lock()
-        if not config.multiprocess:
-            os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+        # vLLM caches its environment once an engine has started in this process, so
+        # one process cannot mix in-process and multiprocess engines.
+        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "1" if config.multiprocess else "0"
         from vllm import LLM
 
+        on_gpu = _on_gpu()
         kwargs: dict[str, Any] = dict(
             model=config.model,
             dtype=config.dtype,
             max_model_len=config.max_model_len,
             max_num_seqs=config.max_num_seqs,
             seed=config.seed,
-            enforce_eager=config.enforce_eager,
+            enforce_eager=(not on_gpu) if config.enforce_eager is None else config.enforce_eager,
             # We speak token ids only: no tokenizer load, no detokenisation cost.
             skip_tokenizer_init=True,
             logprobs_mode=LOGPROBS_MODE,
             enable_prefix_caching=True,
+            worker_extension_cls=f"{__name__}.RolloutWorkerExtension",
         )
         if not config.multiprocess:
             kwargs["distributed_executor_backend"] = "uni"
-        if _on_gpu():
+        if on_gpu:
             kwargs["gpu_memory_utilization"] = config.gpu_memory_utilization
         else:
             kwargs["kv_cache_memory_bytes"] = config.kv_cache_bytes
@@ -225,7 +230,7 @@ class RolloutEngine:
                 self.llm.collective_rpc(
                     "reload_weights", kwargs={"weights_iterator": _detached(items)}
                 )
-            self.llm.collective_rpc(_refresh_lm_heads)
+            self.llm.collective_rpc("rlscale_refresh_lm_heads")
             # Always: the prefix cache holds KV computed with the old weights, and a
             # prompt longer than one block would silently reuse it.
             self.llm.reset_prefix_cache()
@@ -255,28 +260,32 @@ class RolloutEngine:
             self.llm = None
 
 
-def _refresh_lm_heads(worker) -> int:
-    """Re-derive the LM heads' kernel form from their (possibly tied) weight.
+class RolloutWorkerExtension:
+    """Methods vLLM mixes into its worker (`worker_extension_cls`), callable by name
+    through collective_rpc from this process or across the engine-process boundary."""
 
-    With tied embeddings the checkpoint has no lm_head tensor, so the in-place reload
-    skips the head ("ParallelLMHead: Failed to load weights"). Its shared weight is
-    updated through the embedding, but on CPU the head computes logits from a packed
-    copy (oneDNN / sgl kernel) made at load time: without this the logits keep coming
-    from the old embedding. On GPU the method uses the weight directly and this is a no-op.
-    """
-    from vllm.model_executor.layers.vocab_parallel_embedding import (
-        ParallelLMHead,
-        UnquantizedEmbeddingMethod,
-    )
+    def rlscale_refresh_lm_heads(self) -> int:
+        """Re-derive the LM heads' kernel form from their (possibly tied) weight.
 
-    n = 0
-    for module in worker.get_model().modules():
-        if isinstance(module, ParallelLMHead) and isinstance(
-            module.quant_method, UnquantizedEmbeddingMethod
-        ):
-            module.quant_method.process_weights_after_loading(module)
-            n += 1
-    return n
+        With tied embeddings the checkpoint has no lm_head tensor, so the in-place reload
+        skips the head ("ParallelLMHead: Failed to load weights"). Its shared weight is
+        updated through the embedding, but on CPU the head computes logits from a packed
+        copy (oneDNN / sgl kernel) made at load time: without this the logits keep coming
+        from the old embedding. On GPU the method uses the weight directly: a no-op.
+        """
+        from vllm.model_executor.layers.vocab_parallel_embedding import (
+            ParallelLMHead,
+            UnquantizedEmbeddingMethod,
+        )
+
+        n = 0
+        for module in self.get_model().modules():
+            if isinstance(module, ParallelLMHead) and isinstance(
+                module.quant_method, UnquantizedEmbeddingMethod
+            ):
+                module.quant_method.process_weights_after_loading(module)
+                n += 1
+        return n
 
 
 def _detached(items: Iterable[tuple[str, torch.Tensor]]):

@@ -99,3 +99,13 @@ def hf_greedy(model, prompt: list[int], max_new_tokens: int, eos: int) -> list[i
         if t == eos:
             break
     return out
+
+
+def max_logprob_error(model, prompt, sample) -> float:
+    """Largest |vLLM - transformers| logprob over the sample's tokens."""
+    import torch
+
+    logits = model(torch.tensor([prompt + sample.token_ids])).logits[0]
+    ref = torch.log_softmax(logits.float(), dim=-1)[len(prompt) - 1 : -1]
+    ref = ref.gather(1, torch.tensor(sample.token_ids)[:, None])[:, 0]
+    return float((ref - torch.tensor(sample.logprobs)).abs().max())

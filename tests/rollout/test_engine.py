@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from .conftest import decisive_state_dict, hf_greedy, hf_model, load_state_dict
+from .conftest import decisive_state_dict, hf_greedy, hf_model, load_state_dict, max_logprob_error
 
 pytestmark = pytest.mark.slow
 
@@ -29,7 +29,7 @@ def test_logprobs_are_the_raw_model_logprobs_of_the_sampled_tokens(engine, model
         assert len(samples) == 2
         for s in samples:
             assert len(s.token_ids) == len(s.logprobs) > 0
-            assert _max_logprob_error(model, prompt, s) < 1e-4
+            assert max_logprob_error(model, prompt, s) < 1e-4
             compared += len(s.token_ids)
     assert compared >= 12
 
@@ -73,13 +73,24 @@ def test_update_in_place_matches_transformers_greedy_on_a_multi_block_prompt(eng
     assert after.token_ids == hf_greedy(model, prompt, 16, EOS)
     # Stale prefix KV can leave the greedy path intact on this model but not the
     # logprobs (0.2 off without the cache reset, ~4e-7 with it).
-    assert _max_logprob_error(model, prompt, after) < 1e-4
+    assert max_logprob_error(model, prompt, after) < 1e-4
 
 
-def _max_logprob_error(model, prompt, sample) -> float:
-    import torch
 
-    logits = model(torch.tensor([prompt + sample.token_ids])).logits[0]
-    ref = torch.log_softmax(logits.float(), dim=-1)[len(prompt) - 1 : -1]
-    ref = ref.gather(1, torch.tensor(sample.token_ids)[:, None])[:, 0]
-    return float((ref - torch.tensor(sample.logprobs)).abs().max())
+def test_multiprocess_engine_updates_through_a_weights_directory(model_dirs):
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(__file__).with_name("multiprocess_check.py")
+    proc = subprocess.run(
+        [sys.executable, str(script), *model_dirs], capture_output=True, text=True, timeout=600
+    )
+    lines = [x for x in proc.stdout.splitlines() if x.startswith("RESULT ")]
+    assert proc.returncode == 0 and lines, proc.stderr[-3000:]
+    r = json.loads(lines[-1][len("RESULT ") :])
+    assert r["version"] == 2
+    assert r["after"] != r["before"]
+    assert r["after"] == r["expected"]
+    assert r["logprob_error"] < 1e-4
