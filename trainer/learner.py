@@ -266,7 +266,13 @@ class Learner:
         total_tokens = sum(len(batch.response_ids[i]) for i in kept)
         mine = kept[self.rank :: self.world_size]
         n_micro = math.ceil(math.ceil(len(kept) / self.world_size) / c.micro_batch)
-        chunks = micro_batches(mine, c.micro_batch, n_micro)
+        measure = c.measure_noise and c.zero_stage < 2 and len(kept) >= 2 * self.world_size
+        if measure and n_micro == 1:
+            # The noise scale compares a micro-batch with the whole share, so it needs two;
+            # halving one micro-batch costs about the same compute.
+            n_micro = 2
+        c_micro = math.ceil(math.ceil(len(kept) / self.world_size) / n_micro)
+        chunks = micro_batches(mine, c_micro, n_micro)
 
         packed = [pack(batch, idx, advantages, self.device) for idx in chunks]
         if c.algorithm == "ppo":
@@ -278,7 +284,7 @@ class Learner:
             out = self._micro_step(mb, total_tokens)
             for key, value in out.items():
                 sums[key] = sums.get(key, 0.0) + value
-            if k == 0 and c.measure_noise and len(packed) > 1:
+            if k == 0 and measure:
                 g_small_sq, b_small = self._local_grad_sq(), mb.num_samples
         noise = None
         if g_small_sq is not None:
