@@ -18,10 +18,11 @@ from rlscale.trainer.rewards import exact_match, resolve_reward, score
 from rlscale.trainer.tasks import ArithmeticTask, Problem, PromptIterator
 
 from rlscale.plan import Calibration, make_plan
+from rlscale.kube_report import KubeTarget, ProgressReporter, progress_body
 from rlscale.progress import TargetTracker
 from rlscale.report import read_jsonl, write_report
 from rlscale.run_metrics import RunMetrics
-from rlscale.runconfig import RunConfig
+from rlscale.runconfig import ENV_CONFIG, RunConfig, load_run_config
 
 log = logging.getLogger("rlscale.driver")
 
@@ -88,6 +89,13 @@ class Driver:
         self.state = RunState(prompts=self.plan["prompts"], learning_rate=self.plan["learningRate"],
                               rollout_replicas=self.plan["rolloutReplicas"])
         self.records: list[dict[str, Any]] = []
+        # Locally the driver re-plans itself; on Kubernetes the operator re-plans and the
+        # driver follows the mounted run config, so there is one planner per run.
+        self.local = bool((cfg.extra or {}).get("local"))
+        target = None if self.local else KubeTarget.in_cluster(cfg.run, cfg.namespace)
+        self.reporter = ProgressReporter(target) if target else None
+        self._config_path = os.environ.get(ENV_CONFIG)
+        self._config_stamp = self._stamp()
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -158,10 +166,15 @@ class Driver:
             if self.state.step - last_ckpt >= spec.checkpoint.every:
                 self.checkpoint()
                 last_ckpt = self.state.step
-            self.maybe_replan()
+            if self.local:
+                self.maybe_replan()
+            else:
+                self.follow_config()
         if self.state.step != last_ckpt or code == EXIT_INTERRUPTED:
             self.checkpoint()
         write_report(self.run_dir, spec.target.value, spec.target.metric, self.cfg.run)
+        if self.reporter and self.records:
+            self.reporter.report(progress_body(self.records[-1], target_reached=self.tracker.reached), force=True)
         return code
 
     def step(self) -> dict[str, Any]:
@@ -239,6 +252,8 @@ class Driver:
         self.metrics.observe_step(rec)
         with open(self.run_dir / "metrics.jsonl", "a", encoding="utf-8") as f:
             f.write(json.dumps(rec) + "\n")
+        if self.reporter:
+            self.reporter.report(progress_body(rec, target_reached=self.tracker.reached))
 
     # ------------------------------------------------------------------ re-planning
 
@@ -276,6 +291,35 @@ class Driver:
             # Same choice: keep the recalibrated prediction so predicted-vs-measured is honest.
             self.plan = {**self.plan, "predicted": cur["predicted"], "calibrated": True}
             self.metrics.predicted_step.set(cur["predicted"]["stepSeconds"])
+
+    def _stamp(self) -> tuple | None:
+        try:
+            st = os.stat(self._config_path) if self._config_path else None
+        except OSError:
+            return None
+        return (st.st_mtime_ns, st.st_ino, st.st_size) if st else None
+
+    def follow_config(self) -> None:
+        """Apply a plan the operator wrote into the mounted run config (it re-plans on drift or spec change)."""
+        stamp = self._stamp()
+        if stamp is None or stamp == self._config_stamp:
+            return
+        self._config_stamp = stamp
+        try:
+            new = load_run_config(self._config_path).plan
+        except Exception as exc:  # a half-updated mount: try again next step
+            log.warning("run config re-read failed: %s", exc)
+            return
+        st = self.state
+        if (new["prompts"], new["rolloutReplicas"], new["learningRate"]) == (st.prompts, st.rollout_replicas, st.learning_rate):
+            return
+        if new["rolloutReplicas"] != st.rollout_replicas:
+            self.rollout.scale(new["rolloutReplicas"])
+        st.prompts, st.rollout_replicas, st.learning_rate = new["prompts"], new["rolloutReplicas"], new["learningRate"]
+        self.plan = new
+        self.metrics.set_plan(new)
+        self._write_plans([{**new, "atStep": st.step, "why": "the operator re-planned"}], append=True)
+        log.info("following the operator's plan from step %d: %s", st.step, new.get("reason", ""))
 
     def _read_plans(self) -> list[dict]:
         p = self.run_dir / "plan.json"

@@ -7,6 +7,8 @@ import json
 import re
 
 import pytest
+
+from rlscale.kube_report import KubeTarget, ProgressReporter
 from clusterkit import OPERATOR_NS, OPERATOR_SA, example_run, wait_for
 from rlscale.operator import builders as B
 from rlscale.operator import constants as C
@@ -220,8 +222,12 @@ def test_progress_reported_by_the_learner_feeds_status_and_drift_replans(kube, o
     assert cannot.stdout.strip() == "no"
     slow = round(planned * 0.5, 3)  # 50% off the plan: beyond the 20% drift threshold
     report = {"step": 12, "samples": 6144, "reward": 0.42, "targetMetric": 0.61, "samplesPerSecond": slow}
-    kube.run("annotate", "--overwrite", f"--as={runner}", "-n", ns, "rlrun", "prog",
-             f"{C.ANNOTATION_PROGRESS}={json.dumps(report)}")
+    # The driver's own reporter, authenticated with the runner account's token, as in the pod.
+    token = kube.run("create", "token", B.names("prog")[C.ROLE_RUNNER], "-n", ns).stdout.strip()
+    reporter = ProgressReporter(KubeTarget(cluster.server, token, str(cluster.dir / "pki" / "ca.crt"), ns, "prog"))
+    assert reporter.report(report, force=True)
+    other = ProgressReporter(KubeTarget(cluster.server, token, str(cluster.dir / "pki" / "ca.crt"), ns, "metered"))
+    assert not other.report(report, force=True)  # refused: not its own run (and it does not raise)
     r = wait_for("progress in status", lambda: (x := rlrun(kube, "prog", ns))["status"].get("progress", {})
                  .get("step") == 12 and x)
     assert r["status"]["progress"]["reward"] == 0.42 and r["status"]["progress"]["timeToTarget"].startswith("eta ")
@@ -232,8 +238,7 @@ def test_progress_reported_by_the_learner_feeds_status_and_drift_replans(kube, o
     row = kube.run("get", "rlrun", "prog", "-n", ns).stdout.splitlines()[1]
     assert "0.42" in row.split() and re.search(r"eta \d", row)
     done = dict(report, targetReached=True, targetMetric=0.86, elapsedSeconds=252)
-    kube.run("annotate", "--overwrite", f"--as={runner}", "-n", ns, "rlrun", "prog",
-             f"{C.ANNOTATION_PROGRESS}={json.dumps(done)}")
+    assert reporter.report(done, force=True)
     r = wait_for("Succeeded", lambda: (x := rlrun(kube, "prog", ns))["status"].get("phase") == C.PHASE_SUCCEEDED and x)
     assert cond(r, C.COND_TARGET_REACHED)["status"] == "True"
     assert r["status"]["progress"]["timeToTarget"] == "4m12s"
