@@ -90,7 +90,8 @@ def init_distributed() -> tuple[int, int]:
         return dist.get_rank(), dist.get_world_size()
     os.environ.setdefault("RANK", "0")
     os.environ.setdefault("WORLD_SIZE", "1")
-    os.environ.setdefault("LOCAL_RANK", os.environ["RANK"] if torch.cuda.device_count() <= 1 else "0")
+    # One GPU per pod on Kubernetes: local rank 0 unless a launcher (torchrun, the runner) says otherwise.
+    os.environ.setdefault("LOCAL_RANK", "0")
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
     if "MASTER_PORT" not in os.environ:
         if os.environ["WORLD_SIZE"] != "1":
@@ -135,9 +136,10 @@ class Learner:
         self._control = dist.new_group(backend="gloo") if self.world_size > 1 else None
         torch.manual_seed(config.seed)
         self.dtype = getattr(torch, config.dtype)
-        self.device = torch.device(f"cuda:{torch.cuda.current_device()}") if torch.cuda.is_available() else torch.device("cpu")
         policy = AutoModelForCausalLM.from_pretrained(config.model_path, dtype=self.dtype, local_files_only=True)
         self.engine, *_ = deepspeed.initialize(model=policy, model_parameters=policy.parameters(), config=self._ds_config())
+        # DeepSpeed has placed the model on this rank's device (LOCAL_RANK's GPU, or the CPU).
+        self.device = self.engine.device
         self.critic = None
         if config.algorithm == "ppo":
             critic = ValueModel(config.model_path, self.dtype)
