@@ -150,6 +150,7 @@ def main(argv=None) -> int:
     from rlscale.rollout.engine import EngineConfig, RolloutEngine
 
     t_start = time.perf_counter()
+    load_before = os.getloadavg()[0]
     with tempfile.TemporaryDirectory(prefix="rlscale-bench-") as d:
         model_dir, n_params = build_model(args, Path(d) / "model")
         engine = RolloutEngine(EngineConfig(
@@ -162,7 +163,11 @@ def main(argv=None) -> int:
     device = torch.cuda.get_device_name(0) if on_gpu else f"CPU x{os.cpu_count()}"
     title = (f"rollout throughput, {n_params / 1e6:.1f}M params {args.dtype} on {device}; "
              f"prompt {args.prompt_tokens} + {args.new_tokens} new tokens")
+    # These machines are shared: a 1-minute load above the core count means the figures
+    # below are the neighbours' as much as this engine's.
+    load = (load_before, os.getloadavg()[0])
     print(title)
+    print(f"load average (1 min) {load[0]:.1f} at start, {load[1]:.1f} at end, on {os.cpu_count()} cores")
     print(f"{'concurrency':>11} {'tokens/s':>10} {'x vs 1':>7} {'samples/s':>10} {'x vs 1':>7} {'call s':>8}")
     for r in rows:
         print(f"{r['concurrency']:>11} {r['tokens_per_s']:>10.0f} {r['tokens_ratio']:>7.2f} "
@@ -171,7 +176,7 @@ def main(argv=None) -> int:
           f"raw copy of the same {upd['bytes'] / 2**20:.1f} MiB -> {upd['ratio']:.1f}x the copy "
           f"({upd['raw_copy_gb_s']:.1f} GB/s raw)")
     plot(rows, upd, args, title)
-    record = dict(title=title, params=n_params, dtype=args.dtype, device=device, throughput=rows,
+    record = dict(title=title, load_average=load, params=n_params, dtype=args.dtype, device=device, throughput=rows,
                   weight_update=upd, seconds=time.perf_counter() - t_start)
     args.out.with_suffix(".json").write_text(json.dumps(record, indent=2))
     print(f"plot: {args.out}  data: {args.out.with_suffix('.json')}  ({record['seconds']:.0f} s)")
