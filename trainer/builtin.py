@@ -65,6 +65,10 @@ def ensure_builtin_model(name: str, cache_dir: str | Path | None = None, progres
         fcntl.flock(lock, fcntl.LOCK_EX)
         if (final / "rlscale-builtin.json").is_file():
             return final
+        # Holding the lock, any other temporary directory is a killed builder's leftover.
+        for stale in final.parent.glob(f".{final.name}.*"):
+            if stale.is_dir():
+                shutil.rmtree(stale, ignore_errors=True)
         tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.", dir=final.parent))
         try:
             info = warm_start(tmp, BUILTIN_MODELS[name], progress=progress)
