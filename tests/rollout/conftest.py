@@ -48,20 +48,27 @@ def model_dirs(tmp_path_factory):
     )
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def engine(model_dirs):
+    """One in-process engine per module (module scope: its memory is freed for later tests)."""
+    import torch
     from rlscale.rollout.engine import EngineConfig, RolloutEngine
 
+    # vLLM's CPU worker replaces torch.set_num_threads with a no-op in its process;
+    # give the rest of the test session the real one back.
+    set_num_threads = torch.set_num_threads
     eng = RolloutEngine(EngineConfig(model=model_dirs[0], kv_cache_bytes=KV_CACHE_BYTES))
     yield eng
     eng.close()
+    torch.set_num_threads = set_num_threads
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def ray_cluster():
-    """One local Ray for every rollout test; three `rollout` slots, as three workers would offer."""
+    """A local Ray for a module's tests; three `rollout` slots, as three workers would offer."""
     import ray
 
+    assert not ray.is_initialized(), "another test left Ray running; it must shut it down"
     ray.init(num_cpus=2, resources={"rollout": 3}, include_dashboard=False, log_to_driver=False)
     yield ray
     from ray import serve
