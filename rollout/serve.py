@@ -90,7 +90,8 @@ class GenerateRequest:
 
     def sampling_key(self) -> tuple:
         stops = None if self.stop_token_ids is None else tuple(self.stop_token_ids)
-        return (self.samples_per_prompt, self.temperature, self.top_p, self.max_new_tokens, stops)
+        seeded = self.seeds is not None  # seeded and unseeded requests run apart
+        return (self.samples_per_prompt, self.temperature, self.top_p, self.max_new_tokens, stops, seeded)
 
 
 class RolloutReplica:
@@ -181,7 +182,7 @@ class RolloutReplica:
             first = requests[idxs[0]]
             prompts = [p for i in idxs for p in requests[i].prompt_token_ids]
             seeds = None
-            if all(requests[i].seeds is not None for i in idxs):
+            if first.seeds is not None:
                 seeds = [s for i in idxs for s in requests[i].seeds]
             t0 = time.perf_counter()
             out = self.engine.generate(
