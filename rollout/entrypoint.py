@@ -34,8 +34,13 @@ def ray_start_command(ray_address: str, num_cpus: int = 0) -> list[str]:
 def main(config_path: str | None = None) -> int:
     """Run a Ray worker node until killed (config from the path or $RLSCALE_CONFIG); returns its exit status."""
     from rlscale.runconfig import load_run_config
+    from rlscale.spec import SpecError
 
-    config = load_run_config(config_path)
+    try:
+        config = load_run_config(config_path)
+    except SpecError as exc:
+        print(f"rlscale rollout: {exc}", file=sys.stderr)
+        return 2
     address = config.ray_address or os.environ.get("RAY_ADDRESS")
     if not address:
         print(
