@@ -36,6 +36,8 @@ def parse_args(argv=None):
     p.add_argument("--prompt-tokens", type=int, default=16)
     p.add_argument("--new-tokens", type=int, default=64)
     p.add_argument("--concurrency", type=int, nargs="+", default=list(CONCURRENCY))
+    p.add_argument("--cpu-threads", type=int, default=1,
+                   help="CPU engine threads (EngineConfig.cpu_threads); 0 keeps vLLM's own binding")
     p.add_argument("--min-seconds", type=float, default=2.0, help="measure each level at least this long")
     p.add_argument("--out", type=Path, default=Path(__file__).parent / "out" / "rollout_throughput.png")
     return p.parse_args(argv)
@@ -156,11 +158,14 @@ def main(argv=None) -> int:
         engine = RolloutEngine(EngineConfig(
             model=str(model_dir), dtype=args.dtype, max_num_seqs=max(args.concurrency),
             kv_cache_bytes=1 * 2**30, gpu_memory_utilization=0.8,
+            cpu_threads=args.cpu_threads or None,
         ))
         rows = measure_throughput(engine, args)
         upd = measure_weight_update(engine, model_dir)
         engine.close()
     device = torch.cuda.get_device_name(0) if on_gpu else f"CPU x{os.cpu_count()}"
+    if not on_gpu:
+        device += f", {args.cpu_threads or 'vLLM-bound'} engine thread(s)"
     title = (f"rollout throughput, {n_params / 1e6:.1f}M params {args.dtype} on {device}; "
              f"prompt {args.prompt_tokens} + {args.new_tokens} new tokens")
     # These machines are shared: a 1-minute load above the core count means the figures
