@@ -31,6 +31,21 @@ def ray_start_command(ray_address: str, num_cpus: int = 0) -> list[str]:
     ]
 
 
+def worker_env(environ: dict[str, str] | os._Environ) -> dict[str, str]:
+    """The environment for `ray start`: token auth on when a token is at hand.
+
+    Ray 2.60's head turns token auth on by itself when a token exists, but a worker
+    given an explicit --address does not, and is refused ("Authentication token is
+    missing or incorrect"). An explicit RAY_AUTH_MODE always wins.
+    """
+    env = dict(environ)
+    if "RAY_AUTH_MODE" not in env:
+        token_file = Path(env.get("RAY_AUTH_TOKEN_PATH") or Path.home() / ".ray" / "auth_token")
+        if env.get("RAY_AUTH_TOKEN") or token_file.is_file():
+            env["RAY_AUTH_MODE"] = "token"
+    return env
+
+
 def main(config_path: str | None = None) -> int:
     """Run a Ray worker node until killed (config from the path or $RLSCALE_CONFIG); returns its exit status."""
     from rlscale.runconfig import load_run_config
@@ -50,7 +65,7 @@ def main(config_path: str | None = None) -> int:
         )
         return 2
     cmd = ray_start_command(address)
-    proc = subprocess.Popen(cmd)
+    proc = subprocess.Popen(cmd, env=worker_env(os.environ))
 
     # `ray start --block` stops its raylet and workers on SIGTERM; pass ours on so that
     # killing this process (the runner's or the kubelet's way) leaves nothing behind.

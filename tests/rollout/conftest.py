@@ -69,7 +69,12 @@ def ray_cluster():
     import ray
 
     assert not ray.is_initialized(), "another test left Ray running; it must shut it down"
-    ray.init(num_cpus=2, resources={"rollout": 3}, include_dashboard=False, log_to_driver=False)
+    # address="local": always a fresh cluster, never one a neighbour (or `rlscale run`) left
+    # in /tmp/ray/ray_current_cluster.
+    ray.init(
+        address="local", num_cpus=2, resources={"rollout": 3}, include_dashboard=False,
+        log_to_driver=False,
+    )
     yield ray
     from ray import serve
 

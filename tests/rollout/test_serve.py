@@ -178,9 +178,13 @@ def test_rollout_entrypoint_joins_the_cluster_with_one_rollout_slot(ray_cluster,
     address = ray.get_runtime_context().gcs_address
     config = RunConfig(run="t", spec={}, plan={}, ray_address=address).save(tmp_path / "run.json")
     slots = ray.cluster_resources().get("rollout", 0)
+    # As the runner or a pod starts it: nothing inherited from this test's ray.init,
+    # which sets RAY_AUTH_MODE=token in this process.
+    env = {k: v for k, v in os.environ.items() if k != "RAY_AUTH_MODE"}
     proc = subprocess.Popen(
         [sys.executable, "-m", "rlscale.rollout.entrypoint", "--config", str(config)],
         start_new_session=True,
+        env=env,
     )
     try:
         deadline = time.monotonic() + 120
