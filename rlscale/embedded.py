@@ -100,6 +100,9 @@ class LocalRun:
     def role_env(self, **extra: str) -> dict[str, str]:
         env = dict(os.environ)
         env[ENV_CONFIG] = str(self.run_dir / "run.json")
+        # Ray 2.60 authenticates every client with a token; one per run, shared by its roles only.
+        env["RAY_AUTH_MODE"] = "token"
+        env["RAY_AUTH_TOKEN_PATH"] = str(ray_token_file(self.run_dir))
         env.setdefault("PYTHONUNBUFFERED", "1")
         env.update(extra)
         return env
@@ -114,6 +117,18 @@ class LocalRun:
         for prefix in ("learner", "rollout", "ray-head"):
             for r in [r for r in self.roles if r.name.startswith(prefix)]:
                 r.stop(timeout=60.0 if prefix == "learner" else 20.0)
+
+
+def ray_token_file(run_dir: Path) -> Path:
+    """The run's Ray auth token (created once, readable by this user only)."""
+    path = run_dir / "ray_auth_token"
+    if not path.exists():
+        import secrets
+
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(secrets.token_hex(32))
+    return path
 
 
 def _wait_port(host: str, port: int, proc: Role, timeout: float) -> None:

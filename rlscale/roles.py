@@ -35,6 +35,16 @@ def free_port(host: str = "127.0.0.1") -> int:
         return s.getsockname()[1]
 
 
+def ray_auth_env(environ=None) -> dict[str, str]:
+    """Ray 2.60's head turns token auth on when a token exists; clients given an explicit address must too."""
+    env = dict(os.environ if environ is None else environ)
+    if "RAY_AUTH_MODE" not in env:
+        token_file = Path(env.get("RAY_AUTH_TOKEN_PATH") or Path.home() / ".ray" / "auth_token")
+        if env.get("RAY_AUTH_TOKEN") or token_file.is_file():
+            env["RAY_AUTH_MODE"] = "token"
+    return env
+
+
 def ray_head_command(ray_address: str | None, num_cpus: int | None = None, object_store_bytes: int | None = None) -> list[str]:
     """`ray start --head` for the run: no dashboard, no usage stats, blocking so the process is the role."""
     host, port = split_address(ray_address)

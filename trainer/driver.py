@@ -21,6 +21,7 @@ from rlscale.plan import Calibration, make_plan
 from rlscale.kube_report import KubeTarget, ProgressReporter, progress_body
 from rlscale.progress import TargetTracker
 from rlscale.report import read_jsonl, write_report
+from rlscale.roles import ray_auth_env
 from rlscale.run_metrics import RunMetrics
 from rlscale.runconfig import ENV_CONFIG, RunConfig, load_run_config
 
@@ -362,6 +363,7 @@ def install_stop_handlers(driver: Driver) -> None:
 
 def drive(cfg: RunConfig, learner) -> int:
     """Rank 0's whole job: connect to the run's Ray cluster, deploy rollout, run the loop, clean up."""
+    os.environ.update(ray_auth_env())  # read by Ray at import
     import ray
     from rlscale.rollout.engine import EngineConfig
     from rlscale.rollout.serve import RolloutClient, RolloutOptions
