@@ -55,7 +55,9 @@ class RunState:
 
 
 def _rng_state() -> dict:
-    return {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state().tolist()}
+    kind, keys, pos, has_gauss, gauss = np.random.get_state()
+    return {"python": random.getstate(), "numpy": [kind, keys.tolist(), pos, has_gauss, gauss],
+            "torch": torch.get_rng_state().tolist()}
 
 
 def _set_rng_state(s: dict) -> None:
