@@ -161,11 +161,14 @@ def test_a_killed_replicas_requests_complete_elsewhere(client):
     assert not t.is_alive()
     assert _complete(done["out"], 16, 4)
     assert client.retries > retries_before
-    # Serve replaces the dead replica; the replacement starts on the newest weights.
+    # Serve replaces the dead replica (once its health check notices); the replacement
+    # starts on the newest weights.
+    deadline, old = time.monotonic() + 180, {v["pid"] for v in victims}
+    while not (replacement := [i for i in _live(client).values() if i["pid"] not in old]):
+        assert time.monotonic() < deadline, "the killed replica was never replaced"
+        time.sleep(0.5)
+    assert [i["start_version"] for i in replacement] == [2], replacement
     client.wait_replicas(2, timeout_s=180)
-    live = _live(client)
-    replacement = [i for i in live.values() if i["pid"] not in {v["pid"] for v in victims}]
-    assert [i["start_version"] for i in replacement] == [2], live
 
 
 def test_rollout_entrypoint_joins_the_cluster_with_one_rollout_slot(ray_cluster, tmp_path):
