@@ -32,10 +32,12 @@ def fixed(args: dict) -> None:
         for batch, lr in zip(args["batches"], args["lrs"], strict=True):
             stats = learner.step(batch, lr=lr)
             print("STATS", json.dumps(stats), flush=True)
+        torch.save(learner.export_weights(), Path(args["out"]) / "exported.pt")
         learner.shutdown()
     else:
         learner.follow()
-    dump_params(learner, Path(args["out"]) / f"rank{learner.rank}.pt")
+    if learner.config.zero_stage < 3:  # under ZeRO-3 a rank holds only a shard
+        dump_params(learner, Path(args["out"]) / f"rank{learner.rank}.pt")
 
 
 def rollout_batch(learner, tokenizer, problems, n, step, reward_fn=exact_match, max_new_tokens=4):

@@ -55,7 +55,7 @@ def reference_step(model, opt, batch: dict, lr: float) -> None:
     opt.step()
 
 
-@pytest.mark.parametrize("zero_stage", [1, 2])
+@pytest.mark.parametrize("zero_stage", [1, 2, 3])
 def test_two_ranks_match_one_process_reference(small_model, tmp_path, zero_stage, run_ranks):
     from transformers import AutoModelForCausalLM
 
@@ -67,8 +67,9 @@ def test_two_ranks_match_one_process_reference(small_model, tmp_path, zero_stage
     assert [s["samples_trained"] for s in stats] == [9.0, 9.0]
     assert stats[1]["lr"] == pytest.approx(LRS[1])
 
-    rank0 = torch.load(tmp_path / "rank0.pt")
-    rank1 = torch.load(tmp_path / "rank1.pt")
+    exported = torch.load(tmp_path / "exported.pt")
+    rank0 = torch.load(tmp_path / "rank0.pt") if zero_stage < 3 else exported
+    rank1 = torch.load(tmp_path / "rank1.pt") if zero_stage < 3 else exported
     model = AutoModelForCausalLM.from_pretrained(small_model)
     initial = {n: p.detach().clone() for n, p in model.named_parameters()}
     opt = torch.optim.AdamW(model.parameters(), lr=LRS[0], betas=(0.9, 0.99), eps=1e-8, weight_decay=0.0)
@@ -77,7 +78,10 @@ def test_two_ranks_match_one_process_reference(small_model, tmp_path, zero_stage
 
     moved = max((rank0[n] - initial[n]).abs().max().item() for n in initial)
     assert moved > 1e-4, "the steps did not change the parameters"
+    # The weights published to rollout: every parameter under its HF name, as trained.
+    assert sorted(exported) == sorted(n for n, _ in model.named_parameters())
     for name, p in model.named_parameters():
+        torch.testing.assert_close(exported[name], rank0[name], atol=0, rtol=0)
         torch.testing.assert_close(rank0[name], rank1[name], atol=1e-6, rtol=0, msg=f"ranks differ in {name}")
         # Adam divides by sqrt(v): elements whose gradient is ~0 amplify summation-order noise,
         # so the tolerance is a small fraction of the update size, not float32 epsilon.
