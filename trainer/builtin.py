@@ -126,7 +126,8 @@ def warm_start(out_dir: Path, recipe: dict, progress: bool = True) -> dict:
             f"{recipe['target_accuracy']}; raise max_steps in trainer/builtin.py"
         )
     save_model(model, tokenizer, out_dir)
-    return {"steps": step, "accuracy": acc, "seconds": round(time.perf_counter() - start, 1), "recipe": recipe}
+    return {"steps": step, "accuracy": acc, "seconds": round(time.perf_counter() - start, 1), "recipe": recipe,
+            "built_by_pid": os.getpid()}
 
 
 def _sft_batch(tokenizer, problems):
