@@ -19,7 +19,7 @@ from tests.e2e.conftest import Prometheus, free_port
 
 pytestmark = pytest.mark.slow
 
-TARGET = 0.5  # the warm start begins near 0.4: a small, reachable target for a test
+TARGET = 0.48  # the warm start begins near 0.42: a small, reachable target for a test
 
 
 def small_run(tmp_path: Path) -> Path:
@@ -94,9 +94,8 @@ def test_interrupt_resume_and_reach_target_scraped_by_prometheus(tmp_path):
         assert steps[-1] > steps_before
         assert recs[-1]["time_to_target_seconds"] > 0 and recs[-1]["samples_to_target"] > 0
         assert recs[-1]["target_metric"] >= TARGET
-        text = log.read_text()
-        assert "resumed" in text or "resum" in text.lower()
-        assert "time to target" in text.lower()
+        assert "resumed from step" in (run_dir / "logs" / "learner-0.log").read_text()
+        assert "time to target" in log.read_text().lower()
         assert not our_processes(run_dir / "run.json"), "stray processes after the run"
 
         # 3. Prometheus scraped the driver's endpoint: read time-to-target back through its API
