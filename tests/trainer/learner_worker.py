@@ -93,13 +93,14 @@ def grpo(args: dict) -> None:
     task = ArithmeticTask(difficulty=1, seed=0)
     data = PromptIterator(task.train, seed=args.get("seed", 0))
     before = accuracy(learner.engine.module, tok, task.eval, max_new_tokens=4)
-    rewards = []
+    rewards, noise = [], []
     for step in range(args["steps"]):
         batch = rollout_batch(learner, tok, data.next_batch(args["prompts"]), args["samples_per_prompt"], step)
-        learner.step(batch)
+        stats = learner.step(batch)
         rewards.append(sum(batch.rewards) / len(batch))
+        noise.append(stats["noise_scale"])
     after = accuracy(learner.engine.module, tok, task.eval, max_new_tokens=4)
-    print("RESULT", json.dumps({"before": before, "after": after, "rewards": rewards}), flush=True)
+    print("RESULT", json.dumps({"before": before, "after": after, "rewards": rewards, "noise_scale": noise}), flush=True)
     learner.shutdown()
 
 
