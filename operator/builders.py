@@ -131,6 +131,9 @@ def _env(run: RunRef, extra: list[dict[str, Any]] | None = None) -> list[dict[st
         {"name": "RLSCALE_RUN", "value": run.name},
         {"name": "RLSCALE_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
         {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+        # Ray 2.60 turns token auth on by itself, but a token in one pod's home is not in the
+        # others'. The run's pods talk inside the cluster network (see docs/operations.md).
+        {"name": "RAY_AUTH_MODE", "value": "disabled"},
         *(extra or []),
     ]
 

@@ -381,6 +381,8 @@ def drive(cfg: RunConfig, learner) -> int:
     on_gpu = spec.hardware.accelerator != "cpu"
     client = RolloutClient.deploy(engine, RolloutOptions(
         app_name=f"rollout-{cfg.run}", num_replicas=int(cfg.plan["rolloutReplicas"]),
+        # In pods each replica serves /metrics on the port its pod declares; locally none.
+        metrics_port=None if extra.get("local") else cfg.metrics_port,
         num_gpus=float(spec.rollout.gpus_per_replica) if on_gpu else 0.0))
     driver = Driver(cfg, learner, client, tok)
     driver.resume_or_start()
