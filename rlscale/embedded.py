@@ -153,16 +153,38 @@ def resolve_model_dir(path: str) -> str:
     return path
 
 
-def _read_new_records(path: Path, offset: int) -> tuple[list[dict[str, Any]], int]:
-    if not path.exists():
-        return [], offset
-    with open(path, "rb") as f:
-        f.seek(offset)
-        chunk = f.read()
-    lines = chunk.split(b"\n")
-    done = b"\n".join(lines[:-1])
-    records = [json.loads(line) for line in done.split(b"\n") if line.strip()]
-    return records, offset + len(done) + (1 if len(lines) > 1 else 0)
+@dataclass
+class JsonlTail:
+    """Follows metrics.jsonl as the driver appends to it; a rewrite (resume) starts it over."""
+
+    path: Path
+    offset: int = 0
+    inode: int | None = None
+
+    def skip_existing(self) -> None:
+        if self.path.exists():
+            st = self.path.stat()
+            self.offset, self.inode = st.st_size, st.st_ino
+
+    def read(self) -> list[dict[str, Any]]:
+        try:
+            st = self.path.stat()
+        except FileNotFoundError:
+            return []
+        if st.st_ino != self.inode or st.st_size < self.offset:
+            self.offset, self.inode = 0, st.st_ino  # replaced atomically on resume: read it anew
+        with open(self.path, "rb") as f:
+            f.seek(self.offset)
+            chunk = f.read()
+        end = chunk.rfind(b"\n") + 1  # only whole lines; a half-written one waits
+        self.offset += end
+        out = []
+        for line in chunk[:end].splitlines():
+            try:
+                out.append(json.loads(line))
+            except json.JSONDecodeError:
+                continue
+        return out
 
 
 def _fmt_s(x: float | None) -> str:
@@ -277,8 +299,8 @@ def run_embedded(rlrun: RLRun, *, metrics_port: int = 9400, runs_dir: Path = Pat
 
 def _watch(local: LocalRun, driver: Role, rollouts: list[Role], run_dir: Path, spec) -> int:
     """Show progress from metrics.jsonl until the driver exits; keep rollout processes alive."""
-    metrics = run_dir / "metrics.jsonl"
-    offset = metrics.stat().st_size if metrics.exists() else 0
+    tail = JsonlTail(run_dir / "metrics.jsonl")
+    tail.skip_existing()
     last: dict[str, Any] | None = None
     bar = Progress(TextColumn("[bold]{task.description}"), BarColumn(), TextColumn("{task.percentage:>3.0f}%"),
                    TimeElapsedColumn(), console=console)
@@ -286,7 +308,7 @@ def _watch(local: LocalRun, driver: Role, rollouts: list[Role], run_dir: Path, s
     with Live(progress_view(None, spec.target.value, spec.target.metric, spec.budget.max_samples, bar),
               console=console, refresh_per_second=4, transient=False) as live:
         while driver.alive():
-            recs, offset = _read_new_records(metrics, offset)
+            recs = tail.read()
             if recs:
                 last = recs[-1]
                 if last.get("target_metric") is not None:
@@ -302,7 +324,7 @@ def _watch(local: LocalRun, driver: Role, rollouts: list[Role], run_dir: Path, s
                     driver.send(signal.SIGTERM)
             live.update(progress_view(last, spec.target.value, spec.target.metric, spec.budget.max_samples, bar))
             time.sleep(0.25)
-        recs, offset = _read_new_records(metrics, offset)
+        recs = tail.read()
         if recs:
             last = recs[-1]
         live.update(progress_view(last, spec.target.value, spec.target.metric, spec.budget.max_samples, bar))

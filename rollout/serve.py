@@ -18,6 +18,7 @@ os.environ.setdefault("RAY_SERVE_QUEUE_LENGTH_RESPONSE_DEADLINE_S", "1.0")
 
 import ray  # noqa: E402
 from ray import serve  # noqa: E402
+from rlscale.metrics_names import ROLLOUT_PREFIX  # noqa: E402
 from rlscale.rollout.engine import EngineConfig, Sample  # noqa: E402
 
 log = logging.getLogger(__name__)
@@ -426,6 +427,15 @@ class RolloutClient:
         """Replicas started and not stopped (a crashed one may linger): id -> pid, node,
         the weights version it started with, metrics URL."""
         return ray.get(self._store.replicas.remote())
+
+    def generation_seconds_total(self) -> float | None:
+        """Engine seconds spent generating, from one replica's metrics (exact with one replica)."""
+        text = self._handle.metrics_text.remote().result(timeout_s=30).decode()
+        key = f"{ROLLOUT_PREFIX}generation_seconds_sum"
+        for line in text.splitlines():
+            if line.startswith(key):
+                return float(line.rsplit(" ", 1)[1])
+        return None
 
     def metrics_endpoints(self) -> list[str]:
         """The /metrics URLs of replicas started with a metrics port."""

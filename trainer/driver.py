@@ -183,6 +183,7 @@ class Driver:
     def step(self) -> dict[str, Any]:
         spec, st = self.spec, self.state
         p, n = int(st.prompts), spec.batch.samples_per_prompt
+        engine_before = self._engine_seconds()
         t0 = time.perf_counter()
         problems = self.data.next_batch(p)
         prompt_ids = [self.tok(pr.prompt).input_ids for pr in problems]
@@ -190,6 +191,9 @@ class Driver:
                                        max_new_tokens=spec.task.max_new_tokens, seed=st.step * 7919 + 17,
                                        version=st.version)
         t1 = time.perf_counter()
+        engine_after = self._engine_seconds()
+        engine_s = None if None in (engine_before, engine_after) else max(0.0, engine_after - engine_before)
+        t1r = time.perf_counter()  # the metrics reads stay out of every phase
         samples = [s for g in groups for s in g]
         texts = self.tok.batch_decode([s.token_ids for s in samples], skip_special_tokens=True)
         finished = [s.finish_reason == "stop" for s in samples]
@@ -214,8 +218,8 @@ class Driver:
         st.samples += len(samples)
         st.generated_tokens_total += gen_tokens
         st.trained_tokens_total += trained_tokens
-        phases = {"generate": t1 - t0, "reward": t2 - t1, "train": t3 - t2, "sync": t4 - t3}
-        step_s = t4 - t0
+        phases = {"generate": t1 - t0, "reward": t2 - t1r, "train": t3 - t2, "sync": t4 - t3}
+        step_s = t4 - t0 - (t1r - t1)
         st.elapsed_s += step_s
         compute = stats.get("compute_seconds")
         return {
@@ -230,9 +234,19 @@ class Driver:
             "rollout_replicas": st.rollout_replicas, "learner_replicas": self.plan["learnerReplicas"],
             "predicted_step_seconds": self.plan["predicted"]["stepSeconds"],
             # What the loop adds on top of the model's own work: serving calls, publishing, DeepSpeed.
-            "overhead_seconds": None if compute is None else max(0.0, step_s - compute - stats.get("generate_compute_seconds", 0.0)),
+            "engine_generate_seconds": engine_s, "train_compute_seconds": compute,
+            "overhead_seconds": None if compute is None or engine_s is None else max(0.0, step_s - compute - engine_s),
             "eval": None, "target_metric": self.tracker.current,
         }
+
+    def _engine_seconds(self) -> float | None:
+        """Engine seconds spent generating so far (read around a step's generation, outside its timing)."""
+        if self.state.rollout_replicas != 1:
+            return None  # the metrics come from one replica; with more the sum is not exact
+        try:
+            return self.rollout.generation_seconds_total()
+        except Exception:  # metrics are for reporting; never fail a step over them
+            return None
 
     def evaluate(self, rec: dict[str, Any]) -> float:
         """Greedy held-out accuracy through the rollout replicas (the policy as it is now)."""

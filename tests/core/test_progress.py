@@ -98,3 +98,25 @@ def test_run_metrics_expose_every_name_and_pass_promtool(tmp_path: Path):
         pytest.fail("promtool missing: run `make prometheus` (make test does)")
     res = subprocess.run([promtool, "check", "metrics"], input=text, capture_output=True, text=True)
     assert res.returncode == 0 and not res.stdout.strip() and not res.stderr.strip(), res.stdout + res.stderr
+
+
+def test_tail_follows_appends_and_a_rewrite(tmp_path):
+    import os
+
+    from rlscale.embedded import JsonlTail
+
+    p = tmp_path / "metrics.jsonl"
+    p.write_text('{"step": 1}\n{"step": 2}\n')
+    t = JsonlTail(p)
+    t.skip_existing()
+    assert t.read() == []
+    with open(p, "a") as f:
+        f.write('{"step": 3}\n{"step": 4, "half')
+    assert [r["step"] for r in t.read()] == [3]  # the half-written line waits
+    with open(p, "a") as f:
+        f.write('": 1}\n')
+    assert [r["step"] for r in t.read()] == [4]
+    tmp = tmp_path / "m.tmp"
+    tmp.write_text('{"step": 1}\n')  # a resume rewrites the log shorter, atomically
+    os.replace(tmp, p)
+    assert [r["step"] for r in t.read()] == [1]
