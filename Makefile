@@ -29,6 +29,7 @@ run: venv
 ## make crd: regenerate the CRD and the README spec table from rlscale/spec.py.
 ## make test: install, build/start what the tests need, run the whole suite.
 test: venv k8s prometheus
+	$(VENV)/bin/ruff check .
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 ## make cluster: a real control plane on loopback (etcd, apiserver, controller-manager,

@@ -65,10 +65,10 @@ def main() -> int:
     a = ap.parse_args()
     cp = _controlplane()
     from kubernetes import client, config, watch
+
     from rlscale.operator import builders as B
     from rlscale.operator import constants as C
     from rlscale.operator.planning import plan_for
-
     from rlscale.spec import parse_spec
 
     state = Path(tempfile.mkdtemp(prefix="rlscale-bench-"))

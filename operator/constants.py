@@ -27,6 +27,7 @@ ROLE_RUNNER = "runner"  # the ServiceAccount, Role and RoleBinding of the run's 
 
 # The learner (rank 0) reports progress here as JSON; the operator folds it into status.
 from rlscale.kube_report import ANNOTATION_PROGRESS  # noqa: E402,F401  (the driver writes it)
+
 # Which plan generation the children were built from (diagnostics, and re-plan accounting).
 ANNOTATION_PLAN_HASH = "rlscale.dev/plan-hash"
 

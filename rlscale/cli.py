@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 import typer
 from rich.console import Console
@@ -137,7 +137,7 @@ def run(
 
 
 @app.command("ray-head")
-def ray_head(config: Optional[Path] = ConfigOpt) -> None:
+def ray_head(config: Path | None = ConfigOpt) -> None:
     """Role entrypoint: the run's Ray head (CPU only)."""
     from rlscale.roles import ray_head_main
 
@@ -145,7 +145,7 @@ def ray_head(config: Optional[Path] = ConfigOpt) -> None:
 
 
 @app.command()
-def rollout(config: Optional[Path] = ConfigOpt) -> None:
+def rollout(config: Path | None = ConfigOpt) -> None:
     """Role entrypoint: join the run's Ray cluster and host one vLLM rollout replica."""
     from rlscale.rollout.entrypoint import main as rollout_main
 
@@ -153,7 +153,7 @@ def rollout(config: Optional[Path] = ConfigOpt) -> None:
 
 
 @app.command()
-def learner(config: Optional[Path] = ConfigOpt) -> None:
+def learner(config: Path | None = ConfigOpt) -> None:
     """Role entrypoint: one DeepSpeed rank (RANK, WORLD_SIZE, MASTER_ADDR from the environment); rank 0 drives."""
     from rlscale.trainer.entrypoint import main as learner_main
 
@@ -162,7 +162,7 @@ def learner(config: Optional[Path] = ConfigOpt) -> None:
 
 @app.command()
 def operator(
-    namespace: Optional[list[str]] = typer.Option(None, "--namespace", "-n", help="Watch these namespaces (default: all)."),
+    namespace: list[str] | None = typer.Option(None, "--namespace", "-n", help="Watch these namespaces (default: all)."),
     metrics_port: int = typer.Option(8080, "--metrics-port", help="Operator /metrics port."),
 ) -> None:
     """Run the Kubernetes operator (kopf) that reconciles RLRuns."""

@@ -147,7 +147,9 @@ def _wait_port(host: str, port: int, proc: Role, timeout: float) -> None:
 def resolve_model_dir(path: str) -> str:
     """A local model directory for the spec's model.path (builtin models are built and cached)."""
     if path.startswith("builtin:"):
-        from rlscale.trainer.builtin import ensure_builtin_model  # heavy: only the embedded run needs it
+        from rlscale.trainer.builtin import (
+            ensure_builtin_model,  # heavy: only the embedded run needs it
+        )
 
         return str(ensure_builtin_model(path))
     return path

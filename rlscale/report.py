@@ -58,7 +58,7 @@ def plot_curves(records: list[dict[str, Any]], target: float, metric: str, out: 
     for phase in ("generate", "reward", "train", "sync"):
         vals = [r.get("phases", {}).get(phase, 0.0) for r in records]
         a.bar(steps, vals, bottom=bottom, width=1.0, label=phase)
-        bottom = [b + v for b, v in zip(bottom, vals)]
+        bottom = [b + v for b, v in zip(bottom, vals, strict=True)]
     pred = [r.get("predicted_step_seconds") for r in records]
     if any(p is not None for p in pred):
         a.plot(steps, [p if p is not None else float("nan") for p in pred], "k-", lw=1, label="planned step")

@@ -18,6 +18,7 @@ os.environ.setdefault("RAY_SERVE_QUEUE_LENGTH_RESPONSE_DEADLINE_S", "1.0")
 
 import ray  # noqa: E402
 from ray import serve  # noqa: E402
+
 from rlscale.metrics_names import ROLLOUT_PREFIX  # noqa: E402
 from rlscale.rollout.engine import EngineConfig, Sample  # noqa: E402
 

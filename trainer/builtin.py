@@ -86,6 +86,7 @@ def ensure_builtin_model(name: str, cache_dir: str | Path | None = None, progres
 def warm_start(out_dir: Path, recipe: dict, progress: bool = True) -> dict:
     """Supervised warm start on the task's training split until greedy held-out accuracy reaches the target."""
     import torch
+
     from rlscale.trainer.generation import accuracy
     from rlscale.trainer.modeling import build_tokenizer, qwen2_config, save_model
     from rlscale.trainer.tasks import PromptIterator, load_task

@@ -14,16 +14,16 @@ from typing import Any
 
 import numpy as np
 import torch
-from rlscale.trainer.rewards import exact_match, resolve_reward, score
-from rlscale.trainer.tasks import ArithmeticTask, Problem, PromptIterator
 
-from rlscale.plan import Calibration, make_plan
 from rlscale.kube_report import KubeTarget, ProgressReporter, progress_body
+from rlscale.plan import Calibration, make_plan
 from rlscale.progress import TargetTracker
 from rlscale.report import read_jsonl, write_report
 from rlscale.roles import ray_auth_env
 from rlscale.run_metrics import RunMetrics
 from rlscale.runconfig import ENV_CONFIG, RunConfig, load_run_config
+from rlscale.trainer.rewards import exact_match, resolve_reward, score
+from rlscale.trainer.tasks import ArithmeticTask, Problem, PromptIterator
 
 log = logging.getLogger("rlscale.driver")
 
@@ -213,7 +213,7 @@ class Driver:
         self.rollout.publish_weights(st.version, self.learner.export_weights())
         t4 = time.perf_counter()
         gen_tokens = sum(len(s.token_ids) for s in samples)
-        trained_tokens = sum(len(a) + len(b) for a, b in zip(batch["prompt_ids"], batch["response_ids"]))
+        trained_tokens = sum(len(a) + len(b) for a, b in zip(batch["prompt_ids"], batch["response_ids"], strict=True))
         st.step += 1
         st.samples += len(samples)
         st.generated_tokens_total += gen_tokens
@@ -367,7 +367,7 @@ def evaluate_accuracy(rollout, tok, problems: list[Problem], max_new_tokens: int
     outs = [g[0] for g in groups]
     texts = tok.batch_decode([o.token_ids for o in outs], skip_special_tokens=True)
     correct = sum(exact_match(p.prompt, t, p.answer, finished=o.finish_reason == "stop") >= 1.0
-                  for p, t, o in zip(problems, texts, outs))
+                  for p, t, o in zip(problems, texts, outs, strict=True))
     return correct / max(1, len(problems))
 
 
@@ -381,9 +381,10 @@ def drive(cfg: RunConfig, learner) -> int:
     """Rank 0's whole job: connect to the run's Ray cluster, deploy rollout, run the loop, clean up."""
     os.environ.update(ray_auth_env())  # read by Ray at import
     import ray
+    from transformers import AutoTokenizer
+
     from rlscale.rollout.engine import EngineConfig
     from rlscale.rollout.serve import RolloutClient, RolloutOptions
-    from transformers import AutoTokenizer
 
     spec = cfg.parsed_spec()
     extra = cfg.extra or {}

@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+
 from rlscale.trainer.rewards import RewardFn, exact_match
 from rlscale.trainer.tasks import Problem
 

@@ -17,6 +17,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+
 from rlscale.trainer import algorithms as A
 from rlscale.trainer import checkpoint
 from rlscale.trainer.batching import RolloutBatch, micro_batches, pack

@@ -32,8 +32,8 @@ class Prometheus:
         self.port = free_port()
         cfg = workdir / "prometheus.yml"
         cfg.write_text(
-            "global:\n  scrape_interval: {i}\n  evaluation_interval: {i}\n"
-            "scrape_configs:\n  - job_name: rlscale\n    static_configs:\n      - targets: {t}\n".format(i=interval, t=json.dumps(targets))
+            f"global:\n  scrape_interval: {interval}\n  evaluation_interval: {interval}\n"
+            f"scrape_configs:\n  - job_name: rlscale\n    static_configs:\n      - targets: {json.dumps(targets)}\n"
         )
         self.proc = subprocess.Popen(
             [prometheus_binary(), f"--config.file={cfg}", f"--storage.tsdb.path={workdir / 'tsdb'}",

@@ -5,9 +5,9 @@ from __future__ import annotations
 import json
 
 import pytest
+
 from rlscale.operator import builders as B
 from rlscale.operator import constants as C
-
 from rlscale.runconfig import RUNCONFIG_KIND
 from rlscale.spec import parse_spec
 

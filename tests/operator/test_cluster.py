@@ -3,13 +3,12 @@ kwok GPU nodes) built from Go modules, running as the service account its chart 
 
 from __future__ import annotations
 
-import json
 import re
 
 import pytest
+from clusterkit import OPERATOR_NS, OPERATOR_SA, example_run, wait_for
 
 from rlscale.kube_report import KubeTarget, ProgressReporter
-from clusterkit import OPERATOR_NS, OPERATOR_SA, example_run, wait_for
 from rlscale.operator import builders as B
 from rlscale.operator import constants as C
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+
 from rlscale.operator import kube
 
 
@@ -24,7 +25,6 @@ def test_unknown_kind_is_refused_by_name():
 
 def test_every_built_child_has_a_path():
     from rlscale.operator import builders as B
-
     from rlscale.spec import parse_spec
 
     plan = {"prompts": 8, "samplesPerPrompt": 8, "rolloutReplicas": 1, "learnerReplicas": 1}

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from clusterkit import REPO
-from rlscale.operator.planning import calibration_from, plan_for
 
+from rlscale.operator.planning import calibration_from, plan_for
 from rlscale.spec import load_rlrun
 
 

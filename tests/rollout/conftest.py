@@ -52,6 +52,7 @@ def model_dirs(tmp_path_factory):
 def engine(model_dirs):
     """One in-process engine per module (module scope: its memory is freed for later tests)."""
     import torch
+
     from rlscale.rollout.engine import EngineConfig, RolloutEngine
 
     # vLLM's CPU worker replaces torch.set_num_threads with a no-op in its process;
@@ -85,6 +86,7 @@ def ray_cluster():
 def hf_model(state_dict: dict, model_dir: str):
     """A transformers model of `model_dir`'s config holding `state_dict`, in float32."""
     import torch
+
     from rlscale.trainer.modeling import load_model
 
     model = load_model(model_dir, dtype="float32")

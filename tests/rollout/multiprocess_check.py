@@ -11,6 +11,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 if __name__ == "__main__":
     from conftest import KV_CACHE_BYTES, decisive_state_dict, hf_greedy, hf_model, max_logprob_error
+
     from rlscale.rollout.engine import EngineConfig, RolloutEngine
 
     old_dir, new_dir = sys.argv[1], sys.argv[2]

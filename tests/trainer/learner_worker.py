@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 
 import torch
+
 from rlscale.trainer.batching import RolloutBatch
 from rlscale.trainer.generation import accuracy, generate
 from rlscale.trainer.learner import Learner, LearnerConfig

@@ -4,6 +4,7 @@ import math
 
 import pytest
 import torch
+
 from rlscale.trainer import algorithms as A
 
 

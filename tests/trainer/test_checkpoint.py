@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
+
 from rlscale.trainer import checkpoint
 
 pytestmark = pytest.mark.slow

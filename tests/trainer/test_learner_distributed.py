@@ -7,6 +7,7 @@ import random
 
 import pytest
 import torch
+
 from rlscale.trainer import algorithms as A
 
 pytestmark = pytest.mark.slow

@@ -7,6 +7,7 @@ import sys
 import textwrap
 
 import pytest
+
 from rlscale.trainer.noise import NoiseScale, noise_components
 from rlscale.trainer.rewards import exact_match, format_reward, resolve_reward, score
 from rlscale.trainer.tasks import ArithmeticTask, PromptIterator, load_task
