@@ -30,7 +30,7 @@ log = logging.getLogger("rlscale.driver")
 EXIT_TARGET, EXIT_BUDGET, EXIT_INTERRUPTED = 0, 3, 130
 REPLAN_WARMUP_STEPS = 10  # first steps carry one-off costs (first logprobs call, compiles)
 REPLAN_EVERY = 25
-REPLAN_MIN_GAIN = 0.10  # switch only when the new choice is predicted 10% faster: no flapping
+REPLAN_MIN_GAIN = 0.15  # switch only when the new choice is predicted 15% faster: no flapping
 
 
 @dataclass
@@ -287,16 +287,16 @@ class Driver:
         cands = [c for c in new.get("candidates", []) if c["learnerReplicas"] == learners]
         if not cands:
             return
-        best = min(cands, key=lambda c: c["predicted"]["timeToTargetSeconds"])
-        cur = next((c for c in cands if c["prompts"] == st.prompts and c["rolloutReplicas"] == st.rollout_replicas), None)
-        best_t = best["predicted"]["timeToTargetSeconds"]
-        cur_t = cur["predicted"]["timeToTargetSeconds"] if cur else float("inf")
+        measured = self._measured_throughput()
+        best, best_t, cur_t = choose_config(cands, measured, (st.prompts, st.rollout_replicas))
+        cur = next((c for c in cands if (c["prompts"], c["rolloutReplicas"]) == (st.prompts, st.rollout_replicas)), None)
         changed = (best["prompts"], best["rolloutReplicas"]) != (st.prompts, st.rollout_replicas)
         if changed and best_t < (1 - REPLAN_MIN_GAIN) * cur_t:
             new = {**new, **{k: best[k] for k in ("prompts", "samplesPerPrompt", "batch", "rolloutReplicas", "learnerReplicas",
                                                    "learningRate", "predicted")}}
             why = (f"calibrated at step {st.step}: {new['prompts']}x{new['samplesPerPrompt']} with {new['rolloutReplicas']} rollout "
-                   f"predicted {best_t:.0f}s to target vs {cur_t:.0f}s for {st.prompts}x{new['samplesPerPrompt']}")
+                   f"{'measured' if (best['prompts'], best['rolloutReplicas']) in measured else 'predicted'} at {best_t:.0f}s "
+                   f"to target vs {cur_t:.0f}s for {st.prompts}x{new['samplesPerPrompt']}")
             log.info("re-plan: %s", why)
             if new["rolloutReplicas"] != st.rollout_replicas:
                 self.rollout.scale(new["rolloutReplicas"])
@@ -308,6 +308,13 @@ class Driver:
             # Same choice: keep the recalibrated prediction so predicted-vs-measured is honest.
             self.plan = {**self.plan, "predicted": cur["predicted"], "calibrated": True}
             self.metrics.predicted_step.set(cur["predicted"]["stepSeconds"])
+
+    def _measured_throughput(self, min_steps: int = 10, last: int = 50) -> dict[tuple[int, int], float]:
+        """Median samples/s per (prompts, rollout replicas) over the last steps run with it."""
+        by: dict[tuple[int, int], list[float]] = {}
+        for r in self.records:
+            by.setdefault((r["prompts"], r["rollout_replicas"]), []).append(r["samples_per_second"])
+        return {k: float(np.median(v[-last:])) for k, v in by.items() if len(v) >= min_steps}
 
     def _stamp(self) -> tuple | None:
         try:
@@ -352,6 +359,23 @@ class Driver:
         tmp = self.run_dir / "metrics.jsonl.tmp"
         tmp.write_text("".join(json.dumps(r) + "\n" for r in recs))
         os.replace(tmp, self.run_dir / "metrics.jsonl")
+
+
+def choose_config(cands: list[dict], measured: dict[tuple[int, int], float],
+                  current: tuple[int, int]) -> tuple[dict, float, float]:
+    """(best candidate, its seconds to target, the current one's): measured samples/s where a
+    configuration has run, the calibrated model elsewhere.
+
+    A model calibrated at one point is least trustworthy far from it; judging tried
+    configurations by what they did keeps the batch from going back and forth.
+    """
+    def seconds(c: dict) -> float:
+        sps = measured.get((c["prompts"], c["rolloutReplicas"]))
+        return c["predicted"]["samplesToTarget"] / sps if sps else c["predicted"]["timeToTargetSeconds"]
+
+    best = min(cands, key=seconds)
+    cur = next((c for c in cands if (c["prompts"], c["rolloutReplicas"]) == current), None)
+    return best, seconds(best), seconds(cur) if cur else float("inf")
 
 
 def _calibration_record(r: dict[str, Any]) -> dict[str, Any]:

@@ -1,0 +1,25 @@
+"""The driver's re-plan choice: measured throughput wins over the one-point calibrated model."""
+
+from rlscale.trainer.driver import choose_config
+
+
+def cand(prompts: int, e: float, t: float, rollout: int = 1) -> dict:
+    return {"prompts": prompts, "rolloutReplicas": rollout, "predicted": {"samplesToTarget": e, "timeToTargetSeconds": t}}
+
+
+def test_unmeasured_configurations_are_judged_by_the_model():
+    best, best_t, cur_t = choose_config([cand(8, 100_000, 400), cand(16, 110_000, 500)], {}, (16, 1))
+    assert best["prompts"] == 8 and (best_t, cur_t) == (400, 500)
+
+
+def test_a_tried_configuration_is_judged_by_what_it_measured():
+    # The model says 8 prompts is faster, but 8 prompts ran at 200 samples/s: 100k / 200 = 500 s,
+    # while 16 prompts measured 275 samples/s: 110k / 275 = 400 s.
+    cands = [cand(8, 100_000, 400), cand(16, 110_000, 500)]
+    best, best_t, cur_t = choose_config(cands, {(8, 1): 200.0, (16, 1): 275.0}, (16, 1))
+    assert best["prompts"] == 16 and best_t == cur_t == 400
+
+
+def test_unknown_current_configuration_never_blocks_a_choice():
+    best, _, cur_t = choose_config([cand(8, 1, 2)], {}, (64, 1))
+    assert best["prompts"] == 8 and cur_t == float("inf")
