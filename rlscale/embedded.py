@@ -87,6 +87,13 @@ class Role:
             self.proc.wait(timeout=5)
         except subprocess.TimeoutExpired:
             pass
+        deadline = time.monotonic() + 10  # return only once the whole group is gone
+        while time.monotonic() < deadline:
+            try:
+                os.killpg(self.proc.pid, 0)
+            except (ProcessLookupError, PermissionError):
+                break
+            time.sleep(0.1)
 
 
 @dataclass
@@ -117,6 +124,52 @@ class LocalRun:
         for prefix in ("learner", "rollout", "ray-head"):
             for r in [r for r in self.roles if r.name.startswith(prefix)]:
                 r.stop(timeout=60.0 if prefix == "learner" else 20.0)
+        # Ray starts some workers (the Serve controller) in sessions of their own; they carry
+        # the run's environment, which is how we find what the process groups missed.
+        reap(processes_of_run(str(self.run_dir / "run.json")))
+
+
+def processes_of_run(config_path: str) -> list[int]:
+    """Pids whose environment names this run's config (every role and everything Ray forked)."""
+    needle = b"\0" + f"{ENV_CONFIG}={config_path}".encode() + b"\0"
+    pids = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == os.getpid():
+            continue
+        try:
+            with open(f"/proc/{entry}/environ", "rb") as f:
+                if needle in b"\0" + f.read() + b"\0":
+                    pids.append(int(entry))
+        except OSError:
+            continue
+    return pids
+
+
+def reap(pids: list[int], grace: float = 10.0) -> None:
+    """SIGTERM, then SIGKILL what is left after `grace` seconds."""
+    for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 5.0)):
+        alive = []
+        for pid in pids:
+            try:
+                os.kill(pid, sig)
+                alive.append(pid)
+            except (ProcessLookupError, PermissionError):
+                pass
+        deadline = time.monotonic() + wait
+        while alive and time.monotonic() < deadline:
+            alive = [p for p in alive if _exists(p)]
+            time.sleep(0.1)
+        pids = alive
+        if not pids:
+            return
+
+
+def _exists(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().split(b") ", 1)[1][:1] != b"Z"  # a zombie is gone for our purpose
+    except OSError:
+        return False
 
 
 def ray_token_file(run_dir: Path) -> Path:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import sys
 from pathlib import Path
 
 import pytest
@@ -19,3 +20,13 @@ def rlrun_dict(spec: dict | None = None, name: str = "t") -> dict:
 @pytest.fixture
 def root() -> Path:
     return ROOT
+
+
+@pytest.fixture(autouse=True)
+def _autograd_back_on():
+    """One pytest process runs rollout and learner tests: a test that turns autograd off globally
+    (vLLM, inference helpers) must not leave the learner tests without gradients."""
+    yield
+    torch = sys.modules.get("torch")
+    if torch is not None and not torch.is_grad_enabled():
+        torch.set_grad_enabled(True)

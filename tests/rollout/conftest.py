@@ -85,7 +85,6 @@ def ray_cluster():
 
 def hf_model(state_dict: dict, model_dir: str):
     """A transformers model of `model_dir`'s config holding `state_dict`, in float32."""
-    import torch
 
     from rlscale.trainer.modeling import load_model
 
@@ -94,8 +93,7 @@ def hf_model(state_dict: dict, model_dir: str):
     assert not unexpected, unexpected
     # Tied embeddings: lm_head.weight is the embedding and absent from the file.
     assert set(missing) <= {"lm_head.weight"}, missing
-    model.eval()
-    torch.set_grad_enabled(False)
+    model.eval().requires_grad_(False)  # not the global grad switch: later tests in this process train
     return model
 
 
