@@ -32,18 +32,10 @@ def ray_start_command(ray_address: str, num_cpus: int = 0) -> list[str]:
 
 
 def worker_env(environ: dict[str, str] | os._Environ) -> dict[str, str]:
-    """The environment for `ray start`: token auth on when a token is at hand.
+    """The environment for `ray start`: token auth on when a token is at hand (see rlscale.roles)."""
+    from rlscale.roles import ray_auth_env
 
-    Ray 2.60's head turns token auth on by itself when a token exists, but a worker
-    given an explicit --address does not, and is refused ("Authentication token is
-    missing or incorrect"). An explicit RAY_AUTH_MODE always wins.
-    """
-    env = dict(environ)
-    if "RAY_AUTH_MODE" not in env:
-        token_file = Path(env.get("RAY_AUTH_TOKEN_PATH") or Path.home() / ".ray" / "auth_token")
-        if env.get("RAY_AUTH_TOKEN") or token_file.is_file():
-            env["RAY_AUTH_MODE"] = "token"
-    return env
+    return ray_auth_env(environ)
 
 
 def main(config_path: str | None = None) -> int:
