@@ -289,7 +289,7 @@ class Driver:
             return
         measured = self._measured_throughput()
         best, best_t, cur_t = choose_config(cands, measured, (st.prompts, st.rollout_replicas))
-        cur = next((c for c in cands if (c["prompts"], c["rolloutReplicas"]) == (st.prompts, st.rollout_replicas)), None)
+        cur = find_config(cands, (st.prompts, st.rollout_replicas))
         changed = (best["prompts"], best["rolloutReplicas"]) != (st.prompts, st.rollout_replicas)
         if changed and best_t < (1 - REPLAN_MIN_GAIN) * cur_t:
             new = {**new, **{k: best[k] for k in ("prompts", "samplesPerPrompt", "batch", "rolloutReplicas", "learnerReplicas",
@@ -361,6 +361,11 @@ class Driver:
         os.replace(tmp, self.run_dir / "metrics.jsonl")
 
 
+def find_config(cands: list[dict], key: tuple[int, int]) -> dict | None:
+    """The candidate with (prompts, rollout replicas) == key, if the planner listed it."""
+    return next((c for c in cands if (c["prompts"], c["rolloutReplicas"]) == key), None)
+
+
 def choose_config(cands: list[dict], measured: dict[tuple[int, int], float],
                   current: tuple[int, int]) -> tuple[dict, float, float]:
     """(best candidate, its seconds to target, the current one's): measured samples/s where a
@@ -374,7 +379,7 @@ def choose_config(cands: list[dict], measured: dict[tuple[int, int], float],
         return c["predicted"]["samplesToTarget"] / sps if sps else c["predicted"]["timeToTargetSeconds"]
 
     best = min(cands, key=seconds)
-    cur = next((c for c in cands if (c["prompts"], c["rolloutReplicas"]) == current), None)
+    cur = find_config(cands, current)
     return best, seconds(best), seconds(cur) if cur else float("inf")
 
 
