@@ -290,8 +290,12 @@ class Learner:
             if k == 0 and measure:
                 g_small_sq, b_small = self._local_grad_sq(), mb.num_samples
         noise = None
+        self.noise.last = None
         if g_small_sq is not None:
             noise = self._update_noise(g_small_sq, b_small, len(mine), total_tokens, packed)
+        # This step's raw estimates: a reader averaging them over many steps gets a far
+        # steadier B_simple than any one step's (see rlscale.plan.calibration).
+        noise_g_sq, noise_trace = self.noise.last or (None, None)
 
         self.engine.step()
         if self.critic is not None:
@@ -311,6 +315,8 @@ class Learner:
             tokens=float(total_tokens),
             grad_norm=float(grad_norm) if grad_norm is not None else None,
             noise_scale=float(noise) if noise is not None else self.noise.value,
+            noise_grad_sq=noise_g_sq,
+            noise_trace=noise_trace,
             version=float(self.version),
             skipped=0.0,
         )

@@ -29,11 +29,14 @@ class NoiseScale:
         self.g_sq: float | None = None
         self.trace: float | None = None
         self.count = 0
+        self.last: tuple[float, float] | None = None  # this step's raw (|G|^2, tr(Sigma)) estimates
 
     def update(self, g_small_sq: float, g_big_sq: float, b_small: float, b_big: float) -> float | None:
         g_sq, trace = noise_components(g_small_sq, g_big_sq, b_small, b_big)
         if not (math.isfinite(g_sq) and math.isfinite(trace)):
+            self.last = None
             return self.value
+        self.last = (g_sq, trace)
         if self.g_sq is None:
             self.g_sq, self.trace = g_sq, trace
         else:

@@ -54,15 +54,21 @@ class Calibration:
         return None
 
     @classmethod
-    def from_steps(cls, records: Iterable[Mapping[str, Any]], last: int = 10) -> Calibration:
-        """Median over the last `last` step records that ran the latest configuration (robust to slow outliers)."""
+    def from_steps(cls, records: Iterable[Mapping[str, Any]], last: int = 10, noise_last: int | None = None) -> Calibration:
+        """Median over the last `last` step records that ran the latest configuration (robust to slow outliers).
+
+        The noise scale comes from the last `noise_last` records (default `last`) of any
+        configuration: the ratio of the mean |G|^2 and tr(Sigma) estimates where the records
+        carry them (one step's estimates are very noisy, and the ratio of means is the
+        consistent estimator), else the median of the reported B_simple.
+        """
         recs = [r for r in records if isinstance(r, Mapping)]
         if not recs:
             return cls()
         key = _config(recs[-1])
         same = [r for r in recs if _config(r) == key][-last:]
         phases = {p: _median(_get(r.get("phases") or {}, p) for r in same) for p in PHASES}
-        noise = _median(_get(r, "noiseScale", "noise_scale") for r in recs[-last:])
+        noise = noise_from_steps(recs[-(noise_last or last):])
         prompts, spp, rollout, learner = key
         return cls(
             prompts=prompts, samples_per_prompt=spp, rollout_replicas=rollout or 1, learner_replicas=learner or 1,
@@ -72,6 +78,33 @@ class Calibration:
             tokens_per_sample=_median(_get(r, "tokensPerSample", "tokens_per_sample") for r in same),
             noise_scale=noise, steps=len(same),
         )
+
+
+def noise_from_steps(records: list[Mapping[str, Any]], min_pairs: int = 5, z: float = 2.0) -> float | None:
+    """B_simple = mean tr(Sigma) / mean |G|^2 over records with both estimates, else the median B_simple.
+
+    With per-step estimates the answer is None (not measured) unless mean |G|^2 lies `z`
+    standard errors above 0: in RL the true gradient is often small next to its noise, and
+    dividing by a mean that could as well be 0 gives any value from tens to tens of
+    thousands, which would swing the batch back and forth. Not measured, the planner keeps
+    the spec's or the default noise scale.
+    """
+    pairs = [(float(r[g]), float(r[t])) for r in records
+             for g, t in (("noiseGradSq", "noiseTrace"), ("noise_grad_sq", "noise_trace"))
+             if _finite(r.get(g)) and _finite(r.get(t))]
+    if len(pairs) >= min_pairs:
+        gs = [g for g, _ in pairs]
+        g_sq = sum(gs) / len(gs)
+        stderr = math.sqrt(sum((g - g_sq) ** 2 for g in gs) / (len(gs) - 1) / len(gs))
+        if g_sq <= z * stderr:
+            return None
+        trace = sum(t for _, t in pairs) / len(pairs)
+        return max(trace, 0.0) / g_sq
+    return _median(_get(r, "noiseScale", "noise_scale") for r in records)
+
+
+def _finite(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
 
 
 def _ok(v: Any) -> bool:

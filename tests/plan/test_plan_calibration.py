@@ -121,3 +121,30 @@ def test_noise_scale_from_the_spec_unless_measured():
     spec = parse_spec({**BASE, "optimizer": {**BASE.get("optimizer", {}), "noiseScale": 77.0}})
     assert make_plan(spec).noise_scale == 77.0
     assert make_plan(spec, Calibration(noise_scale=5.0)).noise_scale == 5.0  # measured wins
+
+
+def _noisy(g, t, prompts=16):
+    return [{**_step(prompts, 1.0, noise=1e6), "noiseGradSq": gi, "noiseTrace": ti} for gi, ti in zip(g, t, strict=True)]
+
+
+def test_noise_scale_is_the_ratio_of_mean_estimates_when_steps_carry_them():
+    # Per-step estimates scatter (the trace even goes negative); their means are what B_simple needs.
+    recs = _noisy([1.2, 0.8, 1.1, 0.9, 1.0, 1.0], [900.0, 100.0, -200.0, 400.0, 600.0, 1200.0])  # means 1.0, 500
+    assert Calibration.from_steps(recs, last=3, noise_last=6).noise_scale == pytest.approx(500.0)
+    # noise_last bounds the window: older steps (here at another configuration) drop out.
+    old = _noisy([1.0] * 10, [50.0] * 10, prompts=8)
+    assert Calibration.from_steps(old + recs, last=3, noise_last=6).noise_scale == pytest.approx(500.0)
+    assert Calibration.from_steps(old + recs, last=3, noise_last=16).noise_scale == pytest.approx((500 + 3000) / (10 + 6))
+
+
+def test_a_gradient_lost_in_its_noise_gives_no_noise_scale():
+    # Mean |G|^2 = 1.0 but within two standard errors of 0 (what RL steps mostly look like):
+    # the ratio could be anything, so the plan keeps its prior instead of a wild value.
+    recs = _noisy([2.0, -1.0, 3.0, 0.5, 0.5, 1.0], [500.0] * 6)
+    assert Calibration.from_steps(recs, noise_last=6).noise_scale is None
+    assert Calibration.from_steps(_noisy([-1.0] * 8, [5.0] * 8)).noise_scale is None
+
+
+def test_noise_scale_falls_back_to_the_median_of_reported_values():
+    few = [{**_step(16, 1.0, noise=300.0), "noiseGradSq": 1.0, "noiseTrace": 5.0} for _ in range(3)]
+    assert Calibration.from_steps(few).noise_scale == 300.0  # too few pairs: the reported B_simple
