@@ -30,7 +30,9 @@ log = logging.getLogger("rlscale.driver")
 EXIT_TARGET, EXIT_BUDGET, EXIT_INTERRUPTED = 0, 3, 130
 REPLAN_WARMUP_STEPS = 10  # first steps carry one-off costs (first logprobs call, compiles)
 REPLAN_EVERY = 25
-REPLAN_MIN_GAIN = 0.15  # switch only when the new choice is predicted 15% faster: no flapping
+REPLAN_MIN_GAIN = 0.15  # switch only when the new choice is predicted 15% faster ...
+REPLAN_CONFIRM = 2  # ... at this many re-plans in a row: one noisy window does not move the batch
+NOISE_WINDOW = 100  # steps whose noise estimates are averaged: one step's are very noisy
 
 
 @dataclass
@@ -92,6 +94,7 @@ class Driver:
         self.state = RunState(prompts=self.plan["prompts"], learning_rate=self.plan["learningRate"],
                               rollout_replicas=self.plan["rolloutReplicas"])
         self.records: list[dict[str, Any]] = []
+        self._gate = ReplanGate(REPLAN_CONFIRM)
         # Locally the driver re-plans itself; on Kubernetes the operator re-plans and the
         # driver follows the mounted run config, so there is one planner per run.
         self.local = bool((cfg.extra or {}).get("local"))
@@ -230,6 +233,7 @@ class Driver:
             "generated_tokens": gen_tokens, "trained_tokens": trained_tokens,
             "generated_tokens_total": st.generated_tokens_total, "trained_tokens_total": st.trained_tokens_total,
             "weights_version": st.version, "noise_scale": stats.get("noise_scale"),
+            "noise_grad_sq": stats.get("noise_grad_sq"), "noise_trace": stats.get("noise_trace"),
             "loss": stats.get("loss"), "grad_norm": stats.get("grad_norm"),
             "rollout_replicas": st.rollout_replicas, "learner_replicas": self.plan["learnerReplicas"],
             "predicted_step_seconds": self.plan["predicted"]["stepSeconds"],
@@ -279,8 +283,8 @@ class Driver:
         st = self.state
         if st.step < REPLAN_WARMUP_STEPS or st.step % REPLAN_EVERY:
             return
-        recent = self.records[-REPLAN_EVERY:]
-        cal = Calibration.from_steps([_calibration_record(r) for r in recent])
+        recent = self.records[-max(REPLAN_EVERY, NOISE_WINDOW):]
+        cal = Calibration.from_steps([_calibration_record(r) for r in recent], noise_last=NOISE_WINDOW)
         new = make_plan(self.spec, cal).to_dict()
         # Learner ranks are fixed for the life of the processes: choose among candidates that keep them.
         learners = int(self.cfg.plan["learnerReplicas"])
@@ -290,13 +294,20 @@ class Driver:
         measured = self._measured_throughput()
         best, best_t, cur_t = choose_config(cands, measured, (st.prompts, st.rollout_replicas))
         cur = find_config(cands, (st.prompts, st.rollout_replicas))
-        changed = (best["prompts"], best["rolloutReplicas"]) != (st.prompts, st.rollout_replicas)
-        if changed and best_t < (1 - REPLAN_MIN_GAIN) * cur_t:
+        key = (best["prompts"], best["rolloutReplicas"])
+        better = key != (st.prompts, st.rollout_replicas) and best_t < (1 - REPLAN_MIN_GAIN) * cur_t
+        confirmed = self._gate.propose(key if better else None)
+        if better and not confirmed:
+            log.info("re-plan: %dx%d looks %.0f%% faster at step %d; applied if the next re-plan agrees",
+                     best["prompts"], best["samplesPerPrompt"], 100 * (1 - best_t / cur_t), st.step)
+        if confirmed:
             new = {**new, **{k: best[k] for k in ("prompts", "samplesPerPrompt", "batch", "rolloutReplicas", "learnerReplicas",
                                                    "learningRate", "predicted")}}
             why = (f"calibrated at step {st.step}: {new['prompts']}x{new['samplesPerPrompt']} with {new['rolloutReplicas']} rollout "
                    f"{'measured' if (best['prompts'], best['rolloutReplicas']) in measured else 'predicted'} at {best_t:.0f}s "
-                   f"to target vs {cur_t:.0f}s for {st.prompts}x{new['samplesPerPrompt']}")
+                   f"to target vs {cur_t:.0f}s for {st.prompts}x{new['samplesPerPrompt']}, "
+                   f"in {REPLAN_CONFIRM} re-plans in a row; noise scale {cal.noise_scale or 0:.0f} samples over the last "
+                   f"{min(NOISE_WINDOW, len(recent))} steps")
             log.info("re-plan: %s", why)
             if new["rolloutReplicas"] != st.rollout_replicas:
                 self.rollout.scale(new["rolloutReplicas"])
@@ -361,6 +372,31 @@ class Driver:
         os.replace(tmp, self.run_dir / "metrics.jsonl")
 
 
+class ReplanGate:
+    """Lets a change through only when `confirm` re-plans in a row propose the same one.
+
+    One re-plan sees a short, noisy window (a stalled neighbour, a lucky noise estimate);
+    a change that survives two windows is worth the disruption of switching.
+    """
+
+    def __init__(self, confirm: int = 2):
+        self.confirm = max(1, confirm)
+        self.key: Any = None
+        self.count = 0
+
+    def propose(self, key: Any) -> bool:
+        """Record this re-plan's proposal (None: keep the current configuration); True to apply it now."""
+        if key is None:
+            self.key, self.count = None, 0
+            return False
+        self.count = self.count + 1 if key == self.key else 1
+        self.key = key
+        if self.count >= self.confirm:
+            self.key, self.count = None, 0
+            return True
+        return False
+
+
 def find_config(cands: list[dict], key: tuple[int, int]) -> dict | None:
     """The candidate with (prompts, rollout replicas) == key, if the planner listed it."""
     return next((c for c in cands if (c["prompts"], c["rolloutReplicas"]) == key), None)
@@ -386,6 +422,7 @@ def choose_config(cands: list[dict], measured: dict[tuple[int, int], float],
 def _calibration_record(r: dict[str, Any]) -> dict[str, Any]:
     return {"prompts": r["prompts"], "samplesPerPrompt": r["samples_per_prompt"], "rolloutReplicas": r["rollout_replicas"],
             "learnerReplicas": r["learner_replicas"], "phases": r["phases"], "noiseScale": r.get("noise_scale"),
+            "noiseGradSq": r.get("noise_grad_sq"), "noiseTrace": r.get("noise_trace"),
             "tokensPerSample": r["generated_tokens"] / max(1, r["batch_samples"])}
 
 
@@ -422,6 +459,9 @@ def drive(cfg: RunConfig, learner) -> int:
              logging_level=logging.WARNING)
     engine = EngineConfig(model=str(cfg.model_dir), dtype=spec.model.dtype, max_model_len=spec.model.max_length,
                           seed=int(extra.get("seed", 0)))
+    if extra.get("rolloutCpuThreads"):
+        # The local runner knows how many cores each replica may use; a pod keeps the default.
+        engine.cpu_threads = int(extra["rolloutCpuThreads"])
     on_gpu = spec.hardware.accelerator != "cpu"
     client = RolloutClient.deploy(engine, RolloutOptions(
         app_name=f"rollout-{cfg.run}", num_replicas=int(cfg.plan["rolloutReplicas"]),

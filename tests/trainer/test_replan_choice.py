@@ -1,6 +1,6 @@
 """The driver's re-plan choice: measured throughput wins over the one-point calibrated model."""
 
-from rlscale.trainer.driver import choose_config
+from rlscale.trainer.driver import ReplanGate, choose_config
 
 
 def cand(prompts: int, e: float, t: float, rollout: int = 1) -> dict:
@@ -23,3 +23,19 @@ def test_a_tried_configuration_is_judged_by_what_it_measured():
 def test_unknown_current_configuration_never_blocks_a_choice():
     best, _, cur_t = choose_config([cand(8, 1, 2)], {}, (64, 1))
     assert best["prompts"] == 8 and cur_t == float("inf")
+
+
+def test_a_change_waits_for_a_second_re_plan_that_agrees():
+    gate = ReplanGate(confirm=2)
+    assert not gate.propose((8, 1))  # first sighting: wait
+    assert gate.propose((8, 1))  # the next re-plan agrees: apply
+    assert not gate.propose((8, 1))  # applied; a new streak starts
+
+
+def test_flapping_proposals_never_pass_the_gate():
+    # What a noisy noise-scale estimate did before the gate: 8, 32, 8, 32, ... prompts.
+    gate = ReplanGate(confirm=2)
+    assert not any(gate.propose((8 if i % 2 else 32, 1)) for i in range(20))
+    # A re-plan that keeps the current configuration breaks a streak.
+    gate = ReplanGate(confirm=2)
+    assert not gate.propose((8, 1)) and not gate.propose(None) and not gate.propose((8, 1))
