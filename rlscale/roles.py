@@ -45,6 +45,19 @@ def ray_auth_env(environ=None) -> dict[str, str]:
     return env
 
 
+def ray_node_env(environ=None) -> dict[str, str]:
+    """The environment for `ray start` of a run's node: auth as in ray_auth_env, and workers at normal priority.
+
+    Ray starts its workers at niceness 15 by default; here those workers are the rollout
+    replicas, which the learner waits on every step, so on a shared machine a niced
+    replica would make the whole loop yield to any neighbour. RAY_worker_niceness set in
+    the environment still wins.
+    """
+    env = ray_auth_env(environ)
+    env.setdefault("RAY_worker_niceness", "0")
+    return env
+
+
 def ray_head_command(ray_address: str | None, num_cpus: int | None = None, object_store_bytes: int | None = None) -> list[str]:
     """`ray start --head` for the run: no dashboard, no usage stats, blocking so the process is the role."""
     host, port = split_address(ray_address)
@@ -64,5 +77,5 @@ def ray_head_main(config_path: str | os.PathLike | None) -> int:
     cfg = load_run_config(config_path)
     extra = cfg.extra or {}
     cmd = ray_head_command(cfg.ray_address, extra.get("headCpus"), extra.get("objectStoreBytes"))
-    os.execvp(cmd[0], cmd)
+    os.execvpe(cmd[0], cmd, ray_node_env())
     return 0  # not reached

@@ -32,10 +32,10 @@ def ray_start_command(ray_address: str, num_cpus: int = 0) -> list[str]:
 
 
 def worker_env(environ: dict[str, str] | os._Environ) -> dict[str, str]:
-    """The environment for `ray start`: token auth on when a token is at hand (see rlscale.roles)."""
-    from rlscale.roles import ray_auth_env
+    """The environment for `ray start`: token auth on when a token is at hand, replicas not niced (see rlscale.roles)."""
+    from rlscale.roles import ray_node_env
 
-    return ray_auth_env(environ)
+    return ray_node_env(environ)
 
 
 def main(config_path: str | None = None) -> int:
