@@ -286,11 +286,17 @@ def prepare_run(rlrun: RLRun, runs_dir: Path, metrics_port: int, fresh: bool, li
     ckpt_dir = run_dir / "checkpoints" if ckpt == DEFAULT_CHECKPOINT_PATH else Path(ckpt).resolve()
     model_dir = resolve_model_dir(spec.model.path)
     port = metrics_port or free_port()
+    cores = max(1, os.cpu_count() or 1)
+    # Generation and training take turns on this host, so a replica may use every core its
+    # share allows; the most replicas a re-plan may choose sets that share, so adding
+    # replicas never oversubscribes the cores.
+    r = spec.rollout.replicas
+    most_replicas = max(plan.rollout_replicas, spec.rollout.max_replicas if r == "auto" else r)
     cfg = RunConfig.from_rlrun(
         rlrun, plan.to_dict(), ray_address=f"127.0.0.1:{free_port()}", metrics_port=port,
         checkpoint_dir=str(ckpt_dir), report_dir=str(run_dir), model_dir=model_dir,
-        extra={"headCpus": max(1, os.cpu_count() or 1), "objectStoreBytes": 512 * 2**20, "local": True,
-               "lingerSeconds": linger},
+        extra={"headCpus": cores, "objectStoreBytes": 512 * 2**20, "local": True,
+               "lingerSeconds": linger, "rolloutCpuThreads": max(1, cores // most_replicas)},
     )
     cfg.save(run_dir / "run.json")
     return cfg, run_dir, plan
