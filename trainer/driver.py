@@ -412,7 +412,11 @@ def choose_config(cands: list[dict], measured: dict[tuple[int, int], float],
     """
     def seconds(c: dict) -> float:
         sps = measured.get((c["prompts"], c["rolloutReplicas"]))
-        return c["predicted"]["samplesToTarget"] / sps if sps else c["predicted"]["timeToTargetSeconds"]
+        if not sps:
+            return c["predicted"]["timeToTargetSeconds"]
+        e, pred = c["predicted"]["samplesToTarget"], c["predicted"]
+        # The run's clock also counts its evals: the same seconds per step at any batch.
+        return e / sps + e / c.get("batch", 1) * pred.get("evalSecondsPerStep", 0.0)
 
     best = min(cands, key=seconds)
     cur = find_config(cands, current)
@@ -422,7 +426,7 @@ def choose_config(cands: list[dict], measured: dict[tuple[int, int], float],
 def _calibration_record(r: dict[str, Any]) -> dict[str, Any]:
     return {"prompts": r["prompts"], "samplesPerPrompt": r["samples_per_prompt"], "rolloutReplicas": r["rollout_replicas"],
             "learnerReplicas": r["learner_replicas"], "phases": r["phases"], "noiseScale": r.get("noise_scale"),
-            "noiseGradSq": r.get("noise_grad_sq"), "noiseTrace": r.get("noise_trace"),
+            "noiseGradSq": r.get("noise_grad_sq"), "noiseTrace": r.get("noise_trace"), "evalSeconds": r.get("eval_seconds"),
             "tokensPerSample": r["generated_tokens"] / max(1, r["batch_samples"])}
 
 

@@ -27,6 +27,7 @@ class Calibration:
     response_tokens: float | None = None  # measured mean response length
     tokens_per_sample: float | None = None  # generated tokens per sample (what the driver counts): the response
     noise_scale: float | None = None
+    eval_s: float | None = None  # seconds of one held-out eval at rollout_replicas
     steps: int = 0  # how many step records went into it
 
     @property
@@ -69,6 +70,8 @@ class Calibration:
         same = [r for r in recs if _config(r) == key][-last:]
         phases = {p: _median(_get(r.get("phases") or {}, p) for r in same) for p in PHASES}
         noise = noise_from_steps(recs[-(noise_last or last):])
+        # An eval runs on the rollout replicas only: any batch at the same replica count will do.
+        evals = [r for r in recs if _config(r)[2] == key[2]]
         prompts, spp, rollout, learner = key
         return cls(
             prompts=prompts, samples_per_prompt=spp, rollout_replicas=rollout or 1, learner_replicas=learner or 1,
@@ -76,7 +79,8 @@ class Calibration:
             prompt_tokens=_median(_get(r, "promptTokens", "prompt_tokens") for r in same),
             response_tokens=_median(_get(r, "responseTokens", "response_tokens") for r in same),
             tokens_per_sample=_median(_get(r, "tokensPerSample", "tokens_per_sample") for r in same),
-            noise_scale=noise, steps=len(same),
+            noise_scale=noise, eval_s=_median(_get(r, "evalSeconds", "eval_seconds") for r in evals[-(noise_last or last):]),
+            steps=len(same),
         )
 
 

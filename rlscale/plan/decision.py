@@ -35,6 +35,9 @@ class Prediction:
     time_to_target_seconds: float
     samples_to_target: float
     phases: Phases
+    # Held-out evals, every target.evalEvery steps, spread over the steps: the run's clock
+    # (time-to-target) counts them, and they cost the same whatever the batch.
+    eval_seconds_per_step: float = 0.0
 
     @property
     def generate(self) -> float:
@@ -55,7 +58,7 @@ class Prediction:
     def to_dict(self) -> dict[str, Any]:
         return {"samplesPerSecond": self.samples_per_second, "stepSeconds": self.step_seconds,
                 "timeToTargetSeconds": self.time_to_target_seconds, "samplesToTarget": self.samples_to_target,
-                "phases": self.phases.to_dict()}
+                "phases": self.phases.to_dict(), "evalSecondsPerStep": self.eval_seconds_per_step}
 
 
 @dataclass(frozen=True)
@@ -124,6 +127,9 @@ class Plan:
                 "calibrated": self.calibrated, "notes": list(self.notes)}
 
 
+# Held-out prompts of one eval when the run has not timed one: the builtin task's split.
+EVAL_PROMPTS = 500
+
 # --------------------------------------------------------------------------- building blocks
 
 
@@ -162,6 +168,27 @@ def calibrate(model: SystemModel, calibration: Calibration) -> SystemModel:
         measured, predicted = calibration.measured(p), getattr(raw, p)
         factors[p] = measured / predicted if measured is not None and predicted > 0 else 1.0
     return replace(model, scale=Phases(**factors))
+
+
+def eval_seconds_per_step(spec: Any, model: SystemModel, cal: Calibration, splits: list[tuple[int, int]]) -> dict[int, float]:
+    """Per rollout replica count, one held-out eval's seconds / evalEvery.
+
+    An eval is greedy generation of EVAL_PROMPTS prompts, one sample each, on the rollout
+    replicas: measured when the run has timed one (moved to other replica counts by the
+    model's ratio), else from the calibrated generation model.
+    """
+    every = max(1, int(spec.target.eval_every))
+
+    def modelled(r: int) -> float:
+        return model.generation(EVAL_PROMPTS, 1, r).seconds * model.scale.generate
+
+    out = {}
+    for r in {r for r, _ in splits}:
+        seconds = modelled(r)
+        if cal.eval_s:
+            seconds = cal.eval_s * seconds / modelled(cal.rollout_replicas)
+        out[r] = seconds / every
+    return out
 
 
 def prompt_candidates(spec: Any) -> list[int]:
@@ -239,6 +266,7 @@ def make_plan(spec: Any, calibration: Calibration | None = None) -> Plan:
     gens: dict[tuple[int, int], Any] = {}  # generation depends on (prompts, rollout) only
     trains: dict[tuple[int, int], float] = {}  # training on (batch, learner) only
     reward_sync = (model.reward_seconds_per_sample * model.scale.reward, model.sync_seconds() * model.scale.sync)
+    evals = eval_seconds_per_step(spec, model, cal, feasible)
     for prompts in prompt_candidates(spec):
         n = prompts * spp
         noise = noise_curve(n, n_ref, n_noise)
@@ -250,7 +278,8 @@ def make_plan(spec: Any, calibration: Calibration | None = None) -> Plan:
             train = trains.get((n, k)) or trains.setdefault((n, k), model.train_seconds(n, k) * model.scale.train)
             ph = Phases(gen.seconds * model.scale.generate, n * reward_sync[0], train, reward_sync[1])
             x = n / ph.total
-            pred = Prediction(x, ph.total, e / x, e, ph)
+            steps = e / n
+            pred = Prediction(x, ph.total, steps * (ph.total + evals[r]), e, ph, evals[r])
             cands.append(Candidate(prompts, spp, r, k, lr, _gpus(spec, r, k), pred, noise, lr_pen, gen.concurrency, gen.bound))
 
     win = pick(cands)

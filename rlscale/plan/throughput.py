@@ -124,7 +124,7 @@ class SystemModel:
         iterations = n * self.response_tokens / b  # continuous batching refills freed slots
         decode = iterations * (self.profile.decode_iteration_overhead_s + t_iter)
         prefill = 2.0 * self.shape.active * prompts_r * self.prompt_tokens / fl
-        seconds = prefill + decode
+        seconds = prefill + decode + self.profile.generate_overhead_s
         tps = replicas * n * self.response_tokens / decode if decode > 0 else 0.0
         return Generation(seconds, b, "memory" if mem_t >= t_iter else "compute", tps)
 

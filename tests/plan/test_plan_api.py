@@ -6,6 +6,8 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 from rlscale.plan import Plan, PlanError, make_plan
 from rlscale.spec import load_rlrun
 
@@ -21,7 +23,10 @@ def test_to_dict_keys(root):
         assert pred[key] > 0
     assert set(pred["phases"]) == {"generate", "reward", "train", "sync"}
     assert pred["stepSeconds"] == sum(pred["phases"].values())
-    assert pred["timeToTargetSeconds"] == pred["samplesToTarget"] / pred["samplesPerSecond"]
+    # time to target: the steps to target, each with its share of the held-out evals
+    steps = pred["samplesToTarget"] / (d["prompts"] * d["samplesPerPrompt"])
+    assert pred["evalSecondsPerStep"] > 0
+    assert pred["timeToTargetSeconds"] == pytest.approx(steps * (pred["stepSeconds"] + pred["evalSecondsPerStep"]))
     assert d["candidates"][0]["prompts"] == d["prompts"]
     assert d["batch"] == f"{d['prompts']}x{d['samplesPerPrompt']}"
 

@@ -148,3 +148,23 @@ def test_a_gradient_lost_in_its_noise_gives_no_noise_scale():
 def test_noise_scale_falls_back_to_the_median_of_reported_values():
     few = [{**_step(16, 1.0, noise=300.0), "noiseGradSq": 1.0, "noiseTrace": 5.0} for _ in range(3)]
     assert Calibration.from_steps(few).noise_scale == 300.0  # too few pairs: the reported B_simple
+
+
+def test_a_measured_eval_is_charged_per_step_and_favours_larger_batches(root):
+    from rlscale.spec import load_rlrun
+
+    spec = load_rlrun(root / "examples" / "quickstart.yaml").spec  # cpu, evalEvery 10, 8-32 prompts
+    steps = [{**_step(16, 0.2), "evalSeconds": None} for _ in range(20)]
+    costly_cal = Calibration.from_steps(steps[:-5] + [{**_step(16, 0.2), "evalSeconds": 6.0}] + steps[-4:])
+    assert costly_cal.eval_s == 6.0  # one eval in the window, 0.6 s per step at any batch
+    cheap = make_plan(spec, Calibration.from_steps(steps + [{**_step(16, 0.2), "evalSeconds": 0.001}]))
+    costly = make_plan(spec, costly_cal)
+    for c in costly.candidates:
+        assert c.predicted.eval_seconds_per_step == pytest.approx(0.6)
+        steps_to_target = c.predicted.samples_to_target / c.batch
+        assert c.predicted.time_to_target_seconds == pytest.approx(steps_to_target * (c.predicted.step_seconds + 0.6))
+    # The same cost every step weighs less per sample at a larger batch.
+    def ratio(plan):
+        t = {c.prompts: c.predicted.time_to_target_seconds for c in plan.candidates}
+        return t[32] / t[16]
+    assert ratio(costly) < ratio(cheap) - 0.05

@@ -1,5 +1,7 @@
 """The driver's re-plan choice: measured throughput wins over the one-point calibrated model."""
 
+import pytest
+
 from rlscale.trainer.driver import ReplanGate, choose_config
 
 
@@ -39,3 +41,15 @@ def test_flapping_proposals_never_pass_the_gate():
     # A re-plan that keeps the current configuration breaks a streak.
     gate = ReplanGate(confirm=2)
     assert not gate.propose((8, 1)) and not gate.propose(None) and not gate.propose((8, 1))
+
+
+def test_a_measured_configuration_also_pays_its_evals():
+    # 100k samples at 250 samples/s is 400 s of steps; at 128 samples a step that is 781 steps,
+    # each carrying 0.06 s of evals: 447 s. At 256 samples a step the evals cost half as much.
+    small = {**cand(16, 100_000, 0), "batch": 128}
+    large = {**cand(32, 100_000, 0), "batch": 256}
+    for c in (small, large):
+        c["predicted"]["evalSecondsPerStep"] = 0.06
+    _, t_large, t_small = choose_config([small, large], {(16, 1): 250.0, (32, 1): 250.0}, (16, 1))
+    assert t_small == pytest.approx(400 + 100_000 / 128 * 0.06)
+    assert t_large == pytest.approx(400 + 100_000 / 256 * 0.06)
