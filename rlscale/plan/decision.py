@@ -360,6 +360,11 @@ def _penalty_text(big: Candidate, small: Candidate, scaling: str, digits: int = 
     return text
 
 
+def _effective_throughput(c: Candidate) -> float:
+    """Samples per second of the run's clock: steps and their share of the evals."""
+    return c.batch / (c.predicted.step_seconds + c.predicted.eval_seconds_per_step)
+
+
 def explain(spec: Any, win: Candidate, per_batch: list[Candidate], cal: Calibration | None = None,
             absolute_e: bool = False) -> str:
     """One sentence: the decision rule X(N2)/X(N1) > E(N2)/E(N1) applied to the winner and its rival."""
@@ -373,7 +378,8 @@ def explain(spec: Any, win: Candidate, per_batch: list[Candidate], cal: Calibrat
     else:
         ref = min(per_batch, key=lambda c: (abs(math.log(c.batch / n_ref)), c.batch))
         rival = ref if ref.batch != win.batch else others[0]
-        speed = win.predicted.samples_per_second / rival.predicted.samples_per_second
+        # Throughput as the run's clock sees it, evals included, so that T = E / X holds exactly.
+        speed = _effective_throughput(win) / _effective_throughput(rival)
         verb = "beats" if rival is ref else "kept over"
         if win.batch > rival.batch:
             d = _digits(speed, _penalty(win, rival))

@@ -62,9 +62,9 @@ def test_reference_samples_for_the_builtin_task():
 
     key = run_key(parse_spec({}))  # defaults: tiny-arith, level 1 (2-digit addition), accuracy 0.8
     e, known = reference_samples(key, 128, 512)
-    assert known and e == pytest.approx(127_000)
+    assert known and e == pytest.approx(195_000)
     e64, _ = reference_samples(key, 64, 512)
-    assert e64 == pytest.approx(127_000 * (1 + 64 / 512) / (1 + 128 / 512))
+    assert e64 == pytest.approx(195_000 * (1 + 64 / 512) / (1 + 128 / 512))
     other = run_key(parse_spec({"model": {"path": "Qwen/Qwen2.5-7B"}}))
     e_other, known_other = reference_samples(other, 64, 256)
     assert not known_other and e_other > 0
