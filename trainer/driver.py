@@ -447,18 +447,16 @@ def install_stop_handlers(driver: Driver) -> None:
     signal.signal(signal.SIGINT, driver.request_stop)
 
 
-def drive(cfg: RunConfig, learner) -> int:
-    """Rank 0's whole job: connect to the run's Ray cluster, deploy rollout, run the loop, clean up."""
+def connect_rollout(cfg: RunConfig):
+    """Join the run's Ray cluster and deploy its rollout replicas; returns once they serve."""
     os.environ.update(ray_auth_env())  # read by Ray at import
     import ray
-    from transformers import AutoTokenizer
 
     from rlscale.rollout.engine import EngineConfig
     from rlscale.rollout.serve import RolloutClient, RolloutOptions
 
     spec = cfg.parsed_spec()
     extra = cfg.extra or {}
-    tok = AutoTokenizer.from_pretrained(cfg.model_dir, local_files_only=True)
     ray.init(address=cfg.ray_address, namespace=f"rlscale-{cfg.run}", log_to_driver=False,
              logging_level=logging.WARNING)
     engine = EngineConfig(model=str(cfg.model_dir), dtype=spec.model.dtype, max_model_len=spec.model.max_length,
@@ -467,11 +465,26 @@ def drive(cfg: RunConfig, learner) -> int:
         # The local runner knows how many cores each replica may use; a pod keeps the default.
         engine.cpu_threads = int(extra["rolloutCpuThreads"])
     on_gpu = spec.hardware.accelerator != "cpu"
-    client = RolloutClient.deploy(engine, RolloutOptions(
+    return RolloutClient.deploy(engine, RolloutOptions(
         app_name=f"rollout-{cfg.run}", num_replicas=int(cfg.plan["rolloutReplicas"]),
         # In pods each replica serves /metrics on the port its pod declares; locally none.
         metrics_port=None if extra.get("local") else cfg.metrics_port,
         num_gpus=float(spec.rollout.gpus_per_replica) if on_gpu else 0.0))
+
+
+def drive(cfg: RunConfig, learner, client=None) -> int:
+    """Rank 0's whole job: connect to the run's Ray cluster, deploy rollout, run the loop, clean up.
+
+    `client`: a RolloutClient from connect_rollout, when rank 0 deployed it beside the learner's start-up.
+    """
+    os.environ.update(ray_auth_env())  # read by Ray at import
+    import ray
+    from transformers import AutoTokenizer
+
+    extra = cfg.extra or {}
+    tok = AutoTokenizer.from_pretrained(cfg.model_dir, local_files_only=True)
+    if client is None:
+        client = connect_rollout(cfg)
     driver = Driver(cfg, learner, client, tok)
     driver.resume_or_start()
     if client.published_version is not None and client.published_version >= driver.state.version:
