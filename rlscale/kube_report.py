@@ -52,7 +52,9 @@ def progress_body(rec: dict[str, Any], *, target_reached: bool, failed: bool = F
         "targetMetric": rec.get("target_metric"), "samplesPerSecond": round(rec.get("samples_per_second", 0.0), 3),
         "elapsedSeconds": round(rec.get("wall_seconds", 0.0), 2),
         "phaseSeconds": {k: round(v, 4) for k, v in rec.get("phases", {}).items()},
-        "noiseScale": rec.get("noise_scale"), "targetReached": target_reached, "failed": failed,
+        # The windowed estimate when the driver has one (None: not significant, keep the prior).
+        "noiseScale": rec["noise_scale_window"] if "noise_scale_window" in rec else rec.get("noise_scale"),
+        "targetReached": target_reached, "failed": failed,
         "timeToTargetSeconds": rec.get("time_to_target_seconds"), "samplesToTarget": rec.get("samples_to_target"),
         "prompts": rec.get("prompts"), "samplesPerPrompt": rec.get("samples_per_prompt"),
     }

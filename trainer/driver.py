@@ -17,6 +17,7 @@ import torch
 
 from rlscale.kube_report import KubeTarget, ProgressReporter, progress_body
 from rlscale.plan import Calibration, make_plan
+from rlscale.plan.calibration import noise_from_steps
 from rlscale.progress import TargetTracker
 from rlscale.report import read_jsonl, write_report
 from rlscale.roles import ray_auth_env
@@ -264,6 +265,10 @@ class Driver:
 
     def _finish_record(self, rec: dict[str, Any]) -> None:
         rec["wall_seconds"] = self.state.elapsed_s
+        # The noise scale a planner should use: averaged over a window, None while the
+        # gradient is lost in its noise (the per-step EMA in noise_scale swings by 100x).
+        window = [_calibration_record(r) for r in self.records[-(NOISE_WINDOW - 1):]] + [_calibration_record(rec)]
+        rec["noise_scale_window"] = noise_from_steps(window)
         if self.tracker.reached_at:
             rec["time_to_target_seconds"] = self.tracker.reached_at["seconds"]
             rec["samples_to_target"] = self.tracker.reached_at["samples"]

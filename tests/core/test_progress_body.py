@@ -1,0 +1,16 @@
+"""The progress report the operator plans from: the driver's windowed noise scale wins over the per-step EMA."""
+
+from rlscale.kube_report import progress_body
+
+REC = {"step": 40, "samples": 5120, "reward_mean": 0.5, "samples_per_second": 300.0, "wall_seconds": 20.0,
+       "phases": {"generate": 0.2, "train": 0.25}, "noise_scale": 22_000.0}
+
+
+def test_the_windowed_noise_scale_is_reported_even_when_it_is_none():
+    assert progress_body({**REC, "noise_scale_window": 900.0}, target_reached=False)["noiseScale"] == 900.0
+    # not significant: no measurement, so the operator keeps the spec's or default value
+    assert progress_body({**REC, "noise_scale_window": None}, target_reached=False)["noiseScale"] is None
+
+
+def test_records_from_older_drivers_still_report_their_noise_scale():
+    assert progress_body(REC, target_reached=False)["noiseScale"] == 22_000.0
