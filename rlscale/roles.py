@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import random
 import shutil
 import socket
 import sys
@@ -29,7 +30,23 @@ def ray_executable() -> str:
     return str(here) if here.exists() else (shutil.which("ray") or "ray")
 
 
+# Ports nothing hands out by itself: the kernel's ephemeral range starts at 32768 and Ray
+# gives its workers 10002-19999. A port picked by binding to 0 is an ephemeral one, which
+# a process starting between our pick and our bind (Ray starts dozens) may be given.
+PICK_PORTS = (20000, 32000)
+_port_rng = random.SystemRandom()
+
+
 def free_port(host: str = "127.0.0.1") -> int:
+    """A port free now, from PICK_PORTS (the kernel's choice if that range is full)."""
+    for _ in range(100):
+        port = _port_rng.randrange(*PICK_PORTS)
+        with socket.socket() as s:
+            try:
+                s.bind((host, port))
+            except OSError:
+                continue
+            return port
     with socket.socket() as s:
         s.bind((host, 0))
         return s.getsockname()[1]

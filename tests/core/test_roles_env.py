@@ -1,6 +1,6 @@
 """The environment of a run's `ray start`: replicas at normal priority unless the user says otherwise."""
 
-from rlscale.roles import ray_node_env
+from rlscale.roles import PICK_PORTS, free_port, ray_node_env
 from rlscale.rollout.entrypoint import worker_env
 
 
@@ -12,3 +12,10 @@ def test_ray_workers_are_not_niced_by_default():
 
 def test_the_user_setting_wins():
     assert ray_node_env({"HOME": "/nonexistent", "RAY_worker_niceness": "10"})["RAY_worker_niceness"] == "10"
+
+
+def test_free_ports_come_from_a_range_nothing_assigns_by_itself():
+    # Not the kernel's ephemeral range (Ray's processes get those while a run starts), nor Ray's worker ports.
+    ports = {free_port() for _ in range(20)}
+    assert all(PICK_PORTS[0] <= p < PICK_PORTS[1] for p in ports)
+    assert PICK_PORTS[1] <= 32768 and PICK_PORTS[0] >= 20000

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from rlscale.roles import free_port
 
 WORKER = Path(__file__).with_name("learner_worker.py")
 # DeepSpeed compiles a shared-memory op on first use; share the cache with `make`.
@@ -25,10 +26,6 @@ def small_model(tmp_path_factory) -> Path:
                              head_dim=64, intermediate_size=256, seed=0)
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _run_ranks(mode: str, args: dict, workdir: Path, world_size: int = 1, timeout: float = 600,
