@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import os
+import secrets
 import shutil
 import time
 from dataclasses import asdict, dataclass, field
@@ -53,6 +54,8 @@ class LearnerConfig:
     measure_noise: bool = True
     noise_ema: float = 0.9
     seed: int = 0
+    # This rank's checkpoint directory, when the ranks may not share one (a volume per rank).
+    checkpoint_dir: str | None = None
     extra_ds_config: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
@@ -136,6 +139,9 @@ class Learner:
         # Control messages travel on gloo even when gradients use NCCL.
         self._control = dist.new_group(backend="gloo") if self.world_size > 1 else None
         torch.manual_seed(config.seed)
+        # Ranks with a checkpoint volume each (a claim per StatefulSet pod) must each write a
+        # complete checkpoint, model states included: rank 0's files are not on their volumes.
+        self.per_rank_checkpoints = self._checkpoints_per_rank()
         self.dtype = getattr(torch, config.dtype)
         policy = AutoModelForCausalLM.from_pretrained(config.model_path, dtype=self.dtype, local_files_only=True)
         self.engine, *_ = deepspeed.initialize(model=policy, model_parameters=policy.parameters(), config=self._ds_config())
@@ -177,6 +183,8 @@ class Learner:
             "fp16": {"enabled": c.dtype == "float16"},
             "steps_per_print": 10**9,
             "wall_clock_breakdown": False,
+            # Every rank writes the model states too when it has a volume of its own.
+            "checkpoint": {"use_node_local_storage": self.per_rank_checkpoints},
         }
         cfg.update(c.extra_ds_config)
         return cfg
@@ -454,10 +462,43 @@ class Learner:
     def _engines(self):
         return [(self.engine, "policy")] + ([(self.critic, "critic")] if self.critic is not None else [])
 
-    def _save_checkpoint(self, directory: str, name: str, state: dict, keep: int) -> Path | None:
-        final = Path(directory) / name
-        tmp = Path(directory) / f".tmp-{name}"
+    def _checkpoints_per_rank(self) -> bool:
+        """True when this run's ranks do not see one checkpoint directory (rank 0 writes a probe
+        file; a rank that cannot read it has a volume of its own). Collective."""
+        d = self.config.checkpoint_dir
+        if self.world_size == 1 or not d:
+            return False
+        token = [secrets.token_hex(8) if self.rank == 0 else None]
+        dist.broadcast_object_list(token, src=0, group=self._control)
+        probe = Path(d) / f".rank0-probe-{token[0]}"
         if self.rank == 0:
+            probe.parent.mkdir(parents=True, exist_ok=True)
+            probe.write_text(token[0])
+        self._barrier()
+        try:
+            sees = probe.read_text() == token[0]
+        except OSError:
+            sees = False
+        seen = torch.tensor([1 if sees else 0])
+        dist.all_reduce(seen, op=dist.ReduceOp.MIN, group=self._control)
+        self._barrier()
+        if self.rank == 0:
+            probe.unlink(missing_ok=True)
+        return not bool(seen.item())
+
+    def _checkpoint_dir(self, directory: str) -> Path:
+        """Rank 0 names the directory; a rank with a volume of its own uses its configured one."""
+        if self.per_rank_checkpoints and self.config.checkpoint_dir:
+            return Path(self.config.checkpoint_dir)
+        return Path(directory)
+
+    def _save_checkpoint(self, directory: str, name: str, state: dict, keep: int) -> Path | None:
+        base = self._checkpoint_dir(directory)
+        final = base / name
+        tmp = base / f".tmp-{name}"
+        # Who completes a checkpoint: rank 0 in a shared directory, every rank in its own.
+        owner = self.rank == 0 or self.per_rank_checkpoints
+        if owner:
             shutil.rmtree(tmp, ignore_errors=True)
             tmp.mkdir(parents=True)
         self._barrier()
@@ -465,13 +506,15 @@ class Learner:
             engine.save_checkpoint(str(tmp), tag=tag, save_latest=False)
         self._barrier()  # every rank's shards are on disk before the rename makes them visible
         result = None
-        if self.rank == 0:
+        if owner:
             learner_state = {"steps": self.steps, "version": self.version, "lr": self.lr, "noise": self.noise.state_dict()}
             result = checkpoint.finish(tmp, final, {"run": state, "learner": learner_state}, keep)
         self._barrier()
-        return result
+        return result if self.rank == 0 else None
 
     def _load_checkpoint(self, path: str) -> dict:
+        # Rank 0 chose the step; every rank reads that step from the directory it writes to.
+        path = str(self._checkpoint_dir(str(Path(path).parent)) / Path(path).name)
         for engine, tag in self._engines():
             loaded, _ = engine.load_checkpoint(path, tag=tag)
             if loaded is None:
