@@ -12,6 +12,7 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
+from rlscale.plan import model_shape_for
 from rlscale.runconfig import RunConfig
 from rlscale.spec import RLRunSpec
 
@@ -81,11 +82,15 @@ def plan_hash(plan: dict[str, Any]) -> str:
     return hashlib.sha256(json.dumps(plan, sort_keys=True).encode()).hexdigest()[:12]
 
 
-def desired_replicas(spec: RLRunSpec, plan: dict[str, Any]) -> dict[str, int]:
-    """Replicas by role: the plan's, or zero while suspended."""
+def desired_replicas(spec: RLRunSpec, plan: dict[str, Any], finished: bool = False) -> dict[str, int]:
+    """Replicas by role: the plan's, zero while suspended, and zero (the Ray head too) once
+    the run has ended, so its accelerators are free."""
+    if finished:
+        return {C.ROLE_RAY_HEAD: 0, C.ROLE_ROLLOUT: 0, C.ROLE_LEARNER: 0}
     if spec.suspend:
-        return {C.ROLE_ROLLOUT: 0, C.ROLE_LEARNER: 0}
-    return {C.ROLE_ROLLOUT: int(plan["rolloutReplicas"]), C.ROLE_LEARNER: int(plan["learnerReplicas"])}
+        return {C.ROLE_RAY_HEAD: 1, C.ROLE_ROLLOUT: 0, C.ROLE_LEARNER: 0}
+    return {C.ROLE_RAY_HEAD: 1, C.ROLE_ROLLOUT: int(plan["rolloutReplicas"]),
+            C.ROLE_LEARNER: int(plan["learnerReplicas"])}
 
 
 def _meta(run: RunRef, name: str, role: str, annotations: dict[str, str] | None = None) -> dict[str, Any]:
@@ -96,6 +101,21 @@ def _meta(run: RunRef, name: str, role: str, annotations: dict[str, str] | None 
     return meta
 
 
+def object_store_bytes(spec: RLRunSpec) -> int:
+    """Ray object store per node: room for a few published weight versions, 256 MiB at least."""
+    weights = model_shape_for(spec.model).weight_bytes(spec.model.dtype)
+    return int(max(256 * 2**20, 3 * weights))
+
+
+def shm_size(spec: RLRunSpec) -> str:
+    """The memory-backed /dev/shm: the object store plus room for torch's shared memory."""
+    return f"{(object_store_bytes(spec) + 512 * 2**20) // 2**20}Mi"
+
+
+def report_dir(spec: RLRunSpec) -> str:
+    return f"{spec.checkpoint.path.rstrip('/')}/{C.REPORT_DIR}"
+
+
 def run_config(run: RunRef, spec: RLRunSpec, plan: dict[str, Any]) -> RunConfig:
     """The resolved run config every role reads from the mounted ConfigMap."""
     n = names(run.name)
@@ -103,7 +123,9 @@ def run_config(run: RunRef, spec: RLRunSpec, plan: dict[str, Any]) -> RunConfig:
         run=run.name, namespace=run.namespace,
         spec=spec.model_dump(mode="json", by_alias=True, exclude_none=True), plan=plan,
         ray_address=f"{n[C.ROLE_RAY_HEAD]}.{run.namespace}.svc:{C.RAY_GCS_PORT}",
-        metrics_port=C.METRICS_PORT, checkpoint_dir=spec.checkpoint.path,
+        metrics_port=C.METRICS_PORT, checkpoint_dir=spec.checkpoint.path, report_dir=report_dir(spec),
+        # The pods resolve the model inside the model volume (built or looked up there).
+        extra={"modelCache": C.MODEL_MOUNT, "objectStoreBytes": object_store_bytes(spec)},
     )
 
 
@@ -125,9 +147,11 @@ def _resources(role_spec: Any, gpu: bool) -> dict[str, Any]:
     return res
 
 
-def _env(run: RunRef, extra: list[dict[str, Any]] | None = None) -> list[dict[str, Any]]:
+def _env(run: RunRef, spec: RLRunSpec, extra: list[dict[str, Any]] | None = None) -> list[dict[str, Any]]:
     return [
         {"name": "RLSCALE_CONFIG", "value": C.CONFIG_PATH},
+        {"name": "HF_HOME", "value": C.HF_HOME},
+        {"name": "HF_HUB_OFFLINE", "value": "0" if spec.model.download else "1"},
         {"name": "RLSCALE_RUN", "value": run.name},
         {"name": "RLSCALE_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
         {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
@@ -138,43 +162,78 @@ def _env(run: RunRef, extra: list[dict[str, Any]] | None = None) -> list[dict[st
     ]
 
 
-def _pod_spec(run: RunRef, role: str, image: str, command: list[str], env: list[dict[str, Any]],
+def _model_volume(spec: RLRunSpec) -> dict[str, Any]:
+    """The volume the spec names for the model, else an emptyDir each pod fills itself."""
+    return {"name": "model", **(copy.deepcopy(spec.model.volume) if spec.model.volume else {"emptyDir": {}})}
+
+
+def _model_init(spec: RLRunSpec, image: str, env: list[dict[str, Any]]) -> dict[str, Any]:
+    """Builds a builtin model into the model volume once (a file lock serialises pods), or checks
+    that a hub id or directory is there, before the role starts."""
+    return {"name": "model", "image": image, "command": ["rlscale", "prepare-model", "--config", C.CONFIG_PATH],
+            "env": env,
+            "volumeMounts": [{"name": "run-config", "mountPath": C.CONFIG_MOUNT_DIR, "readOnly": True},
+                             {"name": "model", "mountPath": C.MODEL_MOUNT}]}
+
+
+def _pod_spec(run: RunRef, spec: RLRunSpec, role: str, image: str, command: list[str], env: list[dict[str, Any]],
               resources: dict[str, Any], ports: list[dict[str, Any]],
               extra_volumes: list[dict[str, Any]] | None = None,
-              extra_mounts: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+              extra_mounts: list[dict[str, Any]] | None = None, model: str | None = None,
+              init_model: bool = False) -> dict[str, Any]:
+    """One role's pod. `model`: mount the model volume "ro" or "rw"; `init_model`: prepare it first."""
+    mounts = [{"name": "run-config", "mountPath": C.CONFIG_MOUNT_DIR, "readOnly": True},
+              {"name": "shm", "mountPath": C.SHM_MOUNT}]
+    volumes = [{"name": "run-config", "configMap": {"name": names(run.name)[C.ROLE_CONFIG]}},
+               # Ray's object store lives in /dev/shm: a container's default 64 MiB would send
+               # every weight publish to disk.
+               {"name": "shm", "emptyDir": {"medium": "Memory", "sizeLimit": shm_size(spec)}}]
+    if model:
+        mounts.append({"name": "model", "mountPath": C.MODEL_MOUNT, "readOnly": model == "ro"})
+        volumes.append(_model_volume(spec))
     container = {
         "name": role, "image": image, "command": command, "env": env,
         "ports": ports, "resources": resources,
-        "volumeMounts": [{"name": "run-config", "mountPath": C.CONFIG_MOUNT_DIR, "readOnly": True},
-                         *(extra_mounts or [])],
+        "volumeMounts": [*mounts, *(extra_mounts or [])],
     }
-    return {
+    pod = {
         # The run's own account: it may read and annotate its RLRun (progress), nothing else.
         "serviceAccountName": names(run.name)[C.ROLE_RUNNER],
         "containers": [container],
         # The config map is mounted as a directory so edits reach running pods (no subPath).
-        "volumes": [{"name": "run-config", "configMap": {"name": names(run.name)[C.ROLE_CONFIG]}},
-                    *(extra_volumes or [])],
+        "volumes": [*volumes, *(extra_volumes or [])],
     }
+    if init_model:
+        pod["initContainers"] = [_model_init(spec, image, env)]
+    return pod
 
 
 def _ports(*pairs: tuple[str, int]) -> list[dict[str, Any]]:
     return [{"name": n, "containerPort": p, "protocol": "TCP"} for n, p in pairs]
 
 
-def build_ray_head_pod(run: RunRef, spec: RLRunSpec, images: Images) -> dict[str, Any]:
-    """The run's Ray head: CPU only, so it stays up while the run is suspended."""
+def build_ray_head(run: RunRef, spec: RLRunSpec, images: Images, finished: bool = False) -> dict[str, Any]:
+    """The run's Ray head: a one-pod Deployment (CPU only) that stays up while the run is
+    suspended and goes to zero once the run has ended."""
     n = names(run.name)
     pod = _pod_spec(
-        run, C.ROLE_RAY_HEAD, spec.learner.image or images.trainer,
-        ["rlscale", "ray-head", "--config", C.CONFIG_PATH], _env(run),
-        {"requests": {"cpu": "1", "memory": "2Gi"}},
+        run, spec, C.ROLE_RAY_HEAD, spec.learner.image or images.trainer,
+        ["rlscale", "ray-head", "--config", C.CONFIG_PATH], _env(run, spec),
+        {"requests": {"cpu": "100m", "memory": "1Gi"}},
         _ports(("gcs", C.RAY_GCS_PORT), ("dashboard", C.RAY_DASHBOARD_PORT),
-               ("client", C.RAY_CLIENT_PORT), ("serve", C.SERVE_PORT), ("metrics", C.METRICS_PORT)),
+               ("client", C.RAY_CLIENT_PORT), ("serve", C.SERVE_PORT)),
     )
-    pod["restartPolicy"] = "Always"
-    return {"apiVersion": "v1", "kind": "Pod", "metadata": _meta(run, n[C.ROLE_RAY_HEAD], C.ROLE_RAY_HEAD),
-            "spec": pod}
+    return {
+        "apiVersion": "apps/v1", "kind": "Deployment",
+        "metadata": _meta(run, n[C.ROLE_RAY_HEAD], C.ROLE_RAY_HEAD),
+        "spec": {
+            "replicas": 0 if finished else 1,
+            # Never two heads of one run: the old one goes before its replacement starts.
+            "strategy": {"type": "Recreate"},
+            "selector": {"matchLabels": {C.LABEL_RUN: run.name, C.LABEL_ROLE: C.ROLE_RAY_HEAD}},
+            "template": {"metadata": {"labels": labels(run.name, C.ROLE_RAY_HEAD)}, "spec": pod},
+        },
+    }
 
 
 def build_ray_head_service(run: RunRef) -> dict[str, Any]:
@@ -187,33 +246,39 @@ def build_ray_head_service(run: RunRef) -> dict[str, Any]:
             "spec": {"selector": labels(run.name, C.ROLE_RAY_HEAD), "ports": ports}}
 
 
-def build_rollout_deployment(run: RunRef, spec: RLRunSpec, plan: dict[str, Any], images: Images) -> dict[str, Any]:
-    """vLLM replicas; the count comes from the plan (zero while suspended)."""
+def build_rollout_deployment(run: RunRef, spec: RLRunSpec, plan: dict[str, Any], images: Images,
+                             finished: bool = False) -> dict[str, Any]:
+    """vLLM replicas; the count comes from the plan (zero while suspended or once ended)."""
     n = names(run.name)
     gpu = spec.hardware.accelerator != "cpu"
-    env = _env(run, [{"name": "RAY_ADDRESS", "value": f"{n[C.ROLE_RAY_HEAD]}.{run.namespace}.svc:{C.RAY_GCS_PORT}"}])
-    pod = _pod_spec(run, C.ROLE_ROLLOUT, spec.rollout.image or images.rollout,
+    env = _env(run, spec, [{"name": "RAY_ADDRESS", "value": f"{n[C.ROLE_RAY_HEAD]}.{run.namespace}.svc:{C.RAY_GCS_PORT}"}])
+    # Replicas load the model from the path rank 0 names: the shared volume read-only, or
+    # (no volume named) a copy this pod prepares itself.
+    shared = spec.model.volume is not None
+    pod = _pod_spec(run, spec, C.ROLE_ROLLOUT, spec.rollout.image or images.rollout,
                     ["rlscale", "rollout", "--config", C.CONFIG_PATH], env,
-                    _resources(spec.rollout, gpu), _ports(("metrics", C.METRICS_PORT)))
+                    _resources(spec.rollout, gpu), _ports(("metrics", C.METRICS_PORT)),
+                    model="ro" if shared else "rw", init_model=not shared)
     sel = labels(run.name, C.ROLE_ROLLOUT)
     return {
         "apiVersion": "apps/v1", "kind": "Deployment",
         "metadata": _meta(run, n[C.ROLE_ROLLOUT], C.ROLE_ROLLOUT, {C.ANNOTATION_PLAN_HASH: plan_hash(plan)}),
         "spec": {
-            "replicas": desired_replicas(spec, plan)[C.ROLE_ROLLOUT],
+            "replicas": desired_replicas(spec, plan, finished)[C.ROLE_ROLLOUT],
             "selector": {"matchLabels": {C.LABEL_RUN: run.name, C.LABEL_ROLE: C.ROLE_ROLLOUT}},
             "template": {"metadata": {"labels": sel}, "spec": pod},
         },
     }
 
 
-def build_learner_statefulset(run: RunRef, spec: RLRunSpec, plan: dict[str, Any], images: Images) -> dict[str, Any]:
-    """DeepSpeed ranks: RANK from the pod ordinal, rank 0 is MASTER_ADDR and the driver."""
+def build_learner_statefulset(run: RunRef, spec: RLRunSpec, plan: dict[str, Any], images: Images,
+                              finished: bool = False) -> dict[str, Any]:
+    """DeepSpeed ranks: RANK from the pod ordinal, rank 0 is MASTER_ADDR, the driver and a Ray node."""
     n = names(run.name)
     gpu = spec.hardware.accelerator != "cpu"
     world = int(plan["learnerReplicas"])
     master = f"{n[C.ROLE_LEARNER]}-0.{n[C.ROLE_LEARNER]}.{run.namespace}.svc"
-    env = _env(run, [
+    env = _env(run, spec, [
         {"name": "RANK", "valueFrom": {"fieldRef": {"fieldPath": f"metadata.labels['{C.LABEL_POD_INDEX}']"}}},
         {"name": "LOCAL_RANK", "value": "0"},
         # WORLD_SIZE is the planned rank count; a change rolls the ranks, which resume from checkpoint.
@@ -223,23 +288,26 @@ def build_learner_statefulset(run: RunRef, spec: RLRunSpec, plan: dict[str, Any]
         {"name": "RAY_ADDRESS", "value": f"{n[C.ROLE_RAY_HEAD]}.{run.namespace}.svc:{C.RAY_GCS_PORT}"},
     ])
     vols, mounts, claims = [], [{"name": "checkpoints", "mountPath": spec.checkpoint.path}], []
-    if images.checkpoint_storage:
+    if spec.checkpoint.volume:
+        # The volume the spec names: shared by every rank (and kept with the run's report).
+        vols = [{"name": "checkpoints", **copy.deepcopy(spec.checkpoint.volume)}]
+    elif images.checkpoint_storage:
         # Claims from the template survive scale-to-zero, so suspend keeps the checkpoints.
         claims = [{"metadata": {"name": "checkpoints"},
                    "spec": {"accessModes": ["ReadWriteOnce"],
                             "resources": {"requests": {"storage": images.checkpoint_storage}}}}]
     else:
         vols = [{"name": "checkpoints", "emptyDir": {}}]
-    pod = _pod_spec(run, C.ROLE_LEARNER, spec.learner.image or images.trainer,
+    pod = _pod_spec(run, spec, C.ROLE_LEARNER, spec.learner.image or images.trainer,
                     ["rlscale", "learner", "--config", C.CONFIG_PATH], env,
                     _resources(spec.learner, gpu), _ports(("master", C.MASTER_PORT), ("metrics", C.METRICS_PORT)),
-                    vols, mounts)
+                    vols, mounts, model="rw", init_model=True)
     sel = labels(run.name, C.ROLE_LEARNER)
     sts: dict[str, Any] = {
         "apiVersion": "apps/v1", "kind": "StatefulSet",
         "metadata": _meta(run, n[C.ROLE_LEARNER], C.ROLE_LEARNER, {C.ANNOTATION_PLAN_HASH: plan_hash(plan)}),
         "spec": {
-            "replicas": desired_replicas(spec, plan)[C.ROLE_LEARNER],
+            "replicas": desired_replicas(spec, plan, finished)[C.ROLE_LEARNER],
             "serviceName": n[C.ROLE_LEARNER],
             # Ranks rendezvous with each other: start them together, not one by one.
             "podManagementPolicy": "Parallel",
@@ -287,8 +355,10 @@ def build_runner_account(run: RunRef) -> list[dict[str, Any]]:
     ]
 
 
-def build_children(run: RunRef, spec: RLRunSpec, plan: dict[str, Any], images: Images | None = None) -> list[dict[str, Any]]:
-    """Everything the run owns; the ConfigMap and the pods' account first (pods need both)."""
+def build_children(run: RunRef, spec: RLRunSpec, plan: dict[str, Any], images: Images | None = None,
+                   finished: bool = False) -> list[dict[str, Any]]:
+    """Everything the run owns; the ConfigMap and the pods' account first (pods need both).
+    `finished`: the run has ended, so every workload is at zero."""
     images = images or Images()
     return [
         build_configmap(run, spec, plan),
@@ -296,7 +366,7 @@ def build_children(run: RunRef, spec: RLRunSpec, plan: dict[str, Any], images: I
         build_ray_head_service(run),
         build_learner_service(run),
         build_metrics_service(run),
-        build_ray_head_pod(run, spec, images),
-        build_rollout_deployment(run, spec, plan, images),
-        build_learner_statefulset(run, spec, plan, images),
+        build_ray_head(run, spec, images, finished),
+        build_rollout_deployment(run, spec, plan, images, finished),
+        build_learner_statefulset(run, spec, plan, images, finished),
     ]

@@ -38,19 +38,32 @@ COND_LEARNERS_READY = "LearnersReady"
 COND_TARGET_REACHED = "TargetReached"
 COND_INVALID = "Invalid"
 COND_SUSPENDED = "Suspended"
+# A run ends in one of these (condition and phase alike); its workloads then go to zero.
+COND_SUCCEEDED = "Succeeded"
+COND_BUDGET_EXHAUSTED = "BudgetExhausted"
 CONDITION_TYPES = (COND_PLANNED, COND_ROLLOUT_READY, COND_LEARNERS_READY,
-                   COND_TARGET_REACHED, COND_INVALID, COND_SUSPENDED)
+                   COND_TARGET_REACHED, COND_SUCCEEDED, COND_BUDGET_EXHAUSTED, COND_INVALID, COND_SUSPENDED)
 
 PHASE_PENDING = "Pending"
 PHASE_RUNNING = "Running"
 PHASE_SUCCEEDED = "Succeeded"
 PHASE_FAILED = "Failed"
 PHASE_SUSPENDED = "Suspended"
+PHASE_BUDGET_EXHAUSTED = "BudgetExhausted"
+# The driver's last report names how the run ended (rlscale.kube_report.OUTCOMES).
+OUTCOME_PHASES = {"Succeeded": PHASE_SUCCEEDED, "BudgetExhausted": PHASE_BUDGET_EXHAUSTED}
 
 # Pod side: where the resolved run config is mounted and which ports the roles use.
 CONFIG_KEY = "run.json"
 CONFIG_MOUNT_DIR = "/etc/rlscale"
 CONFIG_PATH = f"{CONFIG_MOUNT_DIR}/{CONFIG_KEY}"
+# The model volume (spec.model.volume, else an emptyDir): builtin models are built into it,
+# hub ids resolve from the Hugging Face cache inside it.
+MODEL_MOUNT = "/models"
+HF_HOME = f"{MODEL_MOUNT}/hf"
+# Memory-backed /dev/shm: Ray's object store (weight publishes) and torch's shared memory.
+SHM_MOUNT = "/dev/shm"
+REPORT_DIR = "report"  # under spec.checkpoint.path, on the checkpoint volume
 METRICS_PORT = 9400
 RAY_GCS_PORT = 6379
 RAY_DASHBOARD_PORT = 8265

@@ -160,6 +160,14 @@ def learner(config: Path | None = ConfigOpt) -> None:
     raise typer.Exit(learner_main(str(config) if config else None))
 
 
+@app.command("prepare-model", hidden=True)
+def prepare_model(config: Path | None = ConfigOpt) -> None:
+    """Pod init step: build a builtin model into the model volume, or check the model is there."""
+    from rlscale.trainer.entrypoint import prepare_model_main
+
+    raise typer.Exit(prepare_model_main(str(config) if config else None))
+
+
 @app.command()
 def operator(
     namespace: list[str] | None = typer.Option(None, "--namespace", "-n", help="Watch these namespaces (default: all)."),

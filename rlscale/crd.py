@@ -55,9 +55,9 @@ def _constraints(info: FieldInfo | None, out: dict[str, Any]) -> None:
         elif isinstance(m, Le):
             out["maximum"] = m.le
         elif isinstance(m, MinLen):
-            out["minLength"] = m.min_length
+            out["minProperties" if out.get("type") == "object" else "minLength"] = m.min_length
         elif isinstance(m, MaxLen):
-            out["maxLength"] = m.max_length
+            out["maxProperties" if out.get("type") == "object" else "maxLength"] = m.max_length
         elif getattr(m, "pattern", None):
             out["pattern"] = m.pattern
 

@@ -33,6 +33,8 @@ class _Model(BaseModel):
 
 Auto = Literal["auto"]
 PosInt = Annotated[int, Field(gt=0, strict=True)]  # strict: YAML `true` is not 1
+# A Kubernetes volume source: exactly one of persistentVolumeClaim, hostPath, nfs, ...
+VolumeSource = Annotated[dict[str, Any], Field(min_length=1, max_length=1)]
 
 
 class ModelShape(_Model):
@@ -67,6 +69,18 @@ class ModelSpec(_Model):
         None,
         description="Architecture numbers for planning; optional for builtin models, known "
         "hub ids (Qwen2.5, Qwen3, Llama-3.x) and local directories with a config.json.",
+    )
+    volume: VolumeSource | None = Field(
+        None,
+        description="Kubernetes: the volume holding the model, as a volume source (e.g. "
+        "{persistentVolumeClaim: {claimName: models}}), mounted at /models in every pod. "
+        "Builtin models are built into it once; hub ids resolve from its Hugging Face cache "
+        "(/models/hf); a local path is read relative to it. Unset: an emptyDir per pod.",
+    )
+    download: bool = Field(
+        False,
+        description="Hub ids: download a model missing from the cache (needs a cluster that "
+        "reaches the hub); false resolves from the cache only and fails naming the model.",
     )
 
 
@@ -171,7 +185,8 @@ class CheckpointSpec(_Model):
     """Checkpointing."""
 
     every: PosInt = Field(50, description="Checkpoint every this many steps.")
-    path: str = Field("/checkpoints", min_length=1, max_length=1024, description="Directory (or volume mount) for checkpoints.")
+    path: str = Field("/checkpoints", min_length=1, max_length=1024, description="Directory (or volume mount) for checkpoints; the run report goes to its report/ folder.")
+    volume: VolumeSource | None = Field(None, description="Kubernetes: the volume for checkpoints and the report, as a volume source (e.g. {persistentVolumeClaim: {claimName: ckpt}}), mounted at path on every learner rank (ReadWriteMany when there are several). Unset: one claim per rank of the chart's checkpointStorage, or emptyDir.")
     keep: PosInt = Field(2, description="How many checkpoints to keep.")
 
 
@@ -514,6 +529,8 @@ def _translate(exc: ValidationError, model: type[BaseModel], root: str) -> list[
                 msg, fix = "is not a valid Kubernetes name", "use lowercase letters, digits and '-', starting and ending with a letter or digit"
             elif typ in ("model_type", "dict_type"):
                 msg, fix = "must be a mapping", "see examples/quickstart.yaml for its fields"
+            elif typ in ("too_short", "too_long") and path.endswith(".volume"):
+                msg, fix = "must name exactly one volume source", "e.g. {persistentVolumeClaim: {claimName: models}}"
             if typ.startswith(("int_", "greater_than")) and path.endswith(("prompts", "replicas")) and "auto" in str(e["loc"]):
                 fix = 'use a positive integer or "auto"'
             err = FieldError(path, value, msg, fix)

@@ -13,7 +13,7 @@ from pathlib import Path
 from rlscale.rollout.serve import ROLLOUT_RESOURCE
 
 
-def ray_start_command(ray_address: str, num_cpus: int = 0) -> list[str]:
+def ray_start_command(ray_address: str, num_cpus: int = 0, object_store_bytes: int | None = None) -> list[str]:
     """The `ray start` line of a rollout worker; Serve places one replica per `rollout` slot."""
     ray_bin = shutil.which("ray", path=str(Path(sys.executable).parent)) or shutil.which("ray")
     if ray_bin is None:
@@ -28,6 +28,8 @@ def ray_start_command(ray_address: str, num_cpus: int = 0) -> list[str]:
         f"--num-cpus={num_cpus}",
         "--disable-usage-stats",
         "--block",
+        # Sized by the run config to fit the pod's memory-backed /dev/shm.
+        *([f"--object-store-memory={int(object_store_bytes)}"] if object_store_bytes else []),
     ]
 
 
@@ -56,7 +58,7 @@ def main(config_path: str | None = None) -> int:
             file=sys.stderr,
         )
         return 2
-    cmd = ray_start_command(address)
+    cmd = ray_start_command(address, object_store_bytes=(config.extra or {}).get("objectStoreBytes"))
     proc = subprocess.Popen(cmd, env=worker_env(os.environ))
 
     # `ray start --block` stops its raylet and workers on SIGTERM; pass ours on so that

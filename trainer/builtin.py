@@ -6,6 +6,7 @@ import contextlib
 import fcntl
 import json
 import os
+import re
 import shutil
 import tempfile
 import time
@@ -41,17 +42,40 @@ def builtin_model_dir(name: str, cache_dir: str | Path | None = None) -> Path:
     return cache_root(cache_dir) / f"{name.split(':', 1)[1]}-v{RECIPE_VERSION}"
 
 
-def resolve_model_path(path: str, cache_dir: str | Path | None = None, progress: bool = True) -> Path:
-    """A builtin name (built on first use) or a local HF directory; hub ids are not fetched."""
+HUB_ID_RE = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+
+
+def resolve_model_path(path: str, cache_dir: str | Path | None = None, progress: bool = True,
+                       download: bool = False) -> Path:
+    """A builtin name (built on first use into cache_dir), a local HF directory, or a hub id
+    from the Hugging Face cache ($HF_HOME; fetched into it only when `download`)."""
     if path.startswith("builtin:"):
         return ensure_builtin_model(path, cache_dir=cache_dir, progress=progress)
     local = Path(path).expanduser()
-    if not (local / "config.json").is_file():
+    if (local / "config.json").is_file():
+        return local
+    if HUB_ID_RE.match(path) and not local.is_absolute() and not local.exists():
+        return _from_hub_cache(path, download)
+    raise ValueError(
+        f"spec.model.path: {path!r} is not a local model directory with a config.json; "
+        "use builtin:tiny-arith, a hub id in the Hugging Face cache, or a directory holding the model"
+    )
+
+
+def _from_hub_cache(repo_id: str, download: bool) -> Path:
+    """The snapshot of repo_id in $HF_HOME's hub cache; downloaded there only when allowed."""
+    from huggingface_hub import snapshot_download
+    from huggingface_hub.constants import HF_HUB_CACHE
+    from huggingface_hub.errors import LocalEntryNotFoundError
+
+    try:
+        return Path(snapshot_download(repo_id, local_files_only=not download))
+    except LocalEntryNotFoundError:
         raise ValueError(
-            f"spec.model.path: {path!r} is not a local model directory with a config.json; "
-            "use builtin:tiny-arith or download the model to a directory first"
-        )
-    return local
+            f"spec.model.path: {repo_id!r} is not in the Hugging Face cache at {HF_HUB_CACHE}; "
+            "put it there (huggingface-cli download into the model volume), or set model.download: true "
+            "where the cluster may reach the hub"
+        ) from None
 
 
 def ensure_builtin_model(name: str, cache_dir: str | Path | None = None, progress: bool = True) -> Path:

@@ -6,20 +6,47 @@ import logging
 import os
 import sys
 import threading
+import time
 
 log = logging.getLogger("rlscale.learner")
 
 
+def resolve_model_dir(cfg, progress: bool = False) -> str:
+    """The model directory every role of the run uses: the runner's, else resolved in the model
+    volume (builtin models built there once, hub ids from its Hugging Face cache)."""
+    from rlscale.trainer.builtin import resolve_model_path
+
+    if cfg.model_dir:
+        return str(cfg.model_dir)
+    spec = cfg.parsed_spec()
+    return str(resolve_model_path(spec.model.path, cache_dir=(cfg.extra or {}).get("modelCache"),
+                                  progress=progress, download=spec.model.download))
+
+
 def learner_config_from_run(cfg):
     """The LearnerConfig for a resolved run config (spec + plan + model directory)."""
-    from rlscale.trainer.builtin import resolve_model_path
     from rlscale.trainer.learner import LearnerConfig
 
     spec = cfg.parsed_spec()
-    model_dir = cfg.model_dir or str(resolve_model_path(spec.model.path, progress=False))
     lr = (cfg.plan or {}).get("learningRate")
     seed = int((cfg.extra or {}).get("seed", 0))
-    return LearnerConfig.from_spec(spec, model_dir, learning_rate=lr, seed=seed)
+    return LearnerConfig.from_spec(spec, resolve_model_dir(cfg), learning_rate=lr, seed=seed,
+                                   checkpoint_dir=cfg.checkpoint_dir)
+
+
+def prepare_model_main(config_path: str | None) -> int:
+    """`rlscale prepare-model`: the pods' init step; prints the model directory, exit 2 naming the fix."""
+    from rlscale.runconfig import load_run_config
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s prepare-model %(message)s", stream=sys.stderr)
+    cfg = load_run_config(config_path)
+    try:
+        path = resolve_model_dir(cfg, progress=True)
+    except ValueError as exc:
+        print(f"rlscale prepare-model: {exc}", file=sys.stderr)
+        return 2
+    print(path)
+    return 0
 
 
 def main(config_path: str | None) -> int:
@@ -29,15 +56,28 @@ def main(config_path: str | None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s learner %(levelname)s %(message)s", stream=sys.stderr)
     os.environ.setdefault("TORCH_EXTENSIONS_DIR", os.path.expanduser("~/.cache/rlscale/torch_extensions"))
     cfg = load_run_config(config_path)
+    cfg.model_dir = resolve_model_dir(cfg)  # one lookup for the learner, the tokenizer and the replicas
+    in_pod = not (cfg.extra or {}).get("local")
+    rank = int(os.environ.get("RANK", "0"))
+    if in_pod and rank == 0:
+        # The driver reaches Ray through a node of its own (its object store holds the weights it
+        # publishes); a process on a host without a Ray node cannot join the cluster.
+        start_ray_node(cfg)
     # Rank 0 deploys the rollout replicas (Serve, vLLM's load) while DeepSpeed starts: one
     # after the other they took 28 s and 45 s of the quickstart's start-up.
-    rollout = _Background(_connect_rollout, cfg) if int(os.environ.get("RANK", "0")) == 0 else None
+    rollout = _Background(_connect_rollout, cfg) if rank == 0 else None
     from rlscale.trainer.learner import Learner
 
     learner = Learner(learner_config_from_run(cfg))
     log.info("rank %d of %d ready (ZeRO stage %d)", learner.rank, learner.world_size, learner.config.zero_stage)
     if learner.rank > 0:
         learner.follow()
+        if in_pod:
+            # Rank 0 released this rank because the run ended (it drives the exit otherwise);
+            # exiting would restart the pod, so wait for the operator's scale-down.
+            from rlscale.trainer.driver import wait_for_termination
+
+            wait_for_termination()
         return 0
     from rlscale.trainer.driver import drive
 
@@ -45,6 +85,28 @@ def main(config_path: str | None) -> int:
         return drive(cfg, learner, rollout.result() if rollout else None)
     finally:
         learner.shutdown()
+
+
+def start_ray_node(cfg) -> None:
+    """`ray start` (a daemonised node offering no CPUs) joining the run's head, for the driver."""
+    import subprocess
+
+    from rlscale.roles import ray_executable, ray_node_env
+
+    cmd = [ray_executable(), "start", f"--address={cfg.ray_address}", "--num-cpus=0", "--disable-usage-stats"]
+    store = (cfg.extra or {}).get("objectStoreBytes")
+    if store:
+        cmd.append(f"--object-store-memory={int(store)}")
+    log.info("starting this pod's Ray node: %s", " ".join(cmd))
+    deadline = time.monotonic() + 300  # the head's pod may still be starting
+    while True:
+        done = subprocess.run(cmd, env=ray_node_env(), stdout=sys.stderr, stderr=sys.stderr)
+        if done.returncode == 0:
+            return
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"could not join the run's Ray head at {cfg.ray_address} within 300 s "
+                               f"(`ray start` exit {done.returncode}); is the ray-head pod running?")
+        time.sleep(5)
 
 
 def _connect_rollout(cfg):

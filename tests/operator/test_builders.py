@@ -50,6 +50,63 @@ def test_replicas_come_from_the_plan_and_suspend_zeroes_both():
     assert kids[("Deployment", "grpo-7b-rollout")]["spec"]["replicas"] == 0
     assert kids[("StatefulSet", "grpo-7b-learner")]["spec"]["replicas"] == 0
     assert ("ConfigMap", "grpo-7b-config") in kids  # config kept while suspended
+    assert kids[("Deployment", "grpo-7b-ray-head")]["spec"]["replicas"] == 1  # the head stays up
+
+
+def test_a_finished_run_scales_everything_to_zero_and_keeps_its_config():
+    kids = by_kind(B.build_children(RUN, spec(), PLAN, finished=True))
+    for kind, name in (("Deployment", "grpo-7b-rollout"), ("StatefulSet", "grpo-7b-learner"),
+                       ("Deployment", "grpo-7b-ray-head")):
+        assert kids[(kind, name)]["spec"]["replicas"] == 0, name
+    assert ("ConfigMap", "grpo-7b-config") in kids and ("Service", "grpo-7b-metrics") in kids
+
+
+def test_model_volume_is_shared_and_prepared_by_the_learners():
+    vol = {"persistentVolumeClaim": {"claimName": "models"}}
+    kids = by_kind(B.build_children(RUN, spec(model={"path": "builtin:tiny-arith", "volume": vol}), PLAN))
+    learner = kids[("StatefulSet", "grpo-7b-learner")]["spec"]["template"]["spec"]
+    rollout = kids[("Deployment", "grpo-7b-rollout")]["spec"]["template"]["spec"]
+    for pod in (learner, rollout):
+        assert {"name": "model", **vol} in pod["volumes"]
+    (init,) = learner["initContainers"]
+    assert init["command"] == ["rlscale", "prepare-model", "--config", C.CONFIG_PATH]
+    assert {"name": "model", "mountPath": C.MODEL_MOUNT} in init["volumeMounts"]
+    # Replicas read what the learners prepared: read-only, no init of their own.
+    assert "initContainers" not in rollout
+    (mount,) = [m for m in rollout["containers"][0]["volumeMounts"] if m["name"] == "model"]
+    assert mount == {"name": "model", "mountPath": C.MODEL_MOUNT, "readOnly": True}
+    # Without a named volume each pod prepares its own copy in an emptyDir.
+    kids = by_kind(B.build_children(RUN, spec(), PLAN))
+    rollout = kids[("Deployment", "grpo-7b-rollout")]["spec"]["template"]["spec"]
+    assert {"name": "model", "emptyDir": {}} in rollout["volumes"] and rollout["initContainers"]
+    env = {e["name"]: e.get("value") for e in rollout["containers"][0]["env"]}
+    assert env["HF_HOME"] == C.HF_HOME and env["HF_HUB_OFFLINE"] == "1"
+
+
+def test_every_pod_has_a_memory_backed_shm_sized_for_the_object_store():
+    kids = B.build_children(RUN, spec(model={"path": "Qwen/Qwen2.5-7B", "dtype": "bfloat16"}), PLAN)
+    cfg = json.loads(kids[0]["data"][C.CONFIG_KEY])
+    # 7.6B bf16 weights are ~15 GB: the store holds a few versions, /dev/shm holds the store.
+    assert cfg["extra"]["objectStoreBytes"] > 3 * 15e9
+    for m in kids:
+        pod = m.get("spec", {}).get("template", {}).get("spec")
+        if pod:
+            (shm,) = [v for v in pod["volumes"] if v["name"] == "shm"]
+            assert shm["emptyDir"]["medium"] == "Memory"
+            size_mi = int(shm["emptyDir"]["sizeLimit"].removesuffix("Mi"))
+            assert size_mi * 2**20 > cfg["extra"]["objectStoreBytes"]
+            assert {"name": "shm", "mountPath": "/dev/shm"} in pod["containers"][0]["volumeMounts"]
+
+
+def test_checkpoint_volume_named_by_the_spec_is_shared_by_every_rank_and_holds_the_report():
+    vol = {"persistentVolumeClaim": {"claimName": "ckpt"}}
+    s = spec(checkpoint={"path": "/ckpt", "volume": vol})
+    sts = B.build_learner_statefulset(RUN, s, PLAN, B.Images(checkpoint_storage="50Gi"))
+    assert "volumeClaimTemplates" not in sts["spec"]
+    assert {"name": "checkpoints", **vol} in sts["spec"]["template"]["spec"]["volumes"]
+    cfg = json.loads(B.build_configmap(RUN, s, PLAN)["data"][C.CONFIG_KEY])
+    assert cfg["checkpoint_dir"] == "/ckpt" and cfg["report_dir"] == "/ckpt/report"
+    assert cfg["extra"]["modelCache"] == C.MODEL_MOUNT
 
 
 def test_gpu_requests_follow_gpus_per_replica_and_cpu_has_none():
@@ -89,7 +146,7 @@ def test_role_entrypoints_read_the_mounted_config():
     kids = B.build_children(RUN, spec(), PLAN)
     cmds = {}
     for m in kids:
-        pod = m["spec"] if m["kind"] == "Pod" else m.get("spec", {}).get("template", {}).get("spec")
+        pod = m.get("spec", {}).get("template", {}).get("spec")
         if pod:
             c = pod["containers"][0]
             cmds[m["metadata"]["labels"][C.LABEL_ROLE]] = c["command"]
@@ -149,5 +206,5 @@ def test_runner_account_may_patch_only_its_own_run():
     assert rule == {"apiGroups": ["rlscale.dev"], "resources": ["rlruns"], "resourceNames": ["grpo-7b"],
                     "verbs": ["get", "patch"]}
     assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "grpo-7b-runner", "namespace": "team-a"}]
-    pod = B.build_ray_head_pod(RUN, spec(), B.Images())
-    assert pod["spec"]["serviceAccountName"] == "grpo-7b-runner"
+    head = B.build_ray_head(RUN, spec(), B.Images())
+    assert head["spec"]["template"]["spec"]["serviceAccountName"] == "grpo-7b-runner"
