@@ -86,14 +86,17 @@ def reconcile(namespace: str, name: str, uid: str, spec_dict: dict[str, Any], ge
             _invalid(namespace, name, generation, "PlanFailed", str(exc))
             raise kopf.PermanentError(f"cannot plan: {exc}") from None
         run = B.RunRef(name=name, namespace=namespace, uid=uid)
+        finished = S.finished(status)
         applied: dict[str, dict[str, Any]] = {}
-        for manifest in B.build_children(run, spec, plan, IMAGES):
-            applied[manifest["kind"]] = kube.apply(manifest)
+        for manifest in B.build_children(run, spec, plan, IMAGES, finished=finished):
+            role = manifest["metadata"]["labels"][C.LABEL_ROLE]
+            applied[role if manifest["kind"] in ("Deployment", "StatefulSet") else manifest["kind"]] = kube.apply(manifest)
             if STEP_DELAY:
                 time.sleep(STEP_DELAY)
-        desired = B.desired_replicas(spec, plan)
-        ready = {C.ROLE_ROLLOUT: _ready(applied.get("Deployment")),
-                 C.ROLE_LEARNER: _ready(applied.get("StatefulSet"))}
+        desired = B.desired_replicas(spec, plan, finished)
+        desired.pop(C.ROLE_RAY_HEAD)
+        ready = {C.ROLE_ROLLOUT: _ready(applied.get(C.ROLE_ROLLOUT)),
+                 C.ROLE_LEARNER: _ready(applied.get(C.ROLE_LEARNER))}
         kube.update_status(namespace, name, lambda body, st: _planned_status(
             st, spec, plan, generation, desired, ready, trigger))
         _record_metrics(namespace, name, plan, desired, ready)
@@ -197,10 +200,17 @@ def _on_workload(role: str, event_type: str | None, body: Any, namespace: str, l
     M.REPLICAS.labels(namespace, run, role, "ready").set(ready)
 
 
-@kopf.on.event("apps", "v1", "deployments", labels=_OWNED)
+@kopf.on.event("apps", "v1", "deployments", labels={**_OWNED, C.LABEL_ROLE: C.ROLE_ROLLOUT})
 def rollout_event(type: str | None, body: Any, namespace: str, labels: Any, **_: Any) -> None:
     """Rollout Deployment changed: readiness into status; deleted: recreate."""
     _on_workload(C.ROLE_ROLLOUT, type, body, namespace, labels)
+
+
+@kopf.on.event("apps", "v1", "deployments", labels={**_OWNED, C.LABEL_ROLE: C.ROLE_RAY_HEAD})
+def ray_head_event(type: str | None, namespace: str, labels: Any, **_: Any) -> None:
+    """The Ray head Deployment was deleted behind our back: recreate it."""
+    if type == "DELETED" and labels.get(C.LABEL_RUN):
+        repair(namespace, labels[C.LABEL_RUN])
 
 
 @kopf.on.event("apps", "v1", "statefulsets", labels=_OWNED)
@@ -211,9 +221,8 @@ def learner_event(type: str | None, body: Any, namespace: str, labels: Any, **_:
 
 @kopf.on.event("v1", "configmaps", labels=_OWNED)
 @kopf.on.event("v1", "services", labels=_OWNED)
-@kopf.on.event("v1", "pods", labels={**_OWNED, C.LABEL_ROLE: C.ROLE_RAY_HEAD})
 def simple_child_event(type: str | None, namespace: str, labels: Any, **_: Any) -> None:
-    """A ConfigMap, Service or the Ray head pod was deleted behind our back: recreate it."""
+    """A ConfigMap or Service was deleted behind our back: recreate it."""
     if type == "DELETED" and labels.get(C.LABEL_RUN):
         repair(namespace, labels[C.LABEL_RUN])
 
@@ -262,12 +271,20 @@ def progress_timer(name: str, namespace: str, uid: str, meta: Any, spec: Any, st
             conds = S.set_condition(conds, C.COND_TARGET_REACHED, False, "Training",
                                     f"{spec_m.target.metric} = {prog.get('targetMetric')} "
                                     f"(target {spec_m.target.value})", gen)
+        conds = S.outcome_conditions(conds, prog, spec_m.target.metric, spec_m.target.value, gen)
         st["conditions"] = conds
         if not S.is_true(conds, C.COND_INVALID):
             st["phase"] = S.phase(conds, spec_m.suspend, failed=bool(prog.get("failed")))
         return st
 
-    kube.update_status(namespace, name, mutate)
+    was_finished = S.finished(status)
+    written = kube.update_status(namespace, name, mutate)
+    if prog.get("outcome") in C.OUTCOME_PHASES:
+        if not was_finished and written is not None:
+            # The run has ended: every workload (the Ray head too) to zero; status keeps the results.
+            log.info("%s/%s: %s; scaling the run's workloads to zero", namespace, name, prog["outcome"])
+            reconcile(namespace, name, uid, spec_d, int(meta.get("generation") or 0), written, trigger="finished")
+        return
     measured = prog.get("samplesPerSecond")
     d = S.drift(plan, measured)
     calibrated = (status.get("calibration") or {}).get("samplesPerSecond")

@@ -47,8 +47,10 @@ def phase(conditions: list[dict[str, Any]] | None, suspended: bool, failed: bool
     """The one-word phase the printer columns show, derived from the conditions."""
     if is_true(conditions, C.COND_INVALID) or failed:
         return C.PHASE_FAILED
-    if is_true(conditions, C.COND_TARGET_REACHED):
+    if is_true(conditions, C.COND_SUCCEEDED) or is_true(conditions, C.COND_TARGET_REACHED):
         return C.PHASE_SUCCEEDED
+    if is_true(conditions, C.COND_BUDGET_EXHAUSTED):
+        return C.PHASE_BUDGET_EXHAUSTED
     if suspended:
         return C.PHASE_SUSPENDED
     if is_true(conditions, C.COND_ROLLOUT_READY) and is_true(conditions, C.COND_LEARNERS_READY):
@@ -70,7 +72,34 @@ def readiness(role: str, desired: int, ready: int, generation: int | None,
 
 PROGRESS_KEYS = ("step", "samples", "reward", "targetMetric", "samplesPerSecond", "elapsedSeconds",
                  "phaseSeconds", "noiseScale",
-                 "timeToTargetSeconds", "targetReached", "failed", "message")
+                 "timeToTargetSeconds", "samplesToTarget", "targetReached", "failed", "message",
+                 "outcome", "report")
+
+
+def finished(status: dict[str, Any] | None) -> bool:
+    """The run has ended (target reached or budget spent): its workloads stay at zero."""
+    conds = (status or {}).get("conditions")
+    return is_true(conds, C.COND_SUCCEEDED) or is_true(conds, C.COND_BUDGET_EXHAUSTED)
+
+
+def outcome_conditions(conditions: list[dict[str, Any]] | None, progress: dict[str, Any], metric: str,
+                       target: float, generation: int | None) -> list[dict[str, Any]]:
+    """Succeeded or BudgetExhausted from the driver's last report, with the figures in words."""
+    outcome = progress.get("outcome")
+    if outcome not in C.OUTCOME_PHASES:
+        return conditions or []
+    samples = progress.get("samples")
+    if outcome == C.COND_SUCCEEDED:
+        ttt = progress.get("timeToTargetSeconds")
+        msg = (f"{metric} reached {progress.get('targetMetric')} (target {target}) after "
+               f"{progress.get('samplesToTarget', samples)} samples"
+               + (f" in {fmt_duration(float(ttt))}" if ttt is not None else ""))
+    else:
+        msg = (f"budget spent at step {progress.get('step')} and {samples} samples with {metric} = "
+               f"{progress.get('targetMetric')} (target {target})")
+    if progress.get("report"):
+        msg += f"; report in {progress['report']}"
+    return set_condition(conditions, outcome, True, outcome, msg + "; workloads scaled to zero", generation)
 
 
 def parse_progress(raw: str | None) -> tuple[dict[str, Any] | None, str | None]:

@@ -45,9 +45,15 @@ class KubeTarget:
         return cls(f"https://{host}:{port}", (SA_DIR / "token").read_text().strip(), str(SA_DIR / "ca.crt"), namespace, name)
 
 
-def progress_body(rec: dict[str, Any], *, target_reached: bool, failed: bool = False) -> dict[str, Any]:
-    """The report the operator reads, from one metrics.jsonl record."""
-    return {
+# How a run ends, in the driver's last report; the operator makes each a condition and phase.
+OUTCOME_SUCCEEDED = "Succeeded"
+OUTCOME_BUDGET_EXHAUSTED = "BudgetExhausted"
+
+
+def progress_body(rec: dict[str, Any], *, target_reached: bool, failed: bool = False,
+                  outcome: str | None = None, report: str | None = None) -> dict[str, Any]:
+    """The report the operator reads, from one metrics.jsonl record; `outcome` on the last one."""
+    body = {
         "step": rec["step"], "samples": rec["samples"], "reward": round(rec.get("reward_mean", 0.0), 6),
         "targetMetric": rec.get("target_metric"), "samplesPerSecond": round(rec.get("samples_per_second", 0.0), 3),
         "elapsedSeconds": round(rec.get("wall_seconds", 0.0), 2),
@@ -58,6 +64,11 @@ def progress_body(rec: dict[str, Any], *, target_reached: bool, failed: bool = F
         "timeToTargetSeconds": rec.get("time_to_target_seconds"), "samplesToTarget": rec.get("samples_to_target"),
         "prompts": rec.get("prompts"), "samplesPerPrompt": rec.get("samples_per_prompt"),
     }
+    if outcome:
+        body["outcome"] = outcome
+    if report:
+        body["report"] = report
+    return body
 
 
 class ProgressReporter:

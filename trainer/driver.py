@@ -15,7 +15,13 @@ from typing import Any
 import numpy as np
 import torch
 
-from rlscale.kube_report import KubeTarget, ProgressReporter, progress_body
+from rlscale.kube_report import (
+    OUTCOME_BUDGET_EXHAUSTED,
+    OUTCOME_SUCCEEDED,
+    KubeTarget,
+    ProgressReporter,
+    progress_body,
+)
 from rlscale.plan import Calibration, make_plan
 from rlscale.plan.calibration import noise_from_steps
 from rlscale.progress import TargetTracker
@@ -83,6 +89,7 @@ class Driver:
         self.rollout = rollout
         self.tok = tokenizer
         self.run_dir = Path(cfg.report_dir or ".")
+        self.run_dir.mkdir(parents=True, exist_ok=True)  # in pods: report/ on the checkpoint volume
         self.ckpt_dir = Path(cfg.checkpoint_dir or self.run_dir / "checkpoints")
         self.metrics = RunMetrics()
         self.stop_requested = False
@@ -181,8 +188,15 @@ class Driver:
             self.checkpoint()
         write_report(self.run_dir, spec.target.value, spec.target.metric, self.cfg.run)
         if self.reporter and self.records:
-            self.reporter.report(progress_body(self.records[-1], target_reached=self.tracker.reached), force=True)
+            outcome = {EXIT_TARGET: OUTCOME_SUCCEEDED, EXIT_BUDGET: OUTCOME_BUDGET_EXHAUSTED}.get(code)
+            self.reporter.report(progress_body(self.records[-1], target_reached=self.tracker.reached, outcome=outcome,
+                                               report=self._report_location()), force=True)
         return code
+
+    def _report_location(self) -> str:
+        """Where the report lives, as a person finds it: this pod's volume and the path in it."""
+        pod = os.environ.get("POD_NAME")
+        return f"{self.run_dir.resolve()} on {pod}" if pod else str(self.run_dir.resolve())
 
     def step(self) -> dict[str, Any]:
         spec, st = self.spec, self.state
@@ -446,6 +460,17 @@ def evaluate_accuracy(rollout, tok, problems: list[Problem], max_new_tokens: int
     return correct / max(1, len(problems))
 
 
+def wait_for_termination() -> None:
+    """Block until SIGTERM or SIGINT (the kubelet's stop)."""
+    import threading
+
+    log.info("run finished; waiting to be scaled to zero")
+    done = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: done.set())
+    done.wait()
+
+
 def install_stop_handlers(driver: Driver) -> None:
     """SIGTERM/SIGINT: finish the current step, checkpoint, exit 130."""
     signal.signal(signal.SIGTERM, driver.request_stop)
@@ -502,6 +527,13 @@ def drive(cfg: RunConfig, learner, client=None) -> int:
         linger = float(extra.get("lingerSeconds") or 0)
         if linger > 0:
             time.sleep(linger)  # a scraper's last look at the final values
+        if not extra.get("local") and code in (EXIT_TARGET, EXIT_BUDGET):
+            # The run has ended. Exiting would make the StatefulSet start it again; the operator
+            # scales the run to zero instead. Free the replicas and the other ranks now, and keep
+            # /metrics up (the final values) until the kubelet's SIGTERM.
+            client.shutdown()
+            learner.shutdown()
+            wait_for_termination()
     finally:
         try:
             client.shutdown()

@@ -142,6 +142,7 @@ class Learner:
         # Ranks with a checkpoint volume each (a claim per StatefulSet pod) must each write a
         # complete checkpoint, model states included: rank 0's files are not on their volumes.
         self.per_rank_checkpoints = self._checkpoints_per_rank()
+        self._released = False  # rank 0 has told the followers to stop
         self.dtype = getattr(torch, config.dtype)
         policy = AutoModelForCausalLM.from_pretrained(config.model_path, dtype=self.dtype, local_files_only=True)
         self.engine, *_ = deepspeed.initialize(model=policy, model_parameters=policy.parameters(), config=self._ds_config())
@@ -223,8 +224,9 @@ class Learner:
         return self._collective("load_checkpoint", str(path))
 
     def shutdown(self) -> None:
-        """Release the followers (rank 0) and leave the process group."""
-        if self.world_size > 1 and self.rank == 0:
+        """Release the followers (rank 0; once, however often it is called)."""
+        if self.world_size > 1 and self.rank == 0 and not self._released:
+            self._released = True
             dist.broadcast_object_list(["stop", ()], src=0, group=self._control)
 
     def follow(self) -> None:

@@ -71,3 +71,18 @@ def test_drift_is_relative_to_the_plan():
 def test_plan_summary_drops_candidates_and_adds_the_batch_column():
     s = S.plan_summary(PLAN)
     assert "candidates" not in s and s["batch"] == "16x8" and s["rolloutReplicas"] == 2
+
+
+def test_the_last_report_ends_the_run_with_its_outcome_and_figures():
+    prog = {"step": 40, "samples": 10240, "targetMetric": 0.51, "timeToTargetSeconds": 190.0,
+            "samplesToTarget": 10240, "outcome": "Succeeded", "report": "/checkpoints/report on r-learner-0"}
+    conds = S.outcome_conditions([], prog, "eval/accuracy", 0.5, 3)
+    (c,) = conds
+    assert c["type"] == C.COND_SUCCEEDED and c["status"] == "True"
+    assert "10240 samples" in c["message"] and "3m10s" in c["message"] and "r-learner-0" in c["message"]
+    assert S.finished({"conditions": conds}) and S.phase(conds, suspended=False) == C.PHASE_SUCCEEDED
+    spent = S.outcome_conditions([], {**prog, "outcome": "BudgetExhausted"}, "eval/accuracy", 0.9, 3)
+    assert S.phase(spent, suspended=False) == C.PHASE_BUDGET_EXHAUSTED and S.finished({"conditions": spent})
+    # A report without an outcome (the run goes on) ends nothing.
+    assert S.outcome_conditions([], {"step": 3}, "eval/accuracy", 0.5, 1) == []
+    assert not S.finished({"conditions": []})
