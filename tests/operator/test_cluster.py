@@ -4,6 +4,7 @@ kwok GPU nodes) built from Go modules, running as the service account its chart 
 from __future__ import annotations
 
 import re
+import time
 
 import pytest
 from clusterkit import OPERATOR_NS, OPERATOR_SA, example_run, wait_for
@@ -173,7 +174,7 @@ def test_deleted_children_are_recreated(kube, operator, ns):
     wait_running(kube, "heal", ns)
     n = B.names("heal")
     for kind, name in (("deployment", n[C.ROLE_ROLLOUT]), ("configmap", n[C.ROLE_CONFIG]),
-                       ("pod", n[C.ROLE_RAY_HEAD]), ("service", n[C.ROLE_LEARNER])):
+                       ("deployment", n[C.ROLE_RAY_HEAD]), ("service", n[C.ROLE_LEARNER])):
         old = kube.get(kind, name, ns)["metadata"]["uid"]
         kube.run("delete", kind, name, "-n", ns, "--wait=true", "--timeout=30s")
         wait_for(f"{kind} {name} recreated",
@@ -241,6 +242,41 @@ def test_progress_reported_by_the_learner_feeds_status_and_drift_replans(kube, o
     r = wait_for("Succeeded", lambda: (x := rlrun(kube, "prog", ns))["status"].get("phase") == C.PHASE_SUCCEEDED and x)
     assert cond(r, C.COND_TARGET_REACHED)["status"] == "True"
     assert r["status"]["progress"]["timeToTarget"] == "4m12s"
+    # Target reached is not yet the end: the workloads keep running until the driver's last
+    # report says how the run ended.
+    dep, sts = workloads(kube, "prog", ns)
+    assert dep["spec"]["replicas"] >= 1 and sts["spec"]["replicas"] >= 1
+
+
+def test_the_drivers_last_report_ends_the_run_and_frees_every_workload(kube, operator, ns, cluster):
+    kube.apply(example_run("ends"), ns)
+    wait_running(kube, "ends", ns)
+    token = kube.run("create", "token", B.names("ends")[C.ROLE_RUNNER], "-n", ns).stdout.strip()
+    reporter = ProgressReporter(KubeTarget(cluster.server, token, str(cluster.dir / "pki" / "ca.crt"), ns, "ends"))
+    last = {"step": 40, "samples": 20480, "reward": 0.7, "targetMetric": 0.86, "samplesPerSecond": 90.0,
+            "targetReached": True, "elapsedSeconds": 200, "timeToTargetSeconds": 190.5, "samplesToTarget": 19456,
+            "outcome": "Succeeded", "report": "/checkpoints/report on ends-learner-0"}
+    assert reporter.report(last, force=True)
+    r = wait_for("phase Succeeded", lambda: (x := rlrun(kube, "ends", ns))["status"].get("phase") == C.PHASE_SUCCEEDED and x)
+    c = cond(r, C.COND_SUCCEEDED)
+    assert c["status"] == "True" and "19456 samples" in c["message"] and "ends-learner-0" in c["message"]
+    n = B.names("ends")
+
+    def all_zero():
+        kinds = (("deployment", n[C.ROLE_ROLLOUT]), ("statefulset", n[C.ROLE_LEARNER]), ("deployment", n[C.ROLE_RAY_HEAD]))
+        return all(kube.get(k, name, ns)["spec"]["replicas"] == 0 for k, name in kinds)
+    wait_for("every workload of the ended run at zero", all_zero)
+    wait_for("no pods left", lambda: not kube.get("pods", ns=ns, selector=f"{C.LABEL_RUN}=ends")["items"], 60)
+    r = rlrun(kube, "ends", ns)
+    assert r["status"]["phase"] == C.PHASE_SUCCEEDED  # the scale-down does not turn it Pending
+    assert r["status"]["progress"]["timeToTarget"] == "3m10s" and r["status"]["progress"]["samplesToTarget"] == 19456
+    row = kube.run("get", "rlrun", "ends", "-n", ns).stdout.splitlines()[1]
+    assert "Succeeded" in row.split() and "3m10s" in row.split()
+    # A restarted operator keeps the ended run at zero (no second start).
+    operator.kill()
+    operator.start()
+    time.sleep(3)
+    assert all_zero() and rlrun(kube, "ends", ns)["status"]["phase"] == C.PHASE_SUCCEEDED
 
 
 def test_operator_metrics_and_its_rbac_is_exactly_what_the_chart_ships(kube, operator, ns):

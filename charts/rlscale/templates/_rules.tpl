@@ -8,8 +8,12 @@
   verbs: [get, patch]
 # What each run owns (server-side apply = patch; it also creates).
 - apiGroups: [""]
-  resources: [configmaps, services, pods]
+  resources: [configmaps, services]
   verbs: [get, list, watch, create, patch]
+# The run's pods come from its workloads; the operator only reads them.
+- apiGroups: [""]
+  resources: [pods]
+  verbs: [get, list, watch]
 - apiGroups: [""]
   resources: [serviceaccounts]
   verbs: [get, list, watch, create, patch]
