@@ -26,8 +26,6 @@ def small_model(tmp_path_factory) -> Path:
                              head_dim=64, intermediate_size=256, seed=0)
 
 
-
-
 def _run_ranks(mode: str, args: dict, workdir: Path, world_size: int = 1, timeout: float = 600,
               expect_kill: bool = False) -> list[subprocess.CompletedProcess]:
     """Start `world_size` learner ranks on loopback and wait for all of them."""
@@ -63,4 +61,10 @@ def _run_ranks(mode: str, args: dict, workdir: Path, world_size: int = 1, timeou
 @pytest.fixture
 def run_ranks():
     """Start learner ranks as processes: run_ranks(mode, args, workdir, world_size=1, ...)."""
+    return _run_ranks
+
+
+@pytest.fixture(scope="module")
+def run_ranks_module():
+    """run_ranks for module-scoped fixtures (one run shared by several tests)."""
     return _run_ranks

@@ -28,23 +28,29 @@ def dump_params(learner: Learner, path: Path) -> None:
 
 
 def fixed(args: dict) -> None:
-    learner = Learner(LearnerConfig(**args["config"]))
-    if learner.rank == 0:
-        for batch, lr in zip(args["batches"], args["lrs"], strict=True):
-            stats = learner.step(batch, lr=lr)
-            print("STATS", json.dumps(stats), flush=True)
-        torch.save(learner.export_weights(), Path(args["out"]) / "exported.pt")
-        learner.shutdown()
-    else:
-        learner.follow()
-    if learner.config.zero_stage < 3:  # under ZeRO-3 a rank holds only a shard
-        dump_params(learner, Path(args["out"]) / f"rank{learner.rank}.pt")
+    """Steps on given batches; args["runs"] (a list of such args) builds one learner after another
+    in this process, each with its own config, batches, lrs and out, saving a start per learner."""
+    for run in args.get("runs", [args]):
+        learner = Learner(LearnerConfig(**run["config"]))
+        out = Path(run["out"])
+        out.mkdir(parents=True, exist_ok=True)
+        if learner.rank == 0:
+            for batch, lr in zip(run["batches"], run["lrs"], strict=True):
+                stats = learner.step(batch, lr=lr)
+                print("STATS", json.dumps(stats), flush=True)
+            torch.save(learner.export_weights(), out / "exported.pt")
+            learner.shutdown()
+        else:
+            learner.follow()
+        if learner.config.zero_stage < 3:  # under ZeRO-3 a rank holds only a shard
+            dump_params(learner, out / f"rank{learner.rank}.pt")
+        del learner
 
 
-def rollout_batch(learner, tokenizer, problems, n, step, reward_fn=exact_match, max_new_tokens=4):
-    """Sample with the learner's own weights, seeded by step, as the driver's rollout would."""
+def rollout_batch(learner, tokenizer, problems, n, step, reward_fn=exact_match, max_new_tokens=4, seed=0):
+    """Sample with the learner's own weights, seeded by step (and run seed), as the driver's rollout would."""
     outs = generate(learner.engine.module, tokenizer, [p.prompt for p in problems], samples_per_prompt=n,
-                    max_new_tokens=max_new_tokens, temperature=1.0, seed=step * 7919 + 17)
+                    max_new_tokens=max_new_tokens, temperature=1.0, seed=step * 7919 + 17 + seed * 104729)
     rewards = score(reward_fn, [p.prompt for p in problems for _ in range(n)], [o.text for o in outs],
                     [p.answer for p in problems for _ in range(n)], [o.finished for o in outs])
     return RolloutBatch([o.prompt_ids for o in outs], [o.response_ids for o in outs], rewards, n)
@@ -84,24 +90,50 @@ def loop(args: dict) -> None:
     learner.shutdown()
 
 
+def break_advantages(how: str) -> None:
+    """A deliberately broken learner for the test of the learning test: the learner reads
+    `algorithms.grpo_advantages` at call time, so patching the module breaks every step."""
+    from rlscale.trainer import algorithms
+
+    real = algorithms.grpo_advantages
+    if how == "zero":
+        algorithms.grpo_advantages = lambda rewards, *a, **kw: torch.zeros_like(real(rewards, *a, **kw))
+    elif how == "flip":
+        algorithms.grpo_advantages = lambda rewards, *a, **kw: -real(rewards, *a, **kw)
+    else:
+        raise ValueError(f"learner_worker: unknown breakage {how!r}")
+
+
 def grpo(args: dict) -> None:
-    """GRPO from the builtin warm-started model; prints accuracy before and after as JSON."""
+    """GRPO from the builtin warm-started model; prints accuracy before and after as JSON.
+
+    args: steps, prompts, samples_per_prompt, seed (prompt order and sampling), eval_every
+    (held-out accuracy every so many steps, into "curve"), broken ("zero"/"flip" advantages).
+    """
     from transformers import AutoTokenizer
 
+    if args.get("broken"):
+        break_advantages(args["broken"])
+    seed = args.get("seed", 0)
     learner = Learner(LearnerConfig(**args["config"]))
     tok = AutoTokenizer.from_pretrained(args["config"]["model_path"])
-    torch.manual_seed(args.get("seed", 0))
+    torch.manual_seed(seed)
     task = ArithmeticTask(difficulty=1, seed=0)
-    data = PromptIterator(task.train, seed=args.get("seed", 0))
+    data = PromptIterator(task.train, seed=seed)
     before = accuracy(learner.engine.module, tok, task.eval, max_new_tokens=4)
-    rewards, noise = [], []
+    rewards, noise, curve = [], [], {}
     for step in range(args["steps"]):
-        batch = rollout_batch(learner, tok, data.next_batch(args["prompts"]), args["samples_per_prompt"], step)
+        batch = rollout_batch(learner, tok, data.next_batch(args["prompts"]), args["samples_per_prompt"], step,
+                              seed=seed)
         stats = learner.step(batch)
         rewards.append(sum(batch.rewards) / len(batch))
         noise.append(stats["noise_scale"])
+        if args.get("eval_every") and (step + 1) % args["eval_every"] == 0 and step + 1 < args["steps"]:
+            curve[step + 1] = accuracy(learner.engine.module, tok, task.eval, max_new_tokens=4)
+            print("CURVE", step + 1, curve[step + 1], flush=True)
     after = accuracy(learner.engine.module, tok, task.eval, max_new_tokens=4)
-    print("RESULT", json.dumps({"before": before, "after": after, "rewards": rewards, "noise_scale": noise}), flush=True)
+    print("RESULT", json.dumps({"before": before, "after": after, "rewards": rewards, "noise_scale": noise,
+                                "curve": curve}), flush=True)
     learner.shutdown()
 
 
