@@ -1,0 +1,59 @@
+#!/usr/bin/env bash
+# Builds the pinned Debian bookworm root filesystems the images start FROM, with mmdebstrap,
+# as tarballs cached in $CACHE/base/ and imported into the builder's storage:
+#   base      python3.11 (Debian's), ca-certificates: the operator image's base.
+#   base-dev  base + gcc/g++ + python3.11-dev: the trainer and rollout images' base
+#             (DeepSpeed builds its CPU ops and Triton its launcher with a C compiler and Python.h).
+# Pinning: the mirrors keep one version per package, and snapshot.debian.org is not reachable
+# here (curl to it timed out), so the pin is the exact package list, hack/images/base-<name>.lock
+# (Package=Version of every installed package). A build that resolves to anything else fails
+# and prints the difference; RLSCALE_IMAGES_RELOCK=1 accepts the new list (review the diff).
+# A tarball whose lock matches is reused: a warm run never touches the mirror.
+# Usage: base.sh NAME   (prints the tarball path on stdout)
+set -euo pipefail
+HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+NAME=${1:?usage: base.sh base|base-dev}
+CACHE="${RLSCALE_CACHE:-$HOME/.cache/rlscale}/images"
+LOCK="$HERE/$NAME.lock"
+# Fixed timestamps inside the tarball: the same package list gives the same bytes, so the
+# imported image keeps its digest across rebuilds (and a loader sees nothing new to import).
+export SOURCE_DATE_EPOCH=1735689600   # 2025-01-01T00:00:00Z
+common=(python3.11 python3.11-venv ca-certificates)
+case "$NAME" in
+  base) pkgs=("${common[@]}") ;;
+  base-dev) pkgs=("${common[@]}" python3.11-dev gcc g++ make) ;;
+  *) echo "base.sh: unknown base '$NAME'" >&2; exit 2 ;;
+esac
+# The recipe is part of the cache key: a changed package list or this script rebuilds.
+key=$( { cat "$0"; printf '%s\n' "$NAME" "${pkgs[@]}"; cat "$LOCK" 2>/dev/null || true; } | sha256sum | cut -c1-16)
+out="$CACHE/base/$NAME-$key.tar"
+if [[ -s "$out" && -f "$LOCK" ]]; then echo "$out"; exit 0; fi
+command -v mmdebstrap >/dev/null || { echo "base.sh: mmdebstrap missing (apt-get install mmdebstrap)" >&2; exit 1; }
+mkdir -p "$CACHE/base"
+tmp=$(mktemp -d "$CACHE/base/.tmp.XXXXXX")
+trap 'rm -rf "$tmp"' EXIT
+m=http://deb.debian.org
+echo "[images] mmdebstrap bookworm $NAME: ${pkgs[*]}" >&2
+# minbase: Essential packages and apt; no docs, man pages or translations; no apt lists left.
+mmdebstrap --variant=minbase --mode=root --format=tar \
+  --include="$(IFS=,; echo "${pkgs[*]}")" \
+  --dpkgopt='path-exclude=/usr/share/doc/*' --dpkgopt='path-include=/usr/share/doc/*/copyright' \
+  --dpkgopt='path-exclude=/usr/share/man/*' --dpkgopt='path-exclude=/usr/share/locale/*' \
+  --dpkgopt='path-exclude=/usr/share/info/*' \
+  --customize-hook='chroot "$1" dpkg-query -W -f "\${Package}=\${Version}\n" | LC_ALL=C sort > "'"$tmp"'/lock"' \
+  --customize-hook='rm -rf "$1"/var/lib/apt/lists/* "$1"/var/cache/apt/* "$1"/var/log/* "$1"/var/cache/ldconfig/aux-cache' \
+  bookworm "$tmp/rootfs.tar" \
+  "deb $m/debian bookworm main" "deb $m/debian bookworm-updates main" \
+  "deb $m/debian-security bookworm-security main" >&2
+if [[ ! -f "$LOCK" || -n "${RLSCALE_IMAGES_RELOCK:-}" ]]; then
+  cp "$tmp/lock" "$LOCK"
+  echo "[images] wrote $LOCK ($(wc -l < "$LOCK") packages); commit it" >&2
+elif ! diff -u "$LOCK" "$tmp/lock" >&2; then
+  echo "base.sh: the mirror's bookworm differs from $LOCK (above). Rerun with" \
+       "RLSCALE_IMAGES_RELOCK=1 to accept the new versions, then commit the lock." >&2
+  exit 1
+fi
+key=$( { cat "$0"; printf '%s\n' "$NAME" "${pkgs[@]}"; cat "$LOCK"; } | sha256sum | cut -c1-16)
+out="$CACHE/base/$NAME-$key.tar"
+mv "$tmp/rootfs.tar" "$out"
+echo "$out"
