@@ -16,7 +16,10 @@ PYTEST_ARGS ?=
 venv:
 	@bash hack/setup-venv.sh
 
+## make k8s: the real node's Debian packages (containerd, runc, CNI plugins, nftables...),
+## then the control plane and node binaries built from Go modules.
 k8s:
+	@bash hack/cluster/node-deps.sh
 	@bash hack/cluster/build.sh
 
 prometheus:
@@ -32,10 +35,12 @@ test: venv k8s prometheus
 	$(VENV)/bin/ruff check .
 	$(PY) -m pytest $(PYTEST_ARGS)
 
-## make cluster: a real control plane on loopback (etcd, apiserver, controller-manager,
-## scheduler, kwok with fake GPU nodes) with the RLRun CRD installed.
+## make cluster: a real control plane (etcd, apiserver, controller-manager, scheduler, kwok
+## with fake GPU nodes) with the RLRun CRD installed, plus a real node that runs containers
+## (containerd, kubelet, kube-proxy, CoreDNS); CLUSTER_ARGS=--no-real-node for kwok only.
+CLUSTER_ARGS ?= --real-node
 cluster: venv k8s
-	@bash hack/cluster/up.sh
+	@bash hack/cluster/up.sh $(CLUSTER_ARGS)
 
 cluster-down:
 	@bash hack/cluster/down.sh

@@ -1,0 +1,122 @@
+"""Fixtures for the real-node tests: the control plane with a real node (containerd,
+kubelet, kube-proxy, CoreDNS) next to one kwok fake node, and a test image (busybox plus
+the probe client) imported into the node's containerd."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+IMAGE = "rlscale.local/nodetest:1"
+
+
+def _load(name: str, path: Path):
+    spec = importlib.util.spec_from_file_location(name, path)
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod  # dataclasses look their module up here
+    spec.loader.exec_module(mod)
+    return mod
+
+
+cp = sys.modules.get("rlscale_controlplane") or _load("rlscale_controlplane", REPO / "hack" / "cluster" / "controlplane.py")
+ni = cp._nodeimages()
+
+
+class Node:
+    """kubectl against the cluster, and pods on the real node from the test image."""
+
+    def __init__(self, cluster):
+        self.cluster = cluster
+
+    def kubectl(self, *args: str, input: str | None = None, check: bool = True, timeout: float = 60):
+        return self.cluster.kubectl(*args, input=input, check=check, timeout=timeout)
+
+    def apply(self, *objs: dict) -> None:
+        self.kubectl("apply", "-f", "-", input=json.dumps({"apiVersion": "v1", "kind": "List", "items": list(objs)}))
+
+    def get(self, kind: str, name: str, ns: str | None = None) -> dict | None:
+        out = self.kubectl("get", kind, name, "-o", "json", *(["-n", ns] if ns else []), check=False)
+        return json.loads(out.stdout) if out.returncode == 0 else None
+
+    def wait_for(self, what: str, fn, timeout: float = 60, interval: float = 0.5):
+        deadline = time.monotonic() + timeout
+        last = None
+        while time.monotonic() < deadline:
+            last = fn()
+            if last:
+                return last
+            time.sleep(interval)
+        raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what} (last: {last!r})")
+
+    def namespace(self, name: str) -> str:
+        self.apply({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}})
+        # Pods are refused until the controller-manager made the namespace's default SA.
+        self.wait_for(f"serviceaccount default in {name}", lambda: self.get("serviceaccount", "default", name))
+        return name
+
+    @staticmethod
+    def pod_spec(command: list[str], restart: str = "Never") -> dict:
+        return {"restartPolicy": restart, "terminationGracePeriodSeconds": 1,
+                "nodeSelector": {cp.REAL_NODE_LABEL: "real"},
+                "containers": [{"name": "main", "image": IMAGE, "imagePullPolicy": "Never",
+                                "command": command}]}
+
+    def run_pod(self, ns: str, name: str, command: list[str], timeout: float = 60) -> tuple[dict, str]:
+        """Run a pod to completion on the real node; return it and its log."""
+        self.apply({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": ns},
+                    "spec": self.pod_spec(command)})
+
+        def done():
+            p = self.get("pod", name, ns)
+            return p if p and p["status"].get("phase") in ("Succeeded", "Failed") else None
+        pod = self.wait_for(f"pod {ns}/{name} to finish", done, timeout)
+        log = self.kubectl("logs", "-n", ns, name).stdout
+        return pod, log
+
+
+def _build_probe(out: Path) -> bytes:
+    env = {**os.environ, "CGO_ENABLED": "0", "GOTOOLCHAIN": "local", "GOFLAGS": "-buildvcs=false"}
+    r = subprocess.run(["go", "build", "-trimpath", "-ldflags=-s -w", "-o", str(out), "."],
+                       cwd=Path(__file__).parent / "probe", env=env, capture_output=True, text=True)
+    if r.returncode != 0:
+        pytest.fail(f"building tests/node/probe failed: {r.stderr}", pytrace=False)
+    return out.read_bytes()
+
+
+@pytest.fixture(scope="session")
+def node_cluster(tmp_path_factory):
+    """The control plane with the real node and one fake node; stopped at the end."""
+    missing = [b for b in ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler",
+                           "kubectl", "kwok", "kubelet", "kube-proxy", "coredns")
+               if not (cp.bin_dir() / b).exists()]
+    if missing:
+        pytest.fail(f"binaries missing in {cp.bin_dir()}: {', '.join(missing)}; run `make k8s`",
+                    pytrace=False)
+    state = Path(os.environ.get("RLSCALE_TEST_NODE_CLUSTER_DIR") or tmp_path_factory.mktemp("node-cluster"))
+    t0 = time.monotonic()
+    try:
+        c = cp.up(state, nodes=1, gpus_per_node=8, install_crd=False, reuse=False, real_node=True)
+    except cp.ClusterError as e:
+        pytest.fail(f"cluster with a real node did not start: {e}", pytrace=False)
+    print(f"\ncontrol plane + real node Ready in {time.monotonic() - t0:.1f}s at {c.server}", file=sys.stderr)
+    yield c
+    cp.down(state)
+
+
+@pytest.fixture(scope="session")
+def node(node_cluster, tmp_path_factory) -> Node:
+    """The cluster, with the test image (busybox + probe) in the node's containerd."""
+    d = tmp_path_factory.mktemp("nodetest-image")
+    probe = _build_probe(d / "probe")
+    archive = d / "nodetest.tar"
+    digest = ni.build_busybox(archive, ref=IMAGE, extra={"bin/probe": (probe, 0o755)})
+    ni.import_archive(Path(node_cluster.containerd_socket), archive, IMAGE, digest)
+    return Node(node_cluster)
