@@ -7,6 +7,8 @@ from __future__ import annotations
 import ipaddress
 import json
 import os
+import signal
+import subprocess
 import sys
 from pathlib import Path
 
@@ -14,7 +16,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from conftest import cp  # noqa: E402
+from conftest import Node, cp  # noqa: E402
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(600)]
 
@@ -114,3 +116,52 @@ def test_pod_reaches_the_api_server_through_the_kubernetes_service(node, web):
     assert lines[2].startswith("POST selfsubjectreviews 201 "), log
     assert f'"username":"system:serviceaccount:{ns}:default"' in lines[2]
 
+
+
+def _procs_with_argv(argv: list[bytes]) -> list[int]:
+    want = b"\0".join(argv) + b"\0"
+    out = []
+    for p in Path("/proc").iterdir():
+        if p.name.isdigit():
+            try:
+                if (p / "cmdline").read_bytes() == want:
+                    out.append(int(p.name))
+            except OSError:
+                pass
+    return out
+
+
+def test_up_after_a_hard_kill_then_down_leaves_nothing(node_cluster, node, tmp_path):
+    """Runs last: SIGKILLs the session's cluster with a pod running, starts a new one (which
+    must clean up after the dead one and find the imported image again), then stops it."""
+    ns = node.namespace("node-kill")
+    argv = ["/bin/sleep", "3617"]
+    node.apply({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "sleeper", "namespace": ns},
+                "spec": node.pod_spec(argv)})
+    node.wait_for("sleeper running", lambda: _procs_with_argv([a.encode() for a in argv]), 60)
+    for pid in node_cluster.pids.values():
+        os.kill(pid, signal.SIGKILL)
+    again = tmp_path / "again"
+    c2 = cp.up(again, nodes=0, install_crd=False, reuse=False, real_node=True)
+    try:
+        assert not _procs_with_argv([a.encode() for a in argv]), "the dead cluster's pod survived"
+        n2 = Node(c2)
+        pod, log = n2.run_pod(n2.namespace("again"), "again", ["/bin/echo", "again"])
+        assert pod["status"]["phase"] == "Succeeded" and log.strip() == "again"
+    finally:
+        cp.down(again)
+    assert cp.NODE_BRIDGE not in Path("/proc/net/dev").read_text()
+    tables = subprocess.run(["nft", "list", "tables"], capture_output=True, text=True).stdout
+    assert "kube-proxy" not in tables
+    run = str(cp.node_root() / "run")
+    assert not [m for m in Path("/proc/self/mountinfo").read_text().splitlines() if run in m]
+    assert not list(Path("/sys/fs/cgroup").glob("*/kubepods"))
+    sock = str(cp.containerd_socket()).encode()
+    assert not [p for p in Path("/proc").iterdir() if p.name.isdigit() and _has(p, sock)]
+
+
+def _has(p: Path, needle: bytes) -> bool:
+    try:
+        return needle in (p / "cmdline").read_bytes()
+    except OSError:
+        return False
