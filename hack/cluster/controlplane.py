@@ -907,7 +907,7 @@ def main(argv: list[str] | None = None) -> int:
         except ClusterError as e:
             print(f"cluster up failed: {e}", file=sys.stderr)
             return 1
-        print(f"control plane up in {time.monotonic() - t0:.1f}s: {c.server}, "
+        print(f"{'cluster' if c.real_node else 'control plane'} up in {time.monotonic() - t0:.1f}s: {c.server}, "
               f"{c.nodes} fake nodes x {c.gpus_per_node} {GPU_RESOURCE}, logs in {c.dir / 'logs'}",
               file=sys.stderr)
         if c.real_node:
@@ -915,7 +915,9 @@ def main(argv: list[str] | None = None) -> int:
                   f"{NODE_CIDR}, DNS {DNS_SERVICE_IP}); import images with\n"
                   f"  ctr --address {c.containerd_socket} -n k8s.io images import IMAGE.tar",
                   file=sys.stderr)
+            # ctr reads both: `ctr images import IMAGE.tar` then lands where the kubelet looks.
             print(f"export CONTAINERD_ADDRESS={c.containerd_socket}")
+            print("export CONTAINERD_NAMESPACE=k8s.io")
         print(f"export KUBECONFIG={c.kubeconfig}")
         print(f"export PATH={bin_dir()}:$PATH")
         return 0
