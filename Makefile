@@ -31,7 +31,7 @@ run: venv
 
 ## make crd: regenerate the CRD and the README spec table from rlscale/spec.py.
 ## make test: install, build/start what the tests need, run the whole suite.
-test: venv k8s prometheus
+test: venv k8s prometheus images
 	$(VENV)/bin/ruff check .
 	$(PY) -m pytest $(PYTEST_ARGS)
 
