@@ -25,6 +25,13 @@ k8s:
 prometheus:
 	@bash hack/setup-prometheus.sh
 
+## make images: the operator, trainer and rollout images (CPU variant) built here from a pinned
+## Debian base, no registry (docs/operations.md, "Images"); hack/images/load.sh SOCKET imports
+## them into a node's containerd.
+.PHONY: images
+images:
+	@bash hack/images/build.sh
+
 ## make run: install, then run the quickstart RLRun on the embedded default (CPU).
 run: venv
 	$(RLSCALE) run examples/quickstart.yaml
