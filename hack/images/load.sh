@@ -1,0 +1,57 @@
+#!/usr/bin/env bash
+# Imports the images hack/images/build.sh built into a containerd, namespace k8s.io (where
+# the kubelet's CRI looks), under the names in hack/images/tags.env. An image that containerd
+# already has with the same config digest (= the podman image ID) is skipped, so a warm load
+# costs a few `ctr` calls. The others go over in one stream (podman save | ctr import): the
+# layers trainer and rollout share are sent once, and nothing is written to disk twice.
+# Usage: hack/images/load.sh SOCKET [IMAGE...]
+#   SOCKET  the containerd's gRPC socket (e.g. ~/.cache/rlscale/node/containerd.sock)
+#   IMAGE   names to load; default: operator, trainer and rollout from tags.env
+# Env: RLSCALE_CTR (default: ctr on PATH), RLSCALE_SNAPSHOTTER (default: containerd's).
+set -euo pipefail
+HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+SOCK=${1:?usage: load.sh CONTAINERD_SOCKET [IMAGE...]}
+shift
+# shellcheck source=lib.sh
+source "$HERE/lib.sh"
+# shellcheck source=tags.env
+source "$HERE/tags.env"
+images=("$@")
+((${#images[@]})) || images=("$RLSCALE_OPERATOR_IMAGE" "$RLSCALE_TRAINER_IMAGE" "$RLSCALE_ROLLOUT_IMAGE")
+[[ -S $SOCK ]] || { echo "load.sh: no containerd socket at $SOCK" >&2; exit 1; }
+CTR=${RLSCALE_CTR:-ctr}
+c() { "$CTR" --address "$SOCK" --namespace k8s.io "$@"; }
+
+# config_digest IMAGE: the config digest of IMAGE in the containerd, empty when absent.
+config_digest() {
+  local m
+  m=$(c images ls "name==$1" 2>/dev/null | awk 'NR > 1 {print $3; exit}')
+  [[ -n $m ]] || return 0
+  c content get "$m" | python3 -c 'import json, sys; print(json.load(sys.stdin)["config"]["digest"])'
+}
+
+start=$(date +%s)
+todo=()
+declare -A want
+for img in "${images[@]}"; do
+  id=$(pod image inspect --format '{{.Id}}' "$img" 2>/dev/null) \
+    || { echo "load.sh: $img is not built here; run make images (hack/images/build.sh)" >&2; exit 1; }
+  want[$img]="sha256:$id"
+  if [[ "$(config_digest "$img")" == "sha256:$id" ]]; then
+    echo "[images] $img already in containerd ($SOCK)"
+  else
+    todo+=("$img")
+  fi
+done
+if ((${#todo[@]})); then
+  echo "[images] importing ${todo[*]} into $SOCK"
+  snap=()
+  [[ -n ${RLSCALE_SNAPSHOTTER:-} ]] && snap=(--snapshotter "$RLSCALE_SNAPSHOTTER")
+  pod save --quiet --multi-image-archive --format docker-archive "${todo[@]}" \
+    | c images import "${snap[@]}" - >/dev/null
+  for img in "${todo[@]}"; do
+    got=$(config_digest "$img")
+    [[ $got == "${want[$img]}" ]] || { echo "load.sh: $img in containerd has config ${got:-none}, expected ${want[$img]}" >&2; exit 1; }
+  done
+fi
+echo "[images] loaded ${#images[@]} images (${#todo[@]} imported) in $(( $(date +%s) - start )) s"
