@@ -30,6 +30,17 @@ cp = sys.modules.get("rlscale_controlplane") or _load("rlscale_controlplane", RE
 ni = cp._nodeimages()
 
 
+def pytest_configure(config):
+    config.addinivalue_line("markers", "kills_real_node: SIGKILLs the session's real-node cluster; runs last")
+
+
+def pytest_collection_modifyitems(session, config, items):
+    """Tests that kill the session's real node run after every other test of the session."""
+    last = [i for i in items if i.get_closest_marker("kills_real_node")]
+    if last:
+        items[:] = [i for i in items if i not in last] + last
+
+
 class Node:
     """kubectl against the cluster, and pods on the real node from the test image."""
 
@@ -93,7 +104,7 @@ def _build_probe(out: Path) -> bytes:
 
 @pytest.fixture(scope="session")
 def node_cluster(tmp_path_factory):
-    """The control plane with the real node and one fake node; stopped at the end."""
+    """The control plane with the real node, one fake node and the CRD; stopped at the end."""
     missing = [b for b in ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler",
                            "kubectl", "kwok", "kubelet", "kube-proxy", "coredns")
                if not (cp.bin_dir() / b).exists()]
@@ -103,7 +114,7 @@ def node_cluster(tmp_path_factory):
     state = Path(os.environ.get("RLSCALE_TEST_NODE_CLUSTER_DIR") or tmp_path_factory.mktemp("node-cluster"))
     t0 = time.monotonic()
     try:
-        c = cp.up(state, nodes=1, gpus_per_node=8, install_crd=False, reuse=False, real_node=True)
+        c = cp.up(state, nodes=1, gpus_per_node=8, reuse=False, real_node=True)
     except cp.ClusterError as e:
         pytest.fail(f"cluster with a real node did not start: {e}", pytrace=False)
     print(f"\ncontrol plane + real node Ready in {time.monotonic() - t0:.1f}s at {c.server}", file=sys.stderr)

@@ -131,8 +131,9 @@ def _procs_with_argv(argv: list[bytes]) -> list[int]:
     return out
 
 
+@pytest.mark.kills_real_node
 def test_up_after_a_hard_kill_then_down_leaves_nothing(node_cluster, node, tmp_path):
-    """Runs last: SIGKILLs the session's cluster with a pod running, starts a new one (which
+    """Runs last (conftest): SIGKILLs the session's cluster with a pod running, starts a new one (which
     must clean up after the dead one and find the imported image again), then stops it."""
     ns = node.namespace("node-kill")
     argv = ["/bin/sleep", "3617"]
