@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs the real node's host packages (Debian): the container runtime, CNI plugins,
 # nftables/iptables for kube-proxy, gcc for the pause image, busybox-static for the test
-# image. Idempotent: a machine that has them all costs one dpkg-query (~50 ms).
+# image. Idempotent: a machine that has them all costs 8 dpkg-query calls (0.1 s).
 set -euo pipefail
 pkgs=(containerd runc containernetworking-plugins nftables iptables gcc libc6-dev busybox-static)
 missing=()
