@@ -276,7 +276,13 @@ def _port_open(port: int, host: str = LOOPBACK) -> bool:
         return s.connect_ex((host, port)) == 0
 
 
-def node_manifest(name: str, gpus: int) -> dict:
+# Next to a real node, fake nodes are tainted PreferNoSchedule: pods that fit the real node
+# (a CPU run's) go there rather than to a node where nothing runs, while GPU pods, which only
+# fake nodes can hold, still schedule on them.
+FAKE_NODE_TAINT = {"key": "rlscale.dev/fake-node", "value": "true", "effect": "PreferNoSchedule"}
+
+
+def node_manifest(name: str, gpus: int, beside_real_node: bool = False) -> dict:
     """A fake node kwok keeps Ready, with GPU capacity for the scheduler to count."""
     cap = {"cpu": "96", "memory": "1024Gi", "pods": "110", GPU_RESOURCE: str(gpus)}
     return {
@@ -288,7 +294,7 @@ def node_manifest(name: str, gpus: int) -> dict:
                        "kubernetes.io/arch": "amd64", "type": "kwok",
                        "nvidia.com/gpu.present": "true"},
         },
-        "spec": {},
+        "spec": {"taints": [FAKE_NODE_TAINT]} if beside_real_node else {},
         "status": {"capacity": cap, "allocatable": cap},
     }
 
@@ -806,7 +812,7 @@ def node_cleanup() -> None:
 
 def add_nodes(c: Cluster, count: int, gpus: int, prefix: str = "gpu-node") -> None:
     """Create fake GPU nodes and wait until kwok reports them Ready."""
-    items = [node_manifest(f"{prefix}-{i}", gpus) for i in range(count)]
+    items = [node_manifest(f"{prefix}-{i}", gpus, beside_real_node=c.real_node) for i in range(count)]
     c.kubectl("apply", "-f", "-", input=json.dumps({"apiVersion": "v1", "kind": "List", "items": items}))
     names = [f"node/{m['metadata']['name']}" for m in items]
     out = c.kubectl("wait", "--for=condition=Ready", "--timeout=90s", *names, check=False, timeout=100)

@@ -200,7 +200,8 @@ def test_operator_killed_mid_reconcile_converges_without_duplicates(kube, operat
         operator.start()
     wait_running(kube, "crash", ns)
     sel = f"{C.LABEL_RUN}=crash"
-    assert len(kube.get("deployment", ns=ns, selector=sel)["items"]) == 1
+    assert len(kube.get("deployment", ns=ns, selector=f"{sel},{C.LABEL_ROLE}={C.ROLE_ROLLOUT}")["items"]) == 1
+    assert len(kube.get("deployment", ns=ns, selector=f"{sel},{C.LABEL_ROLE}={C.ROLE_RAY_HEAD}")["items"]) == 1
     assert len(kube.get("statefulset", ns=ns, selector=sel)["items"]) == 1
     assert len(kube.get("pod", ns=ns, selector=f"{sel},{C.LABEL_ROLE}={C.ROLE_RAY_HEAD}")["items"]) == 1
     assert len(kube.get("configmap", ns=ns, selector=sel)["items"]) == 1
