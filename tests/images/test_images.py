@@ -1,0 +1,158 @@
+"""The images `make images` builds here (hack/images/build.sh): they exist under the names in
+hack/images/tags.env with the expected labels and non-root users, the CPU images import what
+their role needs with nothing writable but /tmp and HOME, and hack/images/load.sh puts an image
+into a throwaway containerd's k8s.io namespace, where `ctr run` starts it. Warm: ~30 s."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.cluster
+
+REPO = Path(__file__).resolve().parents[2]
+HACK = REPO / "hack" / "images"
+
+
+def tags() -> dict[str, str]:
+    out = {}
+    for line in (HACK / "tags.env").read_text().splitlines():
+        if "=" in line and not line.lstrip().startswith("#"):
+            k, v = line.split("=", 1)
+            out[k.strip()] = v.strip()
+    return out
+
+
+TAGS = tags()
+
+
+def pod(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    """podman against the storage build.sh uses (hack/images/lib.sh)."""
+    return subprocess.run(["bash", "-c", f'source "{HACK}/lib.sh"; pod "$@"', "pod", *args],
+                          capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.fixture(scope="module")
+def inspect() -> dict[str, dict]:
+    if shutil.which("podman") is None:
+        pytest.skip("podman is not installed: run `make images` (hack/images/build.sh)")
+    out = {}
+    for key, ref in TAGS.items():
+        r = pod("image", "inspect", ref)
+        assert r.returncode == 0, f"{ref} is not built: run `make images`\n{r.stderr}"
+        out[key] = json.loads(r.stdout)[0]
+    return out
+
+
+def test_tags_are_fully_qualified_and_cpu_for_the_test_cluster():
+    assert set(TAGS) == {"RLSCALE_OPERATOR_IMAGE", "RLSCALE_TRAINER_IMAGE", "RLSCALE_ROLLOUT_IMAGE",
+                         "RLSCALE_TORCH_IMAGE"}
+    for ref in TAGS.values():
+        assert ref.startswith("docker.io/rlscale/"), ref
+    for key in ("RLSCALE_TRAINER_IMAGE", "RLSCALE_ROLLOUT_IMAGE", "RLSCALE_TORCH_IMAGE"):
+        assert TAGS[key].endswith(":dev-cpu")
+
+
+@pytest.mark.parametrize("key,role,user,home", [
+    ("RLSCALE_OPERATOR_IMAGE", "operator", "65532:65532", "/home/nonroot"),
+    ("RLSCALE_TRAINER_IMAGE", "trainer", "1000:1000", "/home/rlscale"),
+    ("RLSCALE_ROLLOUT_IMAGE", "rollout", "1000:1000", "/home/rlscale"),
+])
+def test_images_have_their_labels_a_numeric_user_and_a_home(inspect, key, role, user, home):
+    cfg = inspect[key]["Config"]
+    labels = cfg.get("Labels") or {}
+    assert labels.get("dev.rlscale.role") == role
+    assert labels.get("dev.rlscale.variant") == ("any" if role == "operator" else "cpu")
+    assert cfg["User"] == user
+    env = dict(e.split("=", 1) for e in cfg["Env"])
+    assert env["HOME"] == home
+    assert cfg["Entrypoint"] == ["rlscale"]
+    if role != "operator":
+        assert env["TORCH_EXTENSIONS_DIR"].startswith(home + "/")
+        assert labels.get("dev.rlscale.torch") == "2.13.0"
+
+
+def test_trainer_and_rollout_share_the_torch_layers(inspect):
+    torch_layers = inspect["RLSCALE_TORCH_IMAGE"]["RootFS"]["Layers"]
+    for key in ("RLSCALE_TRAINER_IMAGE", "RLSCALE_ROLLOUT_IMAGE"):
+        assert inspect[key]["RootFS"]["Layers"][:len(torch_layers)] == torch_layers
+
+
+def run_ro(ref: str, *cmd: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    """Run as the image's user on a read-only root; only /tmp (podman's default tmpfs) and a
+    tmpfs HOME, standing in for the pod's emptyDir, are writable."""
+    home = "/home/nonroot" if "operator" in ref else "/home/rlscale"
+    return pod("run", "--rm", "--network", "none", "--read-only", "--tmpfs", f"{home}:mode=1777",
+               ref, *cmd, timeout=timeout)
+
+
+@pytest.mark.parametrize("key,check", [
+    ("RLSCALE_TRAINER_IMAGE", "import torch, deepspeed, ray, transformers, rlscale.trainer.entrypoint"),
+    ("RLSCALE_ROLLOUT_IMAGE", "import torch, vllm, ray.serve, rlscale.rollout.entrypoint"),
+])
+def test_cpu_images_import_their_role_read_only(inspect, key, check):
+    r = run_ro(TAGS[key], "--help")
+    assert r.returncode == 0 and "rollout" in r.stdout, r.stderr
+    r = pod("run", "--rm", "--network", "none", "--read-only", "--tmpfs", "/home/rlscale:mode=1777",
+            "--entrypoint", "python", TAGS[key], "-c",
+            f"{check}; import shutil; assert shutil.which('g++') and shutil.which('gcc'); print('ok')")
+    assert r.returncode == 0 and r.stdout.strip().endswith("ok"), r.stdout + r.stderr
+
+
+@pytest.fixture(scope="module")
+def containerd(tmp_path_factory):
+    """A throwaway containerd (no CRI plugin) with its root, state and socket in a temp dir."""
+    if shutil.which("containerd") is None or shutil.which("ctr") is None:
+        pytest.skip("containerd/ctr are not installed (Debian's containerd package)")
+    d = Path(tmp_path_factory.mktemp("ctrd", numbered=True))
+    sock = d / "c.sock"
+    (d / "config.toml").write_text(
+        f'version = 2\nroot = "{d}/root"\nstate = "{d}/state"\n'
+        'disabled_plugins = ["io.containerd.grpc.v1.cri"]\n'
+        f'[grpc]\n  address = "{sock}"\n[ttrpc]\n  address = "{sock}.ttrpc"\n')
+    log = open(d / "log", "w")
+    p = subprocess.Popen(["containerd", "--config", str(d / "config.toml")], stdout=log, stderr=log)
+    try:
+        for _ in range(100):
+            if sock.exists() and subprocess.run(["ctr", "--address", str(sock), "version"],
+                                                capture_output=True).returncode == 0:
+                break
+            time.sleep(0.1)
+        else:
+            pytest.fail("throwaway containerd did not start: " + (d / "log").read_text()[-2000:])
+        yield sock
+    finally:
+        p.terminate()
+        try:
+            p.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait(timeout=10)
+        log.close()
+        subprocess.run(["umount", "-R", str(d / "root")], capture_output=True)
+        subprocess.run(["rm", "-rf", str(d)])  # shutil.rmtree took 12 s on the unpacked image
+
+
+def test_load_imports_once_and_ctr_runs_the_operator_image(inspect, containerd):
+    ref = TAGS["RLSCALE_OPERATOR_IMAGE"]
+    load = ["bash", str(HACK / "load.sh"), str(containerd), ref]
+    r = subprocess.run(load, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0 and "(1 imported)" in r.stdout, r.stdout + r.stderr
+    t0 = time.monotonic()
+    r = subprocess.run(load, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0 and "(0 imported)" in r.stdout, r.stdout + r.stderr
+    assert time.monotonic() - t0 < 10
+    ctr = ["ctr", "--address", str(containerd), "-n", "k8s.io"]
+    ls = subprocess.run([*ctr, "images", "ls", f"name=={ref}"], capture_output=True, text=True)
+    assert ref in ls.stdout
+    r = subprocess.run([*ctr, "run", "--rm", "--runtime", "io.containerd.runc.v2", ref,
+                        f"imgtest-{os.getpid()}", "sh", "-c", "id -u; rlscale --help"],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.splitlines()[0] == "65532" and "operator" in r.stdout
