@@ -2,7 +2,8 @@
 # Builds the control plane (etcd, kube-apiserver, kube-controller-manager,
 # kube-scheduler, kubectl, kwok, helm) from Go modules into
 # ~/.cache/rlscale/k8s/<k8s version>/, then the real node's kubelet, kube-proxy and
-# CoreDNS (build-node.sh; RLSCALE_SKIP_NODE=1 skips them); a second run finds them there
+# CoreDNS (build-node.sh; RLSCALE_SKIP_NODE=1 skips them) and Prometheus
+# (build-prometheus.sh; RLSCALE_SKIP_PROMETHEUS=1 skips it); a second run finds them there
 # and costs seconds.
 set -euo pipefail
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -31,7 +32,8 @@ stamp kwok "$KWOK_VERSION" || need+=(kwok)
 if [[ -z "${RLSCALE_SKIP_HELM:-}" ]]; then stamp helm "$HELM_VERSION" || need+=(helm); fi
 if [[ ${#need[@]} -eq 0 ]]; then
   echo "control plane binaries up to date in $BIN"
-  [[ -n "${RLSCALE_SKIP_NODE:-}" ]] || exec bash "$HERE/build-node.sh"
+  [[ -n "${RLSCALE_SKIP_NODE:-}" ]] || bash "$HERE/build-node.sh"
+  [[ -n "${RLSCALE_SKIP_PROMETHEUS:-}" ]] || exec bash "$HERE/build-prometheus.sh"
   exit 0
 fi
 command -v go >/dev/null || { echo "build.sh: Go is needed to build ${need[*]} (apt-get install golang or a Go >= 1.26 toolchain)" >&2; exit 1; }
@@ -68,4 +70,6 @@ if [[ " ${need[*]} " == *" helm "* ]]; then
   mark helm "$HELM_VERSION"
 fi
 echo "built ${need[*]} in $(( $(date +%s) - start ))s into $BIN"
-[[ -n "${RLSCALE_SKIP_NODE:-}" ]] || exec bash "$HERE/build-node.sh"
+[[ -n "${RLSCALE_SKIP_NODE:-}" ]] || bash "$HERE/build-node.sh"
+# The tests' Prometheus with Kubernetes discovery (RLSCALE_SKIP_PROMETHEUS=1 skips it).
+[[ -n "${RLSCALE_SKIP_PROMETHEUS:-}" ]] || exec bash "$HERE/build-prometheus.sh"
