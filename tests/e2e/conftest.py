@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import time
@@ -16,10 +17,20 @@ from rlscale.roles import free_port  # noqa: F401  (tests import it from here)
 
 
 def prometheus_binary() -> str:
-    found = shutil.which("prometheus") or str(Path.home() / ".cache/rlscale/prometheus/prometheus")
-    if not Path(found).exists():
-        pytest.fail("prometheus is missing: `make prometheus` installs it (make test does)")
-    return found
+    """The Prometheus built from its Go module by `make k8s` (hack/cluster/build-prometheus.sh,
+    with Kubernetes discovery) when present in the k8s bin folder, else Debian's package
+    (`make prometheus`), which lacks kubernetes_sd_configs but scrapes static targets alike."""
+    cache = Path(os.environ.get("RLSCALE_CACHE") or Path.home() / ".cache/rlscale")
+    env = (Path(__file__).resolve().parents[2] / "hack/cluster/versions.env").read_text()
+    pins = dict(ln.split("=", 1) for ln in env.splitlines()
+                if "=" in ln and not ln.lstrip().startswith("#"))
+    k8s_bin = Path(os.environ.get("RLSCALE_K8S_BIN") or cache / "k8s" / pins["K8S_VERSION"])
+    debian = Path.home() / ".cache/rlscale/prometheus/prometheus"
+    for found in (k8s_bin / "prometheus", shutil.which("prometheus"), debian):
+        if found and Path(found).is_file() and os.access(found, os.X_OK):
+            return str(found)
+    pytest.fail("prometheus is missing: `make prometheus` installs it (make test does); "
+                "`make k8s` builds one with Kubernetes discovery")
 
 
 class Prometheus:
