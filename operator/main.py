@@ -21,6 +21,8 @@ def run(namespaces: list[str] | None = None, metrics_port: int = OPERATOR_METRIC
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     # kopf logs every handler call at INFO; at 100 runs that drowns what matters.
     logging.getLogger("kopf").setLevel(os.environ.get("RLSCALE_KOPF_LOG_LEVEL", "WARNING"))
+    # One access line per liveness probe (every 20 s in the chart) buries the operator's own.
+    logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
     bind = os.environ.get("RLSCALE_OPERATOR_BIND", "0.0.0.0")
     metrics.serve(metrics_port, bind)
     health = os.environ.get("RLSCALE_OPERATOR_HEALTH", "")  # e.g. http://0.0.0.0:8081/healthz
