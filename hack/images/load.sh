@@ -30,6 +30,10 @@ config_digest() {
   c content get "$m" | python3 -c 'import json, sys; print(json.load(sys.stdin)["config"]["digest"])'
 }
 
+# One load per containerd at a time; a second waits and then finds the images there.
+mkdir -p "$IMAGES_CACHE"
+exec 9>"$IMAGES_CACHE/.load-$(echo "$SOCK" | sha256sum | cut -c1-12).lock"
+flock 9
 start=$(date +%s)
 todo=()
 declare -A want
