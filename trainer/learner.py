@@ -7,12 +7,13 @@ method. So the driver only ever talks to rank 0, and collectives always match.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import secrets
 import shutil
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -452,7 +453,7 @@ class Learner:
         ctx = (
             deepspeed.zero.GatheredParameters([p for _, p in params], modifier_rank=None)
             if self.config.zero_stage == 3
-            else _nullcontext()
+            else contextlib.nullcontext()
         )
         with ctx:
             if self.rank == 0:
@@ -530,14 +531,3 @@ class Learner:
     def _barrier(self) -> None:
         if self.world_size > 1:
             dist.barrier(group=self._control)
-
-    def config_dict(self) -> dict:
-        return asdict(self.config)
-
-
-class _nullcontext:
-    def __enter__(self):
-        return None
-
-    def __exit__(self, *exc):
-        return False
