@@ -36,15 +36,18 @@ exec 9>"$IMAGES_CACHE/.load-$(echo "$SOCK" | sha256sum | cut -c1-12).lock"
 flock 9
 start=$(date +%s)
 todo=()
+old=()
 declare -A want
 for img in "${images[@]}"; do
   id=$(pod image inspect --format '{{.Id}}' "$img" 2>/dev/null) \
     || { echo "load.sh: $img is not built here; run make images (hack/images/build.sh)" >&2; exit 1; }
   want[$img]="sha256:$id"
-  if [[ "$(config_digest "$img")" == "sha256:$id" ]]; then
+  have=$(config_digest "$img")
+  if [[ $have == "sha256:$id" ]]; then
     echo "[images] $img already in containerd ($SOCK)"
   else
     todo+=("$img")
+    [[ -n $have ]] && old+=("$have")
   fi
 done
 if ((${#todo[@]})); then
@@ -56,6 +59,18 @@ if ((${#todo[@]})); then
   for img in "${todo[@]}"; do
     got=$(config_digest "$img")
     [[ $got == "${want[$img]}" ]] || { echo "load.sh: $img in containerd has config ${got:-none}, expected ${want[$img]}" >&2; exit 1; }
+  done
+  # The versions these tags pointed at before: the CRI plugin keeps each image also under its
+  # ID ("sha256:<config digest>"), which held every earlier build's ~8 GB on the node. Drop
+  # that name when no tag is left on the old image; containerd's GC then frees its blobs and
+  # snapshots (not those a running container still uses).
+  for d in "${old[@]}"; do
+    tagged=$(c images ls 2>/dev/null | awk 'NR > 1 && $1 !~ /^sha256:/ {print $3}' \
+      | while read -r m; do c content get "$m" 2>/dev/null | python3 -c 'import json, sys; print(json.load(sys.stdin)["config"]["digest"])' 2>/dev/null; done \
+      | grep -cx "$d" || true)
+    if [[ $tagged == 0 ]] && c images ls -q "name==$d" | grep -q .; then
+      c images rm "$d" >/dev/null && echo "[images] removed the previous image $d"
+    fi
   done
 fi
 echo "[images] loaded ${#images[@]} images (${#todo[@]} imported) in $(( $(date +%s) - start )) s"

@@ -110,7 +110,13 @@ def containerd(tmp_path_factory):
     """A throwaway containerd (no CRI plugin) with its root, state and socket in a temp dir."""
     if shutil.which("containerd") is None or shutil.which("ctr") is None:
         pytest.skip("containerd/ctr are not installed (Debian's containerd package)")
-    d = Path(tmp_path_factory.mktemp("ctrd", numbered=True))
+    # On tmpfs where there is room: on the shared disk, deleting the unpacked image took 12-23 s.
+    shm = Path("/dev/shm")
+    if shm.is_dir() and shutil.disk_usage(shm).free > 4 << 30:
+        import tempfile
+        d = Path(tempfile.mkdtemp(prefix="rlscale-ctrd-", dir=shm))
+    else:
+        d = Path(tmp_path_factory.mktemp("ctrd", numbered=True))
     sock = d / "c.sock"
     (d / "config.toml").write_text(
         f'version = 2\nroot = "{d}/root"\nstate = "{d}/state"\n'
@@ -136,7 +142,7 @@ def containerd(tmp_path_factory):
             p.wait(timeout=10)
         log.close()
         subprocess.run(["umount", "-R", str(d / "root")], capture_output=True)
-        subprocess.run(["rm", "-rf", str(d)])  # shutil.rmtree took 12 s on the unpacked image
+        subprocess.run(["rm", "-rf", str(d)])
 
 
 def test_load_imports_once_and_ctr_runs_the_operator_image(inspect, containerd):
