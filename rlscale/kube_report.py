@@ -55,7 +55,7 @@ def progress_body(rec: dict[str, Any], *, target_reached: bool, failed: bool = F
     """The report the operator reads, from one metrics.jsonl record; `outcome` on the last one."""
     body = {
         "step": rec["step"], "samples": rec["samples"], "reward": round(rec.get("reward_mean", 0.0), 6),
-        "targetMetric": rec.get("target_metric"), "samplesPerSecond": round(rec.get("samples_per_second", 0.0), 3),
+        "targetMetric": rec.get("target_metric"), "samplesPerSecond": round(rec.get("samples_per_second_recent", rec.get("samples_per_second", 0.0)), 3),
         "elapsedSeconds": round(rec.get("wall_seconds", 0.0), 2),
         "phaseSeconds": {k: round(v, 4) for k, v in rec.get("phases", {}).items()},
         # The windowed estimate when the driver has one (None: not significant, keep the prior).

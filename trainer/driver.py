@@ -186,7 +186,10 @@ class Driver:
                 self.follow_config()
         if self.state.step != last_ckpt or code == EXIT_INTERRUPTED:
             self.checkpoint()
-        write_report(self.run_dir, spec.target.value, spec.target.metric, self.cfg.run)
+        try:
+            write_report(self.run_dir, spec.target.value, spec.target.metric, self.cfg.run)
+        except Exception:  # the run and its metrics.jsonl stand; its ending must still be reported
+            log.exception("writing the report in %s failed", self.run_dir)
         if self.reporter and self.records:
             outcome = {EXIT_TARGET: OUTCOME_SUCCEEDED, EXIT_BUDGET: OUTCOME_BUDGET_EXHAUSTED}.get(code)
             self.reporter.report(progress_body(self.records[-1], target_reached=self.tracker.reached, outcome=outcome,
@@ -287,7 +290,9 @@ class Driver:
             rec["time_to_target_seconds"] = self.tracker.reached_at["seconds"]
             rec["samples_to_target"] = self.tracker.reached_at["samples"]
         recent = [r["samples_per_second"] for r in self.records[-20:]] + [rec["samples_per_second"]]
-        rec["eta_seconds"] = self.tracker.eta_seconds(float(np.median(recent)))
+        # One step's rate swings by +-50% on a busy machine; the operator's drift check reads this.
+        rec["samples_per_second_recent"] = float(np.median(recent))
+        rec["eta_seconds"] = self.tracker.eta_seconds(rec["samples_per_second_recent"])
         self.records.append(rec)
         self.metrics.observe_step(rec)
         with open(self.run_dir / "metrics.jsonl", "a", encoding="utf-8") as f:

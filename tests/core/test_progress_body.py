@@ -14,3 +14,17 @@ def test_the_windowed_noise_scale_is_reported_even_when_it_is_none():
 
 def test_records_from_older_drivers_still_report_their_noise_scale():
     assert progress_body(REC, target_reached=False)["noiseScale"] == 22_000.0
+
+
+def test_the_drift_check_reads_the_recent_median_rate_not_one_steps():
+    # One step's rate swung 143 -> 270 -> 187 samples/s on a busy node, and each swing past
+    # 20% re-planned the run; the median over recent steps is what the operator compares.
+    body = progress_body({**REC, "samples_per_second_recent": 250.0}, target_reached=False)
+    assert body["samplesPerSecond"] == 250.0
+    assert progress_body(REC, target_reached=False)["samplesPerSecond"] == 300.0  # older drivers
+
+
+def test_the_last_report_says_how_the_run_ended_and_where_its_report_is():
+    body = progress_body(REC, target_reached=True, outcome="Succeeded", report="/checkpoints/report on r-learner-0")
+    assert body["outcome"] == "Succeeded" and body["report"].endswith("r-learner-0")
+    assert "outcome" not in progress_body(REC, target_reached=False)
