@@ -62,6 +62,7 @@ bench: venv
 	$(PY) bench/rollout_throughput.py
 	$(PY) bench/learner_throughput.py
 	$(PY) bench/operator_scale.py
+	$(PY) bench/k8s_vs_local.py
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache

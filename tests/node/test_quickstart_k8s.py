@@ -1,0 +1,219 @@
+"""The product's main path on the real node: `helm install` the chart (the operator image built
+here), `kubectl apply -f examples/quickstart-k8s.yaml`, and the operator's own pods train the
+quickstart to its target; a real Prometheus finds the pods through the API server the way the
+chart's PodMonitor and ServiceMonitor ask, and every panel of the Grafana dashboard has data."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import statistics
+import subprocess
+import sys
+import time
+import urllib.parse
+import urllib.request
+from pathlib import Path
+
+import pytest
+import yaml
+
+from rlscale.operator import builders as B
+from rlscale.operator import constants as C
+from tests.e2e.conftest import prometheus_binary
+
+pytestmark = [pytest.mark.cluster, pytest.mark.slow, pytest.mark.timeout(3000)]
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _load(name: str, path: Path):
+    spec = importlib.util.spec_from_file_location(name, path)
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
+qs = _load("rlscale_quickstart", REPO / "hack" / "cluster" / "quickstart.py")
+OPERATOR_NS = qs.OPERATOR_NS
+RUN = "quickstart"
+NS = "quickstart-e2e"
+
+
+class DiscoveringPrometheus:
+    """Prometheus on loopback that discovers targets from the API server (kubernetes_sd), with
+    the relabelling the chart's PodMonitor (run pods) and ServiceMonitor (operator) ask for."""
+
+    def __init__(self, workdir: Path, cluster, run_ns: str):
+        from rlscale.roles import free_port
+
+        self.port = free_port()
+        pki = cluster.dir / "pki"
+        sd = {"api_server": cluster.server,
+              "tls_config": {"ca_file": str(pki / "ca.crt"), "cert_file": str(pki / "admin.crt"),
+                             "key_file": str(pki / "admin.key")}}
+        keep_metrics_port = {"source_labels": ["__meta_kubernetes_pod_container_port_name"],
+                             "regex": "metrics", "action": "keep"}
+        cfg = {
+            "global": {"scrape_interval": "2s", "evaluation_interval": "2s"},
+            "scrape_configs": [
+                {"job_name": "rlscale-runs",
+                 "kubernetes_sd_configs": [{**sd, "role": "pod", "namespaces": {"names": [run_ns]}}],
+                 "relabel_configs": [
+                     {"source_labels": ["__meta_kubernetes_pod_label_rlscale_dev_run"], "regex": ".+", "action": "keep"},
+                     keep_metrics_port,
+                     {"source_labels": ["__meta_kubernetes_pod_label_rlscale_dev_run"], "target_label": "run"},
+                     {"source_labels": ["__meta_kubernetes_pod_label_rlscale_dev_role"], "target_label": "role"},
+                     {"source_labels": ["__meta_kubernetes_pod_name"], "target_label": "pod"}]},
+                {"job_name": "rlscale-operator",
+                 "kubernetes_sd_configs": [{**sd, "role": "endpoints", "namespaces": {"names": [OPERATOR_NS]}}],
+                 "relabel_configs": [
+                     {"source_labels": ["__meta_kubernetes_service_label_app_kubernetes_io_name"], "regex": "rlscale",
+                      "action": "keep"},
+                     {"source_labels": ["__meta_kubernetes_endpoint_port_name"], "regex": "metrics", "action": "keep"}]},
+            ],
+        }
+        (workdir / "prometheus.yml").write_text(yaml.safe_dump(cfg))
+        self.proc = subprocess.Popen(
+            [prometheus_binary(), f"--config.file={workdir / 'prometheus.yml'}", f"--storage.tsdb.path={workdir / 'tsdb'}",
+             f"--web.listen-address=127.0.0.1:{self.port}"],
+            stdout=open(workdir / "prometheus.log", "wb"), stderr=subprocess.STDOUT)
+        wait("prometheus ready", lambda: self._get("/-/ready") is not None, 60)
+
+    def _get(self, path: str):
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{self.port}{path}", timeout=5) as r:
+                return r.read()
+        except OSError:
+            return None
+
+    def query(self, expr: str) -> list[dict]:
+        body = json.loads(self._get("/api/v1/query?" + urllib.parse.urlencode({"query": expr})) or b"{}")
+        assert body.get("status") == "success", body
+        return body["data"]["result"]
+
+    def targets(self) -> list[dict]:
+        return json.loads(self._get("/api/v1/targets") or b"{}").get("data", {}).get("activeTargets", [])
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        self.proc.wait(timeout=30)
+
+
+def wait(what: str, fn, timeout: float, interval: float = 1.0):
+    deadline = time.monotonic() + timeout
+    last = None
+    while time.monotonic() < deadline:
+        last = fn()
+        if last:
+            return last
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what} (last: {last!r})")
+
+
+def dashboard_queries(run: str) -> list[tuple[str, str]]:
+    dash = json.loads((REPO / "charts/rlscale/dashboards/rlscale.json").read_text())
+    return [(p["title"], t["expr"].replace("$run", run)) for p in dash["panels"] for t in p.get("targets", [])]
+
+
+@pytest.fixture(scope="module")
+def images(node_cluster) -> dict[str, str]:
+    """The operator, trainer and rollout images built here and in the node's runtime."""
+    return qs.build_and_load_images(node_cluster.containerd_socket)
+
+
+def test_kubectl_apply_trains_the_quickstart_to_its_target_on_the_operators_own_pods(node_cluster, images, tmp_path):
+    c = node_cluster
+    kubectl = c.kubectl
+    cp = sys.modules["rlscale_controlplane"]  # hack/cluster/controlplane.py, loaded by conftest
+
+    def get(kind: str, name: str | None = None, ns: str = NS, selector: str | None = None):
+        args = ["get", kind, *([name] if name else []), "-n", ns, "-o", "json", *(["-l", selector] if selector else [])]
+        out = kubectl(*args, check=False)
+        return json.loads(out.stdout) if out.returncode == 0 else None
+
+    qs.helm_install(cp.bin_dir() / "helm", c.kubeconfig)
+    op = wait("the operator pod Ready", lambda: [
+        p for p in get("pods", ns=OPERATOR_NS, selector="app.kubernetes.io/name=rlscale")["items"]
+        if any(s.get("ready") for s in p["status"].get("containerStatuses", []))], 300)
+    assert op[0]["spec"]["nodeName"] == c.node_name
+
+    kubectl("create", "namespace", NS, check=False)
+    kubectl("apply", "-f", "-", input=json.dumps({"apiVersion": "v1", "kind": "List",
+                                                  "items": qs.claims(NS, qs.model_cache(), tmp_path / "checkpoints")}))
+    prom = DiscoveringPrometheus(tmp_path, c, NS)
+    try:
+        t_apply = time.monotonic()
+        kubectl("apply", "-n", NS, "-f", str(REPO / "examples/quickstart-k8s.yaml"))
+        n = B.names(RUN)
+
+        def rlrun():
+            return get("rlrun", RUN) or {}
+
+        def running(role: str):
+            pods = get("pods", selector=f"{C.LABEL_RUN}={RUN},{C.LABEL_ROLE}={role}")["items"]
+            return [p for p in pods if p["status"].get("phase") == "Running"]
+
+        # The model is built into the claim on a cold machine (minutes), then DeepSpeed and vLLM start.
+        for role in (C.ROLE_RAY_HEAD, C.ROLE_ROLLOUT, C.ROLE_LEARNER):
+            pods = wait(f"{role} pod Running", lambda r=role: running(r), 900)
+            assert pods[0]["spec"]["nodeName"] == c.node_name, "run pods land on the real node"
+        first = wait("the first step in status", lambda: (rlrun().get("status") or {}).get("progress", {}).get("step"), 900)
+        t_first = time.monotonic() - t_apply
+        steps_seen = {first}
+        wait("steps progressing in status", lambda: steps_seen.add(
+            (rlrun().get("status") or {}).get("progress", {}).get("step")) or len(steps_seen - {None}) >= 3, 300)
+
+        # The target is reached and the run ends: Succeeded, every workload at zero.
+        def ended():
+            r = rlrun()
+            conds = {x["type"]: x for x in (r.get("status") or {}).get("conditions", [])}
+            done = any(conds.get(t, {}).get("status") == "True"
+                       for t in (C.COND_SUCCEEDED, C.COND_BUDGET_EXHAUSTED, C.COND_INVALID))
+            return (r, conds) if done or r.get("status", {}).get("phase") == C.PHASE_FAILED else None
+        r, cond = wait("the run to end (the driver's last report)", ended, 1500, 3)
+        st = r["status"]
+        assert st["phase"] == C.PHASE_SUCCEEDED, json.dumps(st, indent=1)
+        assert cond[C.COND_SUCCEEDED]["status"] == "True", cond
+        print(f"\nSucceeded condition: {cond[C.COND_SUCCEEDED]['message']}", file=sys.stderr)
+        for kind, name in (("deployment", n[C.ROLE_ROLLOUT]), ("statefulset", n[C.ROLE_LEARNER]),
+                           ("deployment", n[C.ROLE_RAY_HEAD])):
+            wait(f"{kind} {name} scaled to zero", lambda k=kind, nm=name: get(k, nm)["spec"]["replicas"] == 0, 120)
+        wait("the run's pods gone", lambda: not get("pods", selector=f"{C.LABEL_RUN}={RUN}")["items"], 180)
+        prog = st["progress"]
+        assert prog["targetReached"] and prog["timeToTargetSeconds"] > 0 and prog["samplesToTarget"] > 0
+        row = kubectl("get", "rlrun", RUN, "-n", NS).stdout.splitlines()[1].split()
+        assert "Succeeded" in row and prog["timeToTarget"] in row
+
+        # Every panel of the dashboard had data while the run trained (the run may end within
+        # seconds of its first step, so each panel's query is looked back on over the run).
+        def panels_missing():
+            return [f"{title}: {expr}" for title, expr in dashboard_queries(RUN) if not prom.query(f"max_over_time(({expr})[30m:2s])")]
+        missing = []
+
+        def all_panels():
+            missing[:] = panels_missing()
+            return not missing
+        try:
+            wait("every dashboard panel query to return data", all_panels, 120, 3)
+        except AssertionError:
+            raise AssertionError(f"panels without data: {missing}\ntargets: {json.dumps(prom.targets())[:3000]}") from None
+
+        # Prometheus scraped the driver's pod: time-to-target read back through its query API.
+        ttt = prom.query(f'max_over_time(rlscale_time_to_target_seconds{{run="{RUN}"}}[30m])')
+        assert ttt and float(ttt[0]["value"][1]) == pytest.approx(prog["timeToTargetSeconds"], rel=1e-3)
+
+        # The report outlived the pods, on the checkpoint claim.
+        report = tmp_path / "checkpoints" / "report"
+        for f in ("metrics.jsonl", "plan.json", "summary.md", "curves.png"):
+            assert (report / f).exists(), f
+        recs = [json.loads(x) for x in (report / "metrics.jsonl").read_text().splitlines() if x.strip()]
+        assert recs[-1]["target_metric"] >= 0.48 and [r["step"] for r in recs] == list(range(1, len(recs) + 1))
+        step_s = statistics.median(r["step_seconds"] for r in recs[len(recs) // 2:])
+        print(f"apply -> first step in status {t_first:.0f} s; {len(recs)} steps, median {step_s:.3f} s per step "
+              f"(second half); time to target {prog['timeToTarget']} at {prog['samplesToTarget']} samples",
+              file=sys.stderr)
+    finally:
+        prom.stop()
+        kubectl("delete", "namespace", NS, "--wait=false", check=False)
