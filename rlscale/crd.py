@@ -17,6 +17,9 @@ PLURAL = "rlruns"
 SINGULAR = "rlrun"
 SHORT_NAMES = ["rlr"]
 
+# Every phase the operator writes (rlscale.operator.constants names each; a test holds them equal).
+PHASES = ("Pending", "Running", "Succeeded", "BudgetExhausted", "Failed", "Suspended")
+
 # Status paths the operator writes and the printer columns read (one place for both).
 STATUS_PHASE = ".status.phase"
 STATUS_BATCH = ".status.plan.batch"  # "16x8": prompts x samplesPerPrompt
@@ -155,7 +158,7 @@ def status_schema() -> dict[str, Any]:
         "description": "Observed state, written by the rlscale operator.",
         "x-kubernetes-preserve-unknown-fields": True,
         "properties": {
-            "phase": {"type": "string", "enum": ["Pending", "Running", "Succeeded", "Failed", "Suspended"]},
+            "phase": {"type": "string", "enum": list(PHASES)},
             "observedGeneration": {"type": "integer"},
             "conditions": {
                 "type": "array",

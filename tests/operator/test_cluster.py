@@ -249,6 +249,21 @@ def test_progress_reported_by_the_learner_feeds_status_and_drift_replans(kube, o
     assert dep["spec"]["replicas"] >= 1 and sts["spec"]["replicas"] >= 1
 
 
+def test_a_spent_budget_ends_the_run_as_budget_exhausted(kube, operator, ns, cluster):
+    kube.apply(example_run("spent"), ns)
+    wait_running(kube, "spent", ns)
+    token = kube.run("create", "token", B.names("spent")[C.ROLE_RUNNER], "-n", ns).stdout.strip()
+    reporter = ProgressReporter(KubeTarget(cluster.server, token, str(cluster.dir / "pki" / "ca.crt"), ns, "spent"))
+    assert reporter.report({"step": 60, "samples": 7680, "targetMetric": 0.5, "samplesPerSecond": 200.0,
+                            "targetReached": False, "outcome": "BudgetExhausted"}, force=True)
+    # The CRD's phase enum once lacked this phase, and the API server refused the status (422).
+    r = wait_for("phase BudgetExhausted",
+                 lambda: (x := rlrun(kube, "spent", ns))["status"].get("phase") == C.PHASE_BUDGET_EXHAUSTED and x)
+    assert cond(r, C.COND_BUDGET_EXHAUSTED)["status"] == "True"
+    wait_for("the spent run's learners at zero",
+             lambda: kube.get("statefulset", B.names("spent")[C.ROLE_LEARNER], ns)["spec"]["replicas"] == 0)
+
+
 def test_the_drivers_last_report_ends_the_run_and_frees_every_workload(kube, operator, ns, cluster):
     kube.apply(example_run("ends"), ns)
     wait_running(kube, "ends", ns)

@@ -86,3 +86,11 @@ def test_the_last_report_ends_the_run_with_its_outcome_and_figures():
     # A report without an outcome (the run goes on) ends nothing.
     assert S.outcome_conditions([], {"step": 3}, "eval/accuracy", 0.5, 1) == []
     assert not S.finished({"conditions": []})
+
+
+def test_every_phase_the_operator_writes_is_one_the_crd_accepts():
+    # The API server refused a BudgetExhausted phase (422) while the CRD's enum lacked it.
+    from rlscale.crd import PHASES
+
+    written = {v for k, v in vars(C).items() if k.startswith("PHASE_")}
+    assert written == set(PHASES)
