@@ -41,7 +41,7 @@ def pod(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
 @pytest.fixture(scope="module")
 def inspect() -> dict[str, dict]:
     if shutil.which("podman") is None:
-        pytest.skip("podman is not installed: run `make images` (hack/images/build.sh)")
+        pytest.fail("podman is not installed: run `make images` (hack/images/build.sh)", pytrace=False)
     out = {}
     for key, ref in TAGS.items():
         r = pod("image", "inspect", ref)
@@ -109,7 +109,7 @@ def test_cpu_images_import_their_role_read_only(inspect, key, check):
 def containerd(tmp_path_factory):
     """A throwaway containerd (no CRI plugin) with its root, state and socket in a temp dir."""
     if shutil.which("containerd") is None or shutil.which("ctr") is None:
-        pytest.skip("containerd/ctr are not installed (Debian's containerd package)")
+        pytest.fail("containerd/ctr are not installed: run `make k8s` (Debian's containerd package)", pytrace=False)
     # On tmpfs where there is room: on the shared disk, deleting the unpacked image took 12-23 s.
     shm = Path("/dev/shm")
     if shm.is_dir() and shutil.disk_usage(shm).free > 4 << 30:
