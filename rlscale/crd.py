@@ -11,7 +11,15 @@ from annotated_types import Ge, Gt, Le, Lt, MaxLen, MinLen
 from pydantic import BaseModel
 from pydantic.fields import FieldInfo
 
-from rlscale.spec import API_GROUP, API_VERSION, KIND, RULES, RLRunSpec
+from rlscale.spec import (
+    API_GROUP,
+    API_VERSION,
+    KIND,
+    RLRUN_NAME_MAX,
+    RLRUN_NAME_RE,
+    RULES,
+    RLRunSpec,
+)
 
 PLURAL = "rlruns"
 SINGULAR = "rlrun"
@@ -94,7 +102,12 @@ def _type_schema(t: Any, info: FieldInfo | None = None) -> dict[str, Any]:
     if origin is tuple:
         items = get_args(t)
         return {"type": "array", "items": _type_schema(items[0]), "minItems": len(items), "maxItems": len(items)}
+    if origin is list:
+        return {"type": "array", "items": _type_schema(get_args(t)[0])}
     if origin is dict:
+        value = get_args(t)[1] if get_args(t) else Any
+        if value is str:
+            return {"type": "object", "additionalProperties": {"type": "string"}}
         return {"type": "object", "x-kubernetes-preserve-unknown-fields": True}
     if _is_model(t):
         return _object_schema(t)
@@ -123,6 +136,9 @@ def _object_schema(model: type[BaseModel]) -> dict[str, Any]:
             s["default"] = list(d) if isinstance(d, tuple) else d
         props[key] = s
     out: dict[str, Any] = {"type": "object", "properties": props}
+    if model.model_config.get("extra") == "allow":
+        # Named fields plus whatever Kubernetes accepts there (a volume's source, say).
+        out["x-kubernetes-preserve-unknown-fields"] = True
     if model.__doc__:
         out = {"description": model.__doc__.strip().splitlines()[0], **out}
     if required:
@@ -212,6 +228,17 @@ def crd() -> dict[str, Any]:
                                 "spec": spec_schema(),
                                 "status": status_schema(),
                             },
+                            # Admission refuses a name the run's Services and labels cannot carry
+                            # (CEL at the root may read metadata.name).
+                            "x-kubernetes-validations": [{
+                                "rule": f"self.metadata.name.matches('{RLRUN_NAME_RE}') && "
+                                        f"size(self.metadata.name) <= {RLRUN_NAME_MAX}",
+                                "message": f"metadata.name must be at most {RLRUN_NAME_MAX} characters of "
+                                           "lowercase letters, digits and '-', starting with a letter and "
+                                           "ending with a letter or digit (the run's Services and labels "
+                                           "are named after it)",
+                                "reason": "FieldValueInvalid",
+                            }],
                         }
                     },
                 }

@@ -23,6 +23,10 @@ ACCELERATORS = ("cpu", "A100-80GB", "H100", "H200", "L4")
 # module:function, e.g. "mypkg.rewards:score"
 PLUGIN_REWARD_RE = r"^[A-Za-z_][A-Za-z0-9_.]*:[A-Za-z_][A-Za-z0-9_]*$"
 DNS1123_RE = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
+# An RLRun's name: its Services are `<name>-ray-head` etc., and Service names are DNS-1035
+# labels (a letter first); the name is also a label value (63 characters at most).
+RLRUN_NAME_RE = r"^[a-z]([-a-z0-9]*[a-z0-9])?$"
+RLRUN_NAME_MAX = 63
 
 
 class _Model(BaseModel):
@@ -150,12 +154,64 @@ class BudgetSpec(_Model):
     max_steps: PosInt = Field(1000, description="Stop after this many optimiser steps.")
 
 
+# What the operator sets in every pod: a role's overrides may add to these, never replace them.
+RESERVED_ENV = ("RLSCALE_CONFIG", "RLSCALE_RUN", "RLSCALE_NAMESPACE", "POD_NAME", "HOME", "HF_HOME",
+                "HF_HUB_OFFLINE", "RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
+                "RAY_ADDRESS", "RAY_AUTH_MODE", "RAY_AUTH_TOKEN")
+RESERVED_VOLUMES = ("run-config", "shm", "model", "checkpoints", "home", "tmp")
+RESERVED_MOUNTS = ("/etc/rlscale", "/dev/shm", "/models", "/home/rlscale", "/tmp")
+ENV_NAME_RE = r"^[-._a-zA-Z][-._a-zA-Z0-9]*$"
+
+
+class EnvVar(_Model):
+    """One container env entry, as in a pod spec."""
+
+    name: str = Field(min_length=1, max_length=253, pattern=ENV_NAME_RE, description="Variable name.")
+    value: str | None = Field(None, description="Literal value.")
+    value_from: dict[str, Any] | None = Field(None, description="secretKeyRef, configMapKeyRef or fieldRef, as in a pod spec.")
+
+
+class ExtraVolume(_Model):
+    """A pod volume: a name and one volume source (secret, configMap, persistentVolumeClaim, ...)."""
+
+    model_config = ConfigDict(extra="allow", populate_by_name=True)
+    name: str = Field(min_length=1, max_length=63, pattern=DNS1123_RE, description="Volume name, unique in the pod.")
+
+
+class VolumeMount(_Model):
+    """Where a container sees one of the extra volumes."""
+
+    model_config = ConfigDict(extra="allow", populate_by_name=True, alias_generator=to_camel)
+    name: str = Field(min_length=1, max_length=63, description="Name of a volume in pod.volumes.")
+    mount_path: str = Field(min_length=1, max_length=1024, description="Absolute path in the container.")
+    read_only: bool = Field(False, description="Mount read-only.")
+
+
+class PodOverrides(_Model):
+    """Kubernetes pod settings for one role's pods, merged into what the operator builds:
+    where they may run (GPU pools, taints, priorities) and what they may carry (pull secrets,
+    env, volumes). The operator's own env names, volumes and mounts cannot be replaced."""
+
+    labels: dict[str, str] = Field(default_factory=dict, description="Extra pod labels (the operator's own rlscale.dev/* labels win).")
+    annotations: dict[str, str] = Field(default_factory=dict, description="Extra pod annotations.")
+    node_selector: dict[str, str] = Field(default_factory=dict, description="Node labels the pods require, e.g. {nvidia.com/gpu.product: NVIDIA-H100-80GB-HBM3}.")
+    tolerations: list[dict[str, Any]] = Field(default_factory=list, description="Pod tolerations, e.g. [{key: nvidia.com/gpu, operator: Exists, effect: NoSchedule}].")
+    affinity: dict[str, Any] = Field(default_factory=dict, description="Pod affinity (nodeAffinity, podAffinity, podAntiAffinity).")
+    priority_class_name: str | None = Field(None, max_length=253, description="PriorityClass of the pods; overrides scheduling.priorityClassName.")
+    image_pull_secrets: list[str] = Field(default_factory=list, description="Names of Secrets to pull the image with.")
+    runtime_class_name: str | None = Field(None, max_length=253, description="RuntimeClass, e.g. nvidia.")
+    env: list[EnvVar] = Field(default_factory=list, description="Extra container env entries (name with value or valueFrom).")
+    volumes: list[ExtraVolume] = Field(default_factory=list, description="Extra pod volumes (each a name and one source).")
+    volume_mounts: list[VolumeMount] = Field(default_factory=list, description="Mounts of those volumes in the role's container.")
+
+
 class _RoleSpec(_Model):
     replicas: Auto | PosInt = Field("auto", description='Replica count, or "auto" to take it from the plan.')
     max_replicas: PosInt = Field(8, description="Most replicas the planner may choose.")
     gpus_per_replica: int = Field(1, ge=0, description="GPUs per replica (ignored on accelerator cpu).")
     image: str | None = Field(None, max_length=512, description="Container image; the chart's default when unset.")
     resources: dict[str, Any] = Field(default_factory=dict, description="Kubernetes resource requirements (requests, limits) for each replica's container.")
+    pod: PodOverrides = Field(default_factory=PodOverrides, description=PodOverrides.__doc__)
 
 
 class RolloutSpec(_RoleSpec):
@@ -190,6 +246,20 @@ class CheckpointSpec(_Model):
     keep: PosInt = Field(2, description="How many checkpoints to keep.")
 
 
+class SchedulingSpec(_Model):
+    """Kubernetes: how the run's pods are queued and scheduled (every role, the Ray head too)."""
+
+    queue_name: str | None = Field(None, max_length=63, description="Kueue LocalQueue: sets the kueue.x-k8s.io/queue-name label on the rollout and learner workloads.")
+    scheduler_name: str | None = Field(None, max_length=253, description="A scheduler other than the default (e.g. a gang scheduler such as volcano).")
+    priority_class_name: str | None = Field(None, max_length=253, description="PriorityClass of every pod of the run.")
+
+
+class FailurePolicySpec(_Model):
+    """Kubernetes: when a run stops retrying."""
+
+    backoff_limit: int = Field(4, ge=0, le=100, description="Container restarts of the run's pods (summed over a role) after which the run is Failed and its workloads go to zero.")
+
+
 class RLRunSpec(_Model):
     """What to train, towards which target, within which budget."""
 
@@ -204,6 +274,8 @@ class RLRunSpec(_Model):
     learner: LearnerSpec = Field(default_factory=LearnerSpec, description=LearnerSpec.__doc__)
     hardware: HardwareSpec = Field(default_factory=HardwareSpec, description=HardwareSpec.__doc__)
     checkpoint: CheckpointSpec = Field(default_factory=CheckpointSpec, description=CheckpointSpec.__doc__)
+    scheduling: SchedulingSpec = Field(default_factory=SchedulingSpec, description=SchedulingSpec.__doc__)
+    failure_policy: FailurePolicySpec = Field(default_factory=FailurePolicySpec, description=FailurePolicySpec.__doc__)
     suspend: bool = Field(False, description="Scale rollout and learners to zero, keeping config and checkpoints.")
 
 
@@ -211,7 +283,7 @@ class Metadata(BaseModel):
     """Kubernetes object metadata (only name is required here)."""
 
     model_config = ConfigDict(extra="allow")
-    name: str = Field(min_length=1, max_length=63, pattern=DNS1123_RE)
+    name: str = Field(min_length=1, max_length=RLRUN_NAME_MAX, pattern=RLRUN_NAME_RE)
     namespace: str | None = None
 
 
@@ -411,6 +483,61 @@ def _rule_response_hint(s: RLRunSpec):
                     "a response never exceeds maxNewTokens: lower the hint or raise maxNewTokens")
 
 
+def _cel_list(values: tuple[str, ...]) -> str:
+    return "[" + ", ".join(f"'{v}'" for v in values) + "]"
+
+
+def _rule_pod_env(role: str):
+    def check(s: RLRunSpec):
+        for i, e in enumerate(getattr(s, role).pod.env):
+            if e.name in RESERVED_ENV:
+                return _err(f"{role}.pod.env[{i}].name", e.name, "is set by the operator in every pod",
+                            "choose another name (the operator's own: " + ", ".join(RESERVED_ENV) + ")")
+    return check
+
+
+def _rule_pod_volumes(role: str):
+    def check(s: RLRunSpec):
+        for i, v in enumerate(getattr(s, role).pod.volumes):
+            if v.name in RESERVED_VOLUMES:
+                return _err(f"{role}.pod.volumes[{i}].name", v.name, "is a volume the operator mounts itself",
+                            "choose another name (taken: " + ", ".join(RESERVED_VOLUMES) + ")")
+            if len(v.model_extra or {}) != 1:
+                return _err(f"{role}.pod.volumes[{i}]", v.model_dump(by_alias=True), "must name exactly one volume source",
+                            "e.g. {name: data, persistentVolumeClaim: {claimName: data}}")
+    return check
+
+
+def _rule_pod_mounts(role: str):
+    def check(s: RLRunSpec):
+        pod = getattr(s, role).pod
+        names = {v.name for v in pod.volumes}
+        for i, m in enumerate(pod.volume_mounts):
+            if m.name not in names:
+                return _err(f"{role}.pod.volumeMounts[{i}].name", m.name, f"is not a volume in {role}.pod.volumes",
+                            "add the volume there, or mount one of: " + (", ".join(sorted(names)) or "(none declared)"))
+            if m.mount_path.rstrip("/") in RESERVED_MOUNTS:
+                return _err(f"{role}.pod.volumeMounts[{i}].mountPath", m.mount_path, "is a path the operator mounts itself",
+                            "mount it elsewhere (taken: " + ", ".join(RESERVED_MOUNTS) + ")")
+    return check
+
+
+def _pod_rules(role: str) -> list[Rule]:
+    """A role's pod overrides may add to what the operator builds, never replace it (the
+    one-source check of a volume is Python's: CEL cannot count an open object's keys)."""
+    return [
+        Rule(f"{role}.pod.env", f"self.{role}.pod.env.all(e, !(e.name in {_cel_list(RESERVED_ENV)}))",
+             f"{role}.pod.env must not set a variable the operator sets", _rule_pod_env(role)),
+        Rule(f"{role}.pod.volumes", f"self.{role}.pod.volumes.all(v, !(v.name in {_cel_list(RESERVED_VOLUMES)}))",
+             f"{role}.pod.volumes must not reuse a volume name the operator uses", _rule_pod_volumes(role)),
+        Rule(f"{role}.pod.volumeMounts",
+             f"self.{role}.pod.volumeMounts.all(m, self.{role}.pod.volumes.exists(v, v.name == m.name) && "
+             f"!(m.mountPath in {_cel_list(RESERVED_MOUNTS)}))",
+             f"each {role}.pod.volumeMounts entry must name a volume of {role}.pod.volumes and a path "
+             "the operator does not use", _rule_pod_mounts(role)),
+    ]
+
+
 _REPLICA_CEL = "(type(self.{r}.replicas) == string ? 1 : int(self.{r}.replicas))"
 
 RULES: list[Rule] = [
@@ -455,6 +582,8 @@ RULES: list[Rule] = [
     Rule("task.reward",
          "self.task.reward in " + repr(list(BUILTIN_REWARDS)).replace('"', "'") + " || self.task.reward.matches('" + PLUGIN_REWARD_RE + "')",
          "task.reward must be exact-match, format or module:function", _rule_reward),
+    *_pod_rules("rollout"),
+    *_pod_rules("learner"),
 ]
 
 
@@ -526,7 +655,11 @@ def _translate(exc: ValidationError, model: type[BaseModel], root: str) -> list[
             msg = msg.replace("input should be", "must be").replace("should be", "must be")
             fix = _FIX_BY_TYPE.get(typ, "")
             if typ == "string_pattern_mismatch" and path.endswith("metadata.name"):
-                msg, fix = "is not a valid Kubernetes name", "use lowercase letters, digits and '-', starting and ending with a letter or digit"
+                msg, fix = ("is not a valid RLRun name (its Services are named after it)",
+                            "use lowercase letters, digits and '-', starting with a letter and ending with a letter or digit")
+            elif typ == "string_too_long" and path.endswith("metadata.name"):
+                msg, fix = (f"is longer than {RLRUN_NAME_MAX} characters (the name is a label value on every pod)",
+                            f"use at most {RLRUN_NAME_MAX} characters")
             elif typ in ("model_type", "dict_type"):
                 msg, fix = "must be a mapping", "see examples/quickstart.yaml for its fields"
             elif typ in ("too_short", "too_long") and path.endswith(".volume"):

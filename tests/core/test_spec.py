@@ -49,13 +49,24 @@ CROSS_FIELD = [
     ({"model": {"path": "builtin:huge"}}, "spec.model.path", "builtin:tiny-arith"),
     ({"task": {"name": "builtin:chess"}}, "spec.task.name", "builtin:arithmetic"),
     ({"task": {"reward": "my reward"}}, "spec.task.reward", "module:function"),
+    ({"learner": {"pod": {"env": [{"name": "WORLD_SIZE", "value": "3"}]}}}, "spec.learner.pod.env", "choose another name"),
+    ({"rollout": {"pod": {"env": [{"name": "RAY_AUTH_TOKEN", "value": "x"}]}}}, "spec.rollout.pod.env", "choose another name"),
+    ({"learner": {"pod": {"volumes": [{"name": "shm", "emptyDir": {}}]}}}, "spec.learner.pod.volumes", "taken: run-config"),
+    ({"rollout": {"pod": {"volumes": [{"name": "data", "emptyDir": {}}],
+                          "volumeMounts": [{"name": "datta", "mountPath": "/data"}]}}},
+     "spec.rollout.pod.volumeMounts", "mount one of: data"),
+    ({"rollout": {"pod": {"volumes": [{"name": "data"}]}}}, "spec.rollout.pod.volumes", "exactly one volume source"),
+    ({"learner": {"pod": {"volumes": [{"name": "data", "emptyDir": {}}],
+                          "volumeMounts": [{"name": "data", "mountPath": "/dev/shm"}]}}},
+     "spec.learner.pod.volumeMounts", "mount it elsewhere"),
 ]
 
 
 @pytest.mark.parametrize("spec,field,fix", CROSS_FIELD, ids=[c[1] + str(i) for i, c in enumerate(CROSS_FIELD)])
 def test_cross_field_rule_names_field_and_fix(spec, field, fix):
     errs = errors_of(spec)
-    hit = [e for e in errs if e.startswith(field + ":")]
+    # A rule over a list names the entry: spec.learner.pod.env[0].name.
+    hit = [e for e in errs if e.startswith((field + ":", field + "["))]
     assert hit, errs
     assert fix in hit[0], hit[0]
 
@@ -116,7 +127,7 @@ def test_all_problems_are_reported_together():
         ("apiVersion: v1\nkind: Pod\nmetadata: {name: p}\n", "apiVersion: 'v1' is not supported"),
         ("apiVersion: rlscale.dev/v1alpha1\nkind: RLJob\nmetadata: {name: p}\n", "kind: 'RLJob' is not an RLRun"),
         ("apiVersion: rlscale.dev/v1alpha1\nkind: RLRun\n", "metadata: is required"),
-        ("apiVersion: rlscale.dev/v1alpha1\nkind: RLRun\nmetadata: {name: Bad_Name}\n", "is not a valid Kubernetes name"),
+        ("apiVersion: rlscale.dev/v1alpha1\nkind: RLRun\nmetadata: {name: Bad_Name}\n", "is not a valid RLRun name"),
         ("a: 1\n---\nb: 2\n", "put one RLRun per file"),
         ("\tkey: value\n", "is not valid YAML"),
     ],
@@ -169,3 +180,28 @@ def test_arbitrary_text_files_only_ever_give_validation_errors(tmp_path_factory,
         load_rlrun(f)
     except SpecError as exc:
         assert exc.errors
+
+
+@pytest.mark.parametrize("name,problem", [
+    ("quick.start", "not a valid RLRun name"),
+    ("1quick", "not a valid RLRun name"),
+    ("a" * 64, "longer than 63"),
+])
+def test_rlrun_name_must_fit_its_services_and_labels(name, problem):
+    with pytest.raises(SpecError) as e:
+        parse_rlrun({"apiVersion": "rlscale.dev/v1alpha1", "kind": "RLRun", "metadata": {"name": name}})
+    assert str(e.value).startswith("metadata.name: ") and problem in str(e.value), str(e.value)
+    assert "starting with a letter" in str(e.value) or "at most 63" in str(e.value)
+
+
+def test_pod_overrides_parse_into_kubernetes_field_names():
+    s = parse_spec({"learner": {"pod": {
+        "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
+        "nodeSelector": {"pool": "h100"}, "imagePullSecrets": ["regcred"],
+        "env": [{"name": "NCCL_DEBUG", "value": "INFO"}],
+        "volumes": [{"name": "data", "persistentVolumeClaim": {"claimName": "data"}}],
+        "volumeMounts": [{"name": "data", "mountPath": "/data", "readOnly": True}]}}})
+    pod = s.learner.pod
+    assert pod.volumes[0].model_dump(by_alias=True) == {"name": "data", "persistentVolumeClaim": {"claimName": "data"}}
+    assert pod.volume_mounts[0].model_dump(by_alias=True) == {"name": "data", "mountPath": "/data", "readOnly": True}
+    assert pod.env[0].model_dump(by_alias=True, exclude_none=True) == {"name": "NCCL_DEBUG", "value": "INFO"}
