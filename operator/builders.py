@@ -44,13 +44,19 @@ class Images:
     trainer: str = C.DEFAULT_TRAINER_IMAGE
     rollout: str = C.DEFAULT_ROLLOUT_IMAGE
     checkpoint_storage: str = ""  # e.g. "50Gi": learner rank volumes; "" = emptyDir
+    # A NetworkPolicy per run, and the namespaces whose pods may scrape its metrics port.
+    network_policy: bool = True
+    metrics_from: tuple[str, ...] = ("monitoring",)
 
     @classmethod
     def from_env(cls, env: dict[str, str] | None = None) -> Images:
         env = os.environ if env is None else env
         return cls(trainer=env.get(C.ENV_TRAINER_IMAGE, C.DEFAULT_TRAINER_IMAGE),
                    rollout=env.get(C.ENV_ROLLOUT_IMAGE, C.DEFAULT_ROLLOUT_IMAGE),
-                   checkpoint_storage=env.get("RLSCALE_CHECKPOINT_STORAGE", ""))
+                   checkpoint_storage=env.get("RLSCALE_CHECKPOINT_STORAGE", ""),
+                   network_policy=env.get(C.ENV_NETWORK_POLICY, "true").lower() not in ("0", "false", "no"),
+                   metrics_from=tuple(n.strip() for n in env.get(C.ENV_METRICS_FROM, "monitoring").split(",")
+                                      if n.strip()))
 
 
 def child_name(run: str, suffix: str) -> str:
@@ -71,6 +77,8 @@ def names(run: str) -> dict[str, str]:
         C.ROLE_LEARNER: child_name(run, "learner"),
         C.ROLE_METRICS: child_name(run, "metrics"),
         C.ROLE_RUNNER: child_name(run, "runner"),
+        C.ROLE_TOKEN: child_name(run, "ray-token"),
+        C.ROLE_NETWORK: child_name(run, "network"),
     }
 
 
@@ -150,16 +158,50 @@ def _resources(role_spec: Any, gpu: bool) -> dict[str, Any]:
 def _env(run: RunRef, spec: RLRunSpec, extra: list[dict[str, Any]] | None = None) -> list[dict[str, Any]]:
     return [
         {"name": "RLSCALE_CONFIG", "value": C.CONFIG_PATH},
+        {"name": "HOME", "value": C.HOME_MOUNT},
         {"name": "HF_HOME", "value": C.HF_HOME},
         {"name": "HF_HUB_OFFLINE", "value": "0" if spec.model.download else "1"},
         {"name": "RLSCALE_RUN", "value": run.name},
         {"name": "RLSCALE_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
         {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
-        # Ray 2.60 turns token auth on by itself, but a token in one pod's home is not in the
-        # others'. The run's pods talk inside the cluster network (see docs/operations.md).
-        {"name": "RAY_AUTH_MODE", "value": "disabled"},
+        # Every Ray call (GCS, client, node to node) carries the run's own token: a pod of
+        # another run, or anyone else in the cluster, is refused.
+        {"name": "RAY_AUTH_MODE", "value": "token"},
+        {"name": "RAY_AUTH_TOKEN", "valueFrom": {"secretKeyRef": {"name": names(run.name)[C.ROLE_TOKEN],
+                                                                  "key": C.TOKEN_KEY}}},
         *(extra or []),
     ]
+
+
+def build_ray_token_secret(run: RunRef, token: str) -> dict[str, Any]:
+    """The run's Ray token; created once (never re-applied: a new token would lock out the
+    running pods), deleted with the run."""
+    return {"apiVersion": "v1", "kind": "Secret", "type": "Opaque",
+            "metadata": _meta(run, names(run.name)[C.ROLE_TOKEN], C.ROLE_TOKEN),
+            "stringData": {C.TOKEN_KEY: token}}
+
+
+def new_ray_token() -> str:
+    """A fresh random token (Ray asks for 32 characters at least)."""
+    import secrets
+
+    return secrets.token_hex(32)
+
+
+def build_network_policy(run: RunRef, metrics_from: tuple[str, ...]) -> dict[str, Any]:
+    """Ingress to the run's pods: any port from the run's own pods (Ray and the ranks use
+    many), the metrics port from the monitoring namespaces; nothing else. Egress is left open
+    (the API server, DNS, and the hub where model.download is set)."""
+    own = {"podSelector": {"matchLabels": {C.LABEL_RUN: run.name}}}
+    rules: list[dict[str, Any]] = [{"from": [own]}]
+    if metrics_from:
+        rules.append({"from": [{"namespaceSelector": {"matchExpressions": [
+            {"key": "kubernetes.io/metadata.name", "operator": "In", "values": sorted(metrics_from)}]}}],
+            "ports": [{"port": C.METRICS_PORT, "protocol": "TCP"}]})
+    return {"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
+            "metadata": _meta(run, names(run.name)[C.ROLE_NETWORK], C.ROLE_NETWORK),
+            "spec": {"podSelector": {"matchLabels": {C.LABEL_RUN: run.name}},
+                     "policyTypes": ["Ingress"], "ingress": rules}}
 
 
 def _model_volume(spec: RLRunSpec) -> dict[str, Any]:
@@ -167,49 +209,130 @@ def _model_volume(spec: RLRunSpec) -> dict[str, Any]:
     return {"name": "model", **(copy.deepcopy(spec.model.volume) if spec.model.volume else {"emptyDir": {}})}
 
 
-def _model_init(spec: RLRunSpec, image: str, env: list[dict[str, Any]]) -> dict[str, Any]:
-    """Builds a builtin model into the model volume once (a file lock serialises pods), or checks
-    that a hub id or directory is there, before the role starts."""
-    return {"name": "model", "image": image, "command": ["rlscale", "prepare-model", "--config", C.CONFIG_PATH],
-            "env": env,
-            "volumeMounts": [{"name": "run-config", "mountPath": C.CONFIG_MOUNT_DIR, "readOnly": True},
-                             {"name": "model", "mountPath": C.MODEL_MOUNT}]}
+# The `restricted` Pod Security profile: the images run as uid 1000 (images/torch), write
+# only to HOME and /tmp (emptyDirs below) and need no capability.
+POD_SECURITY = {"runAsNonRoot": True, "runAsUser": C.RUN_AS_USER, "runAsGroup": C.RUN_AS_USER,
+                "fsGroup": C.RUN_AS_USER, "seccompProfile": {"type": "RuntimeDefault"}}
+CONTAINER_SECURITY = {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
+                      "capabilities": {"drop": ["ALL"]}}
+
+
+def _container(name: str, image: str, command: list[str], env: list[dict[str, Any]],
+               mounts: list[dict[str, Any]], **more: Any) -> dict[str, Any]:
+    return {"name": name, "image": image, "command": command, "env": env, **more, "volumeMounts": mounts,
+            "securityContext": copy.deepcopy(CONTAINER_SECURITY),
+            # A container that dies leaves its last log lines in its status: the operator's
+            # Degraded and Failed conditions quote them.
+            "terminationMessagePolicy": "FallbackToLogsOnError"}
 
 
 def _pod_spec(run: RunRef, spec: RLRunSpec, role: str, image: str, command: list[str], env: list[dict[str, Any]],
               resources: dict[str, Any], ports: list[dict[str, Any]],
               extra_volumes: list[dict[str, Any]] | None = None,
               extra_mounts: list[dict[str, Any]] | None = None, model: str | None = None,
-              init_model: bool = False) -> dict[str, Any]:
-    """One role's pod. `model`: mount the model volume "ro" or "rw"; `init_model`: prepare it first."""
+              init_model: bool = False, token: bool = False, grace_seconds: int | None = None) -> dict[str, Any]:
+    """One role's pod. `model`: mount the model volume "ro" or "rw"; `init_model`: prepare it
+    first; `token`: mount the run account's API token (only the driver patches the RLRun)."""
     mounts = [{"name": "run-config", "mountPath": C.CONFIG_MOUNT_DIR, "readOnly": True},
-              {"name": "shm", "mountPath": C.SHM_MOUNT}]
+              {"name": "shm", "mountPath": C.SHM_MOUNT},
+              {"name": "home", "mountPath": C.HOME_MOUNT}, {"name": "tmp", "mountPath": "/tmp"}]
     volumes = [{"name": "run-config", "configMap": {"name": names(run.name)[C.ROLE_CONFIG]}},
                # Ray's object store lives in /dev/shm: a container's default 64 MiB would send
                # every weight publish to disk.
-               {"name": "shm", "emptyDir": {"medium": "Memory", "sizeLimit": shm_size(spec)}}]
+               {"name": "shm", "emptyDir": {"medium": "Memory", "sizeLimit": shm_size(spec)}},
+               # The root filesystem is read-only: caches and JIT builds go to HOME, Ray's
+               # session files to /tmp.
+               {"name": "home", "emptyDir": {}}, {"name": "tmp", "emptyDir": {}}]
     if model:
         mounts.append({"name": "model", "mountPath": C.MODEL_MOUNT, "readOnly": model == "ro"})
         volumes.append(_model_volume(spec))
-    container = {
-        "name": role, "image": image, "command": command, "env": env,
-        "ports": ports, "resources": resources,
-        "volumeMounts": [*mounts, *(extra_mounts or [])],
-    }
-    pod = {
+    over = _overrides(spec, role)
+    env = [*env, *over.get("env", [])]
+    container = _container(role, image, command, env,
+                           [*mounts, *(extra_mounts or []), *over.get("volumeMounts", [])],
+                           ports=ports, resources=resources)
+    pod: dict[str, Any] = {
         # The run's own account: it may read and annotate its RLRun (progress), nothing else.
         "serviceAccountName": names(run.name)[C.ROLE_RUNNER],
+        "automountServiceAccountToken": token,
+        "securityContext": copy.deepcopy(POD_SECURITY),
         "containers": [container],
         # The config map is mounted as a directory so edits reach running pods (no subPath).
-        "volumes": [*volumes, *(extra_volumes or [])],
+        "volumes": [*volumes, *(extra_volumes or []), *over.get("volumes", [])],
     }
+    if grace_seconds is not None:
+        pod["terminationGracePeriodSeconds"] = grace_seconds
+    for key in ("nodeSelector", "tolerations", "affinity", "priorityClassName", "imagePullSecrets",
+                "runtimeClassName", "schedulerName"):
+        if over.get(key):
+            pod[key] = over[key]
     if init_model:
-        pod["initContainers"] = [_model_init(spec, image, env)]
+        # Builds a builtin model into the model volume once (a file lock serialises pods), or
+        # checks that a hub id or directory is there, before the role starts.
+        init_mounts = [m for m in mounts if m["name"] in ("run-config", "model", "home", "tmp")]
+        pod["initContainers"] = [_container("model", image, ["rlscale", "prepare-model", "--config", C.CONFIG_PATH],
+                                            env, init_mounts)]
     return pod
+
+
+def _overrides(spec: RLRunSpec, role: str) -> dict[str, Any]:
+    """The spec's pod settings for a role in pod-spec form: the role's own `pod` block over
+    `scheduling` (the Ray head takes `scheduling` only)."""
+    out: dict[str, Any] = {}
+    sched = spec.scheduling
+    if sched.scheduler_name:
+        out["schedulerName"] = sched.scheduler_name
+    if sched.priority_class_name:
+        out["priorityClassName"] = sched.priority_class_name
+    if role not in (C.ROLE_ROLLOUT, C.ROLE_LEARNER):
+        return out
+    pod = getattr(spec, role).pod
+    d = pod.model_dump(mode="json", by_alias=True, exclude_none=True)
+    for key in ("nodeSelector", "tolerations", "affinity", "priorityClassName", "runtimeClassName",
+                "env", "volumes", "volumeMounts"):
+        if d.get(key):
+            out[key] = d[key]
+    if pod.image_pull_secrets:
+        out["imagePullSecrets"] = [{"name": n} for n in pod.image_pull_secrets]
+    return out
+
+
+def _template_meta(run: RunRef, spec: RLRunSpec, role: str) -> dict[str, Any]:
+    """Pod template labels and annotations: the role's extras under the operator's own."""
+    meta: dict[str, Any] = {"labels": {**_role_extra(spec, role, "labels"), **_queue_label(spec, role),
+                                       **labels(run.name, role)}}
+    ann = _role_extra(spec, role, "annotations")
+    if ann:
+        meta["annotations"] = ann
+    return meta
+
+
+def _role_extra(spec: RLRunSpec, role: str, what: str) -> dict[str, str]:
+    if role not in (C.ROLE_ROLLOUT, C.ROLE_LEARNER):
+        return {}
+    return dict(getattr(getattr(spec, role).pod, what))
+
+
+def _queue_label(spec: RLRunSpec, role: str) -> dict[str, str]:
+    """Kueue's queue label on the rollout and learner workloads (the head asks for no accelerator)."""
+    if spec.scheduling.queue_name and role in (C.ROLE_ROLLOUT, C.ROLE_LEARNER):
+        return {C.LABEL_KUEUE_QUEUE: spec.scheduling.queue_name}
+    return {}
 
 
 def _ports(*pairs: tuple[str, int]) -> list[dict[str, Any]]:
     return [{"name": n, "containerPort": p, "protocol": "TCP"} for n, p in pairs]
+
+
+def learner_grace_seconds(spec: RLRunSpec, world: int) -> int:
+    """Seconds a rank gets between SIGTERM and SIGKILL: enough to finish the step under way
+    and write a checkpoint. The checkpoint is each rank's share of weights plus fp32 master
+    weights and two Adam moments (12 bytes a parameter), written at a conservative 100 MB/s,
+    twice over for slow shared volumes, plus a minute for the step; at least 90 s. Fixed when
+    the run starts: a new value in the pod template would restart every rank."""
+    shape = model_shape_for(spec.model)
+    share = (shape.weight_bytes(spec.model.dtype) + 12 * shape.params) / max(1, world if spec.learner.zero_stage else 1)
+    return int(max(90, 60 + 2 * share / 100e6))
 
 
 def build_ray_head(run: RunRef, spec: RLRunSpec, images: Images, finished: bool = False) -> dict[str, Any]:
@@ -220,8 +343,8 @@ def build_ray_head(run: RunRef, spec: RLRunSpec, images: Images, finished: bool 
         run, spec, C.ROLE_RAY_HEAD, spec.learner.image or images.trainer,
         ["rlscale", "ray-head", "--config", C.CONFIG_PATH], _env(run, spec),
         {"requests": {"cpu": "100m", "memory": "1Gi"}},
-        _ports(("gcs", C.RAY_GCS_PORT), ("dashboard", C.RAY_DASHBOARD_PORT),
-               ("client", C.RAY_CLIENT_PORT), ("serve", C.SERVE_PORT)),
+        # What the head serves (no dashboard, no Serve HTTP proxy): GCS and Ray Client.
+        _ports(("gcs", C.RAY_GCS_PORT), ("client", C.RAY_CLIENT_PORT)),
     )
     return {
         "apiVersion": "apps/v1", "kind": "Deployment",
@@ -231,7 +354,7 @@ def build_ray_head(run: RunRef, spec: RLRunSpec, images: Images, finished: bool 
             # Never two heads of one run: the old one goes before its replacement starts.
             "strategy": {"type": "Recreate"},
             "selector": {"matchLabels": {C.LABEL_RUN: run.name, C.LABEL_ROLE: C.ROLE_RAY_HEAD}},
-            "template": {"metadata": {"labels": labels(run.name, C.ROLE_RAY_HEAD)}, "spec": pod},
+            "template": {"metadata": _template_meta(run, spec, C.ROLE_RAY_HEAD), "spec": pod},
         },
     }
 
@@ -239,8 +362,7 @@ def build_ray_head(run: RunRef, spec: RLRunSpec, images: Images, finished: bool 
 def build_ray_head_service(run: RunRef) -> dict[str, Any]:
     n = names(run.name)
     ports = [{"name": nm, "port": p, "targetPort": p, "protocol": "TCP"}
-             for nm, p in (("gcs", C.RAY_GCS_PORT), ("dashboard", C.RAY_DASHBOARD_PORT),
-                           ("client", C.RAY_CLIENT_PORT), ("serve", C.SERVE_PORT))]
+             for nm, p in (("gcs", C.RAY_GCS_PORT), ("client", C.RAY_CLIENT_PORT))]
     return {"apiVersion": "v1", "kind": "Service",
             "metadata": _meta(run, n[C.ROLE_RAY_HEAD], C.ROLE_RAY_HEAD),
             "spec": {"selector": labels(run.name, C.ROLE_RAY_HEAD), "ports": ports}}
@@ -259,14 +381,15 @@ def build_rollout_deployment(run: RunRef, spec: RLRunSpec, plan: dict[str, Any],
                     ["rlscale", "rollout", "--config", C.CONFIG_PATH], env,
                     _resources(spec.rollout, gpu), _ports(("metrics", C.METRICS_PORT)),
                     model="ro" if shared else "rw", init_model=not shared)
-    sel = labels(run.name, C.ROLE_ROLLOUT)
+    meta = _meta(run, n[C.ROLE_ROLLOUT], C.ROLE_ROLLOUT, {C.ANNOTATION_PLAN_HASH: plan_hash(plan)})
+    meta["labels"].update(_queue_label(spec, C.ROLE_ROLLOUT))
     return {
         "apiVersion": "apps/v1", "kind": "Deployment",
-        "metadata": _meta(run, n[C.ROLE_ROLLOUT], C.ROLE_ROLLOUT, {C.ANNOTATION_PLAN_HASH: plan_hash(plan)}),
+        "metadata": meta,
         "spec": {
             "replicas": desired_replicas(spec, plan, finished)[C.ROLE_ROLLOUT],
             "selector": {"matchLabels": {C.LABEL_RUN: run.name, C.LABEL_ROLE: C.ROLE_ROLLOUT}},
-            "template": {"metadata": {"labels": sel}, "spec": pod},
+            "template": {"metadata": _template_meta(run, spec, C.ROLE_ROLLOUT), "spec": pod},
         },
     }
 
@@ -301,18 +424,20 @@ def build_learner_statefulset(run: RunRef, spec: RLRunSpec, plan: dict[str, Any]
     pod = _pod_spec(run, spec, C.ROLE_LEARNER, spec.learner.image or images.trainer,
                     ["rlscale", "learner", "--config", C.CONFIG_PATH], env,
                     _resources(spec.learner, gpu), _ports(("master", C.MASTER_PORT), ("metrics", C.METRICS_PORT)),
-                    vols, mounts, model="rw", init_model=True)
-    sel = labels(run.name, C.ROLE_LEARNER)
+                    vols, mounts, model="rw", init_model=True, token=True,
+                    grace_seconds=learner_grace_seconds(spec, world))
+    meta = _meta(run, n[C.ROLE_LEARNER], C.ROLE_LEARNER, {C.ANNOTATION_PLAN_HASH: plan_hash(plan)})
+    meta["labels"].update(_queue_label(spec, C.ROLE_LEARNER))
     sts: dict[str, Any] = {
         "apiVersion": "apps/v1", "kind": "StatefulSet",
-        "metadata": _meta(run, n[C.ROLE_LEARNER], C.ROLE_LEARNER, {C.ANNOTATION_PLAN_HASH: plan_hash(plan)}),
+        "metadata": meta,
         "spec": {
             "replicas": desired_replicas(spec, plan, finished)[C.ROLE_LEARNER],
             "serviceName": n[C.ROLE_LEARNER],
             # Ranks rendezvous with each other: start them together, not one by one.
             "podManagementPolicy": "Parallel",
             "selector": {"matchLabels": {C.LABEL_RUN: run.name, C.LABEL_ROLE: C.ROLE_LEARNER}},
-            "template": {"metadata": {"labels": sel}, "spec": pod},
+            "template": {"metadata": _template_meta(run, spec, C.ROLE_LEARNER), "spec": pod},
         },
     }
     if claims:
@@ -363,6 +488,7 @@ def build_children(run: RunRef, spec: RLRunSpec, plan: dict[str, Any], images: I
     return [
         build_configmap(run, spec, plan),
         *build_runner_account(run),
+        *([build_network_policy(run, images.metrics_from)] if images.network_policy else []),
         build_ray_head_service(run),
         build_learner_service(run),
         build_metrics_service(run),

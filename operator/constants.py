@@ -24,6 +24,11 @@ ROLE_ROLLOUT = "rollout"
 ROLE_LEARNER = "learner"
 ROLE_METRICS = "metrics"
 ROLE_RUNNER = "runner"  # the ServiceAccount, Role and RoleBinding of the run's pods
+ROLE_TOKEN = "ray-token"  # the Secret with the run's Ray auth token
+ROLE_NETWORK = "network"  # the run's NetworkPolicy
+TOKEN_KEY = "token"
+# Kueue admits a workload that carries its LocalQueue's name in this label.
+LABEL_KUEUE_QUEUE = "kueue.x-k8s.io/queue-name"
 
 # The learner (rank 0) reports progress here as JSON; the operator folds it into status.
 from rlscale.kube_report import ANNOTATION_PROGRESS  # noqa: E402,F401  (the driver writes it)
@@ -41,8 +46,13 @@ COND_SUSPENDED = "Suspended"
 # A run ends in one of these (condition and phase alike); its workloads then go to zero.
 COND_SUCCEEDED = "Succeeded"
 COND_BUDGET_EXHAUSTED = "BudgetExhausted"
-CONDITION_TYPES = (COND_PLANNED, COND_ROLLOUT_READY, COND_LEARNERS_READY,
-                   COND_TARGET_REACHED, COND_SUCCEEDED, COND_BUDGET_EXHAUSTED, COND_INVALID, COND_SUSPENDED)
+COND_FAILED = "Failed"
+# Something is wrong with the run's pods or its driver that may still clear (a crash loop
+# under the backoff limit, an image that does not pull, a pod that does not fit).
+COND_DEGRADED = "Degraded"
+CONDITION_TYPES = (COND_PLANNED, COND_ROLLOUT_READY, COND_LEARNERS_READY, COND_TARGET_REACHED,
+                   COND_SUCCEEDED, COND_BUDGET_EXHAUSTED, COND_FAILED, COND_DEGRADED, COND_INVALID,
+                   COND_SUSPENDED)
 
 PHASE_PENDING = "Pending"
 PHASE_RUNNING = "Running"
@@ -51,7 +61,10 @@ PHASE_FAILED = "Failed"
 PHASE_SUSPENDED = "Suspended"
 PHASE_BUDGET_EXHAUSTED = "BudgetExhausted"
 # The driver's last report names how the run ended (rlscale.kube_report.OUTCOMES).
-OUTCOME_PHASES = {"Succeeded": PHASE_SUCCEEDED, "BudgetExhausted": PHASE_BUDGET_EXHAUSTED}
+OUTCOME_PHASES = {"Succeeded": PHASE_SUCCEEDED, "BudgetExhausted": PHASE_BUDGET_EXHAUSTED, "Failed": PHASE_FAILED}
+# Container states that mean a pod of the run cannot do its work (kubelet reasons).
+BAD_WAITING = ("CrashLoopBackOff", "ImagePullBackOff", "ErrImagePull", "InvalidImageName",
+               "CreateContainerConfigError", "CreateContainerError", "RunContainerError")
 
 # Pod side: where the resolved run config is mounted and which ports the roles use.
 CONFIG_KEY = "run.json"
@@ -63,18 +76,23 @@ MODEL_MOUNT = "/models"
 HF_HOME = f"{MODEL_MOUNT}/hf"
 # Memory-backed /dev/shm: Ray's object store (weight publishes) and torch's shared memory.
 SHM_MOUNT = "/dev/shm"
+# The images' user (images/torch) and its HOME, an emptyDir: the root filesystem is read-only.
+RUN_AS_USER = 1000
+HOME_MOUNT = "/home/rlscale"
 REPORT_DIR = "report"  # under spec.checkpoint.path, on the checkpoint volume
 METRICS_PORT = 9400
 RAY_GCS_PORT = 6379
-RAY_DASHBOARD_PORT = 8265
 RAY_CLIENT_PORT = 10001
-SERVE_PORT = 8000
 MASTER_PORT = 29500
 GPU_RESOURCE = "nvidia.com/gpu"
 
 # Images when the spec names none (the chart sets these through the environment).
 ENV_TRAINER_IMAGE = "RLSCALE_TRAINER_IMAGE"
 ENV_ROLLOUT_IMAGE = "RLSCALE_ROLLOUT_IMAGE"
+# The chart's networkPolicy values: a NetworkPolicy per run (true/false), and the namespaces
+# (comma-separated names) whose pods may scrape the runs' metrics port.
+ENV_NETWORK_POLICY = "RLSCALE_NETWORK_POLICY"
+ENV_METRICS_FROM = "RLSCALE_METRICS_FROM"
 DEFAULT_TRAINER_IMAGE = "ghcr.io/rlscale/trainer:0.1.0"
 DEFAULT_ROLLOUT_IMAGE = "ghcr.io/rlscale/rollout:0.1.0"
 

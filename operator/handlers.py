@@ -86,7 +86,11 @@ def reconcile(namespace: str, name: str, uid: str, spec_dict: dict[str, Any], ge
             _invalid(namespace, name, generation, "PlanFailed", str(exc))
             raise kopf.PermanentError(f"cannot plan: {exc}") from None
         run = B.RunRef(name=name, namespace=namespace, uid=uid)
+        if trigger == "update" and S.is_true(status.get("conditions"), C.COND_FAILED):
+            # A failed run whose spec changed gets another go (a fixed reward, a new image).
+            status = _clear_failure(namespace, name, generation) or status
         finished = S.finished(status)
+        _ensure_token(run)
         applied: dict[str, dict[str, Any]] = {}
         for manifest in B.build_children(run, spec, plan, IMAGES, finished=finished):
             role = manifest["metadata"]["labels"][C.LABEL_ROLE]
@@ -117,6 +121,29 @@ def reconcile(namespace: str, name: str, uid: str, spec_dict: dict[str, Any], ge
         M.RECONCILE_SECONDS.observe(time.monotonic() - t0)
 
 
+_TOKENS: set[str] = set()  # runs (uid) whose Ray token Secret this process saw or made
+
+
+def _ensure_token(run: B.RunRef) -> None:
+    """Create the run's Ray token Secret once; an existing one is kept (its pods hold it)."""
+    if run.uid in _TOKENS:
+        return
+    if kube.create_if_absent(B.build_ray_token_secret(run, B.new_ray_token())):
+        log.info("%s/%s: created the run's Ray token Secret", run.namespace, run.name)
+    _TOKENS.add(run.uid)
+
+
+def _clear_failure(namespace: str, name: str, generation: int) -> dict[str, Any] | None:
+    def mutate(body: dict[str, Any], st: dict[str, Any]) -> dict[str, Any]:
+        conds = S.set_condition(st.get("conditions"), C.COND_FAILED, False, "SpecChanged",
+                                f"spec changed (generation {generation}): retrying", generation)
+        st["conditions"] = S.set_condition(conds, C.COND_DEGRADED, False, "SpecChanged", "retrying", generation)
+        return st
+    # The failed driver's last report would fail the retried run again.
+    kube.remove_annotation(namespace, name, C.ANNOTATION_PROGRESS)
+    return kube.update_status(namespace, name, mutate)
+
+
 def _ready(workload: dict[str, Any] | None) -> int:
     return int(((workload or {}).get("status") or {}).get("readyReplicas") or 0)
 
@@ -142,7 +169,7 @@ def _planned_status(st: dict[str, Any], spec: Any, plan: dict[str, Any], generat
     st["plan"] = S.plan_summary(plan)
     st["replicas"] = {r: {"desired": desired[r], "ready": ready[r]} for r in desired}
     st["observedGeneration"] = generation
-    st["phase"] = S.phase(conds, spec.suspend, failed=bool((st.get("progress") or {}).get("failed")))
+    st["phase"] = S.phase(conds, spec.suspend)
     return st
 
 
@@ -192,7 +219,7 @@ def _on_workload(role: str, event_type: str | None, body: Any, namespace: str, l
         st.setdefault("replicas", {})[role] = {"desired": spec_replicas, "ready": ready}
         suspended = bool((rl.get("spec") or {}).get("suspend"))
         if not S.is_true(conds, C.COND_INVALID):
-            st["phase"] = S.phase(conds, suspended, failed=bool((st.get("progress") or {}).get("failed")))
+            st["phase"] = S.phase(conds, suspended)
         return st
 
     kube.update_status(namespace, run, mutate)
@@ -227,6 +254,73 @@ def simple_child_event(type: str | None, namespace: str, labels: Any, **_: Any) 
         repair(namespace, labels[C.LABEL_RUN])
 
 
+# Runs whose pods were last seen healthy: a healthy pod of such a run needs no status read.
+_HEALTHY: set[tuple[str, str]] = set()
+
+
+@kopf.on.event("v1", "pods", labels=_OWNED)
+def pod_event(type: str | None, body: Any, namespace: str, labels: Any, **_: Any) -> None:
+    """A pod of a run changed: Degraded while any pod of the run is failing (crash loop, image
+    pull, no node fits), Failed once a role's restarts pass spec.failurePolicy.backoffLimit."""
+    run = labels.get(C.LABEL_RUN)
+    if not run:
+        return
+    key = (namespace, run)
+    pod = _plain(body)
+    if key in _HEALTHY and not S.pod_problems(pod) and not any(S.restarts_by_role([pod]).values()):
+        return
+    check_health(namespace, run)
+
+
+def check_health(namespace: str, run: str) -> None:
+    pods = kube.list_pods(namespace, run)
+    seen: dict[str, Any] = {}
+
+    def mutate(rl: dict[str, Any], st: dict[str, Any]) -> dict[str, Any] | None:
+        if S.finished(st) or S.is_true(st.get("conditions"), C.COND_INVALID):
+            return None
+        try:
+            spec = parse_spec(rl.get("spec") or {})
+        except SpecError:
+            return None
+        gen = int(rl["metadata"].get("generation") or 0)
+        seen.update(before=S.condition(st.get("conditions"), C.COND_DEGRADED), rlrun=rl, spec=spec)
+        conds = S.health_conditions(st.get("conditions"), pods, spec.failure_policy.backoff_limit, gen)
+        st["conditions"] = conds
+        st["phase"] = S.phase(conds, spec.suspend)
+        return st
+
+    written = kube.update_status(namespace, run, mutate)
+    if written is None:
+        if not [p for pod in pods for p in S.pod_problems(pod)]:
+            _HEALTHY.add((namespace, run))
+        return
+    conds = written.get("conditions")
+    degraded, failed = S.condition(conds, C.COND_DEGRADED), S.is_true(conds, C.COND_FAILED)
+    if degraded and degraded.get("status") == "True":
+        _HEALTHY.discard((namespace, run))
+        before = seen.get("before") or {}
+        if (before.get("status"), before.get("reason")) != ("True", degraded["reason"]):
+            log.warning("%s/%s degraded: %s", namespace, run, degraded["message"])
+            _event(seen["rlrun"], "Warning", degraded["reason"], degraded["message"])
+    else:
+        _HEALTHY.add((namespace, run))
+    if failed:
+        msg = S.condition(conds, C.COND_FAILED)["message"]
+        log.warning("%s/%s failed: %s", namespace, run, msg)
+        _event(seen["rlrun"], "Warning", "BackoffLimitExceeded", msg)
+        body = seen["rlrun"]
+        reconcile(namespace, run, body["metadata"]["uid"], body.get("spec") or {},
+                  int(body["metadata"].get("generation") or 0), written, trigger="failed")
+
+
+def _event(rlrun: dict[str, Any], type_: str, reason: str, message: str) -> None:
+    try:
+        kube.post_event(rlrun, type_, reason, message)
+    except Exception as exc:  # an event is a courtesy; the condition already says it
+        log.warning("posting event %s failed: %s", reason, exc)
+
+
 def repair(namespace: str, run: str) -> None:
     """Re-converge one run after a child vanished (not when the run itself is going)."""
     body = kube.get_rlrun(namespace, run)
@@ -258,11 +352,20 @@ def progress_timer(name: str, namespace: str, uid: str, meta: Any, spec: Any, st
         return
     plan = status.get("plan") or {}
 
-    def mutate(rl: dict[str, Any], st: dict[str, Any]) -> dict[str, Any]:
+    def mutate(rl: dict[str, Any], st: dict[str, Any]) -> dict[str, Any] | None:
         gen = int(rl["metadata"].get("generation") or 0)
-        st["progress"] = S.progress_status(prog, st.get("plan") or {}, spec_m.target.value,
+        if S.finished(st) and prog.get("failed"):
+            return None  # a report from before the run ended (or was retried) changes nothing
+        old = st.get("progress") or {}
+        # A failure report may carry no figures: the last step's stay.
+        merged = {**old, **prog} if prog.get("failed") else prog
+        st["progress"] = S.progress_status(merged, st.get("plan") or {}, spec_m.target.value,
                                            spec_m.budget.max_samples)
         conds = st.get("conditions")
+        if prog.get("failed") and prog.get("outcome") != C.COND_FAILED:
+            conds = S.set_condition(conds, C.COND_DEGRADED, True, "DriverError",
+                                    f"the driver (learner rank 0) stopped: {prog.get('message', 'no message')}; "
+                                    "the pod restarts from the last checkpoint", gen)
         if prog.get("targetReached"):
             conds = S.set_condition(conds, C.COND_TARGET_REACHED, True, "TargetReached",
                                     f"{spec_m.target.metric} reached {prog.get('targetMetric')} "
@@ -274,7 +377,7 @@ def progress_timer(name: str, namespace: str, uid: str, meta: Any, spec: Any, st
         conds = S.outcome_conditions(conds, prog, spec_m.target.metric, spec_m.target.value, gen)
         st["conditions"] = conds
         if not S.is_true(conds, C.COND_INVALID):
-            st["phase"] = S.phase(conds, spec_m.suspend, failed=bool(prog.get("failed")))
+            st["phase"] = S.phase(conds, spec_m.suspend)
         return st
 
     was_finished = S.finished(status)

@@ -15,7 +15,8 @@ from kubernetes.client.exceptions import ApiException
 from . import constants as C
 
 _PLURALS = {("v1", "ConfigMap"): "configmaps", ("v1", "Service"): "services", ("v1", "Pod"): "pods",
-            ("v1", "ServiceAccount"): "serviceaccounts",
+            ("v1", "ServiceAccount"): "serviceaccounts", ("v1", "Secret"): "secrets",
+            ("networking.k8s.io/v1", "NetworkPolicy"): "networkpolicies",
             ("rbac.authorization.k8s.io/v1", "Role"): "roles",
             ("rbac.authorization.k8s.io/v1", "RoleBinding"): "rolebindings",
             ("apps/v1", "Deployment"): "deployments", ("apps/v1", "StatefulSet"): "statefulsets"}
@@ -83,6 +84,43 @@ def apply(manifest: dict[str, Any]) -> dict[str, Any]:
     # JSON is valid YAML: the client serialises the dict as JSON for this content type.
     return _call(path, "PATCH", manifest, "application/apply-patch+yaml",
                  [("fieldManager", C.FIELD_MANAGER), ("force", "true")])
+
+
+def create_if_absent(manifest: dict[str, Any]) -> bool:
+    """POST the object unless one of that name exists; True when this call created it."""
+    m = manifest["metadata"]
+    path = object_path(manifest["apiVersion"], manifest["kind"], m["namespace"], m["name"]).rsplit("/", 1)[0]
+    try:
+        _call(path, "POST", manifest, "application/json", [("fieldManager", C.FIELD_MANAGER)])
+        return True
+    except ApiException as exc:
+        if exc.status == 409:
+            return False
+        raise
+
+
+def remove_annotation(namespace: str, name: str, key: str) -> None:
+    path = object_path(f"{C.GROUP}/{C.VERSION}", C.RLRUN_KIND, namespace, name)
+    _call(path, "PATCH", {"metadata": {"annotations": {key: None}}}, "application/merge-patch+json")
+
+
+def list_pods(namespace: str, run: str) -> list[dict[str, Any]]:
+    """The run's pods (every role), as the API server has them now."""
+    out = _call(f"/api/v1/namespaces/{namespace}/pods", "GET", query=[("labelSelector", f"{C.LABEL_RUN}={run}")])
+    return out.get("items") or []
+
+
+def post_event(rlrun: dict[str, Any], type_: str, reason: str, message: str) -> None:
+    """A Kubernetes Event on the RLRun (`kubectl describe rlrun` and `kubectl get events` show it)."""
+    meta = rlrun["metadata"]
+    now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    body = {"apiVersion": "v1", "kind": "Event",
+            "metadata": {"generateName": f"{meta['name']}.", "namespace": meta["namespace"]},
+            "involvedObject": {"apiVersion": f"{C.GROUP}/{C.VERSION}", "kind": C.RLRUN_KIND, "name": meta["name"],
+                               "namespace": meta["namespace"], "uid": meta["uid"]},
+            "type": type_, "reason": reason, "message": message[:1024], "firstTimestamp": now, "lastTimestamp": now,
+            "count": 1, "source": {"component": C.FIELD_MANAGER}}
+    _call(f"/api/v1/namespaces/{meta['namespace']}/events", "POST", body, "application/json")
 
 
 def get(api_version: str, kind: str, namespace: str, name: str) -> dict[str, Any] | None:

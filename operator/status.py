@@ -6,6 +6,8 @@ import datetime as dt
 import json
 from typing import Any
 
+from rlscale.kube_report import finite
+
 from . import constants as C
 
 
@@ -43,9 +45,9 @@ def is_true(conditions: list[dict[str, Any]] | None, type_: str) -> bool:
     return bool(c and c.get("status") == "True")
 
 
-def phase(conditions: list[dict[str, Any]] | None, suspended: bool, failed: bool = False) -> str:
+def phase(conditions: list[dict[str, Any]] | None, suspended: bool) -> str:
     """The one-word phase the printer columns show, derived from the conditions."""
-    if is_true(conditions, C.COND_INVALID) or failed:
+    if is_true(conditions, C.COND_INVALID) or is_true(conditions, C.COND_FAILED):
         return C.PHASE_FAILED
     if is_true(conditions, C.COND_SUCCEEDED) or is_true(conditions, C.COND_TARGET_REACHED):
         return C.PHASE_SUCCEEDED
@@ -73,13 +75,13 @@ def readiness(role: str, desired: int, ready: int, generation: int | None,
 PROGRESS_KEYS = ("step", "samples", "reward", "targetMetric", "samplesPerSecond", "elapsedSeconds",
                  "phaseSeconds", "noiseScale",
                  "timeToTargetSeconds", "samplesToTarget", "targetReached", "failed", "message",
-                 "outcome", "report")
+                 "outcome", "report", "checkpointSeconds")
 
 
 def finished(status: dict[str, Any] | None) -> bool:
-    """The run has ended (target reached or budget spent): its workloads stay at zero."""
+    """The run has ended (target reached, budget spent, or failed): its workloads stay at zero."""
     conds = (status or {}).get("conditions")
-    return is_true(conds, C.COND_SUCCEEDED) or is_true(conds, C.COND_BUDGET_EXHAUSTED)
+    return any(is_true(conds, t) for t in (C.COND_SUCCEEDED, C.COND_BUDGET_EXHAUSTED, C.COND_FAILED))
 
 
 def outcome_conditions(conditions: list[dict[str, Any]] | None, progress: dict[str, Any], metric: str,
@@ -89,6 +91,10 @@ def outcome_conditions(conditions: list[dict[str, Any]] | None, progress: dict[s
     if outcome not in C.OUTCOME_PHASES:
         return conditions or []
     samples = progress.get("samples")
+    if outcome == C.COND_FAILED:
+        msg = (f"the driver (learner rank 0) stopped at step {progress.get('step', 0)}: "
+               f"{progress.get('message') or 'no message'}")
+        return set_condition(conditions, outcome, True, "DriverFailed", msg + "; workloads scaled to zero", generation)
     if outcome == C.COND_SUCCEEDED:
         ttt = progress.get("timeToTargetSeconds")
         msg = (f"{metric} reached {progress.get('targetMetric')} (target {target}) after "
@@ -113,7 +119,8 @@ def parse_progress(raw: str | None) -> tuple[dict[str, Any] | None, str | None]:
                       "the learner writes a JSON object such as {\"step\": 3, \"samples\": 384}")
     if not isinstance(data, dict):
         return None, f"metadata.annotations[{C.ANNOTATION_PROGRESS}]: {data!r} is not a JSON object"
-    return {k: data[k] for k in PROGRESS_KEYS if k in data}, None
+    # An older driver may have written NaN (Python's json reads it; the API server would not).
+    return finite({k: data[k] for k in PROGRESS_KEYS if k in data}), None
 
 
 def progress_status(progress: dict[str, Any], plan: dict[str, Any], target_value: float,
@@ -166,3 +173,93 @@ def plan_summary(plan: dict[str, Any]) -> dict[str, Any]:
     if "prompts" in plan and "samplesPerPrompt" in plan:
         out["batch"] = f"{plan['prompts']}x{plan['samplesPerPrompt']}"
     return out
+
+
+# ---------------------------------------------------------------- the run's pods
+
+
+def _tail(text: str | None, lines: int = 4, chars: int = 600) -> str:
+    """The last lines of a container's termination message (its log tail, FallbackToLogsOnError)."""
+    kept = [ln for ln in (text or "").strip().splitlines() if ln.strip()][-lines:]
+    return " | ".join(kept)[-chars:]
+
+
+def pod_problems(pod: dict[str, Any]) -> list[dict[str, Any]]:
+    """What keeps one pod of the run from working, as {pod, role, reason, message}, worst first."""
+    meta, st = pod.get("metadata") or {}, pod.get("status") or {}
+    name, role = meta.get("name", "?"), (meta.get("labels") or {}).get(C.LABEL_ROLE, "?")
+    out: list[dict[str, Any]] = []
+    for cs in [*(st.get("initContainerStatuses") or []), *(st.get("containerStatuses") or [])]:
+        waiting = (cs.get("state") or {}).get("waiting") or {}
+        last = (cs.get("lastState") or {}).get("terminated") or {}
+        if waiting.get("reason") not in C.BAD_WAITING:
+            continue
+        msg = f"pod {name} container {cs.get('name')}: {waiting['reason']}"
+        if cs.get("restartCount"):
+            msg += f" after {cs['restartCount']} restarts"
+        if last:
+            msg += f"; last exit {last.get('exitCode')} ({last.get('reason', 'Error')})"
+            if _tail(last.get("message")):
+                msg += f": {_tail(last.get('message'))}"
+        elif waiting.get("message"):
+            msg += f": {waiting['message'][:600]}"
+        reason = "OOMKilled" if last.get("reason") == "OOMKilled" else waiting["reason"]
+        out.append({"pod": name, "role": role, "reason": reason, "message": msg})
+    for c in st.get("conditions") or []:
+        if c.get("type") == "PodScheduled" and c.get("status") == "False" and c.get("reason") == "Unschedulable":
+            out.append({"pod": name, "role": role, "reason": "Unschedulable",
+                        "message": f"pod {name} cannot be scheduled: {c.get('message', '')[:600]}"})
+    return out
+
+
+def restarts_by_role(pods: list[dict[str, Any]]) -> dict[str, int]:
+    """Container restarts summed over each role's current pods."""
+    out: dict[str, int] = {}
+    for pod in pods:
+        role = ((pod.get("metadata") or {}).get("labels") or {}).get(C.LABEL_ROLE, "?")
+        st = pod.get("status") or {}
+        n = sum(int(cs.get("restartCount") or 0)
+                for cs in [*(st.get("initContainerStatuses") or []), *(st.get("containerStatuses") or [])])
+        out[role] = out.get(role, 0) + n
+    return out
+
+
+def last_exit(pods: list[dict[str, Any]], role: str) -> str:
+    """The most recent termination of a role's containers, in words (for the Failed message)."""
+    best: tuple[str, str] = ("", "")
+    for pod in pods:
+        meta = pod.get("metadata") or {}
+        if (meta.get("labels") or {}).get(C.LABEL_ROLE) != role:
+            continue
+        st = pod.get("status") or {}
+        for cs in [*(st.get("initContainerStatuses") or []), *(st.get("containerStatuses") or [])]:
+            t = (cs.get("lastState") or {}).get("terminated") or (cs.get("state") or {}).get("terminated")
+            if t and (t.get("finishedAt") or "") >= best[0]:
+                text = f"pod {meta.get('name')} container {cs.get('name')} exited {t.get('exitCode')} ({t.get('reason', 'Error')})"
+                if _tail(t.get("message")):
+                    text += f": {_tail(t.get('message'))}"
+                best = (t.get("finishedAt") or "", text)
+    return best[1]
+
+
+def health_conditions(conditions: list[dict[str, Any]] | None, pods: list[dict[str, Any]], backoff_limit: int,
+                      generation: int | None) -> list[dict[str, Any]]:
+    """Degraded from the pods' current problems; Failed once a role's restarts pass the limit."""
+    problems = [p for pod in pods for p in pod_problems(pod)]
+    restarts = restarts_by_role(pods)
+    over = sorted(r for r, n in restarts.items() if n > backoff_limit)
+    if over:
+        role = over[0]
+        msg = (f"{restarts[role]} container restarts of the {role} pods exceed "
+               f"spec.failurePolicy.backoffLimit ({backoff_limit})")
+        why = last_exit(pods, role)
+        conditions = set_condition(conditions, C.COND_FAILED, True, "BackoffLimitExceeded",
+                                   msg + (f"; last: {why}" if why else "") + "; workloads scaled to zero", generation)
+    if problems:
+        first = problems[0]
+        more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
+        return set_condition(conditions, C.COND_DEGRADED, True, f"{first['role'].title().replace('-', '')}{first['reason']}",
+                             first["message"] + more, generation)
+    if condition(conditions, C.COND_DEGRADED) is not None or any(restarts.values()):
+        return set_condition(conditions, C.COND_DEGRADED, False, "Healthy", "no pod of the run is failing", generation)
+    return conditions or []

@@ -66,9 +66,9 @@ def _constraints(info: FieldInfo | None, out: dict[str, Any]) -> None:
         elif isinstance(m, Le):
             out["maximum"] = m.le
         elif isinstance(m, MinLen):
-            out["minProperties" if out.get("type") == "object" else "minLength"] = m.min_length
+            out[{"object": "minProperties", "array": "minItems"}.get(out.get("type"), "minLength")] = m.min_length
         elif isinstance(m, MaxLen):
-            out["maxProperties" if out.get("type") == "object" else "maxLength"] = m.max_length
+            out[{"object": "maxProperties", "array": "maxItems"}.get(out.get("type"), "maxLength")] = m.max_length
         elif getattr(m, "pattern", None):
             out["pattern"] = m.pattern
 

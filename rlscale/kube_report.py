@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import ssl
 import time
@@ -48,6 +49,32 @@ class KubeTarget:
 # How a run ends, in the driver's last report; the operator makes each a condition and phase.
 OUTCOME_SUCCEEDED = "Succeeded"
 OUTCOME_BUDGET_EXHAUSTED = "BudgetExhausted"
+# The driver met an error that a restart cannot fix (a reward that does not import, a spec
+# the code cannot carry out): the run stops at once instead of crash-looping to its backoff limit.
+OUTCOME_FAILED = "Failed"
+MESSAGE_MAX = 1024  # characters of an error message in the report
+
+
+def finite(x: Any) -> Any:
+    """x with every NaN or infinity replaced by None (JSON, and so the API server, has neither)."""
+    if isinstance(x, float):
+        return x if math.isfinite(x) else None
+    if isinstance(x, dict):
+        return {k: finite(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [finite(v) for v in x]
+    return x
+
+
+def failure_body(rec: dict[str, Any] | None, message: str, *, permanent: bool) -> dict[str, Any]:
+    """The report of a driver that stops on an error: the last step's figures (if any), the
+    error, and outcome Failed when a restart would meet the same error."""
+    body = (progress_body(rec, target_reached=False, failed=True) if rec
+            else {"step": 0, "samples": 0, "targetReached": False, "failed": True})
+    body["message"] = message[-MESSAGE_MAX:]
+    if permanent:
+        body["outcome"] = OUTCOME_FAILED
+    return body
 
 
 def progress_body(rec: dict[str, Any], *, target_reached: bool, failed: bool = False,
@@ -63,12 +90,13 @@ def progress_body(rec: dict[str, Any], *, target_reached: bool, failed: bool = F
         "targetReached": target_reached, "failed": failed,
         "timeToTargetSeconds": rec.get("time_to_target_seconds"), "samplesToTarget": rec.get("samples_to_target"),
         "prompts": rec.get("prompts"), "samplesPerPrompt": rec.get("samples_per_prompt"),
+        "checkpointSeconds": rec.get("checkpoint_seconds"),
     }
     if outcome:
         body["outcome"] = outcome
     if report:
         body["report"] = report
-    return body
+    return finite(body)
 
 
 class ProgressReporter:
@@ -92,7 +120,8 @@ class ProgressReporter:
         now = time.monotonic()
         if not force and now - self._last < self.min_interval:
             return False
-        patch = json.dumps({"metadata": {"annotations": {ANNOTATION_PROGRESS: json.dumps(body, sort_keys=True)}}}).encode()
+        text = json.dumps(finite(body), sort_keys=True, allow_nan=False)
+        patch = json.dumps({"metadata": {"annotations": {ANNOTATION_PROGRESS: text}}}).encode()
         req = urllib.request.Request(self.url, data=patch, method="PATCH", headers={
             "Content-Type": "application/merge-patch+json", "Authorization": f"Bearer {self.target.token}",
             "Accept": "application/json"})

@@ -183,7 +183,7 @@ class VolumeMount(_Model):
 
     model_config = ConfigDict(extra="allow", populate_by_name=True, alias_generator=to_camel)
     name: str = Field(min_length=1, max_length=63, description="Name of a volume in pod.volumes.")
-    mount_path: str = Field(min_length=1, max_length=1024, description="Absolute path in the container.")
+    mount_path: str = Field(min_length=1, max_length=256, description="Absolute path in the container.")
     read_only: bool = Field(False, description="Mount read-only.")
 
 
@@ -195,14 +195,14 @@ class PodOverrides(_Model):
     labels: dict[str, str] = Field(default_factory=dict, description="Extra pod labels (the operator's own rlscale.dev/* labels win).")
     annotations: dict[str, str] = Field(default_factory=dict, description="Extra pod annotations.")
     node_selector: dict[str, str] = Field(default_factory=dict, description="Node labels the pods require, e.g. {nvidia.com/gpu.product: NVIDIA-H100-80GB-HBM3}.")
-    tolerations: list[dict[str, Any]] = Field(default_factory=list, description="Pod tolerations, e.g. [{key: nvidia.com/gpu, operator: Exists, effect: NoSchedule}].")
+    tolerations: list[dict[str, Any]] = Field(default_factory=list, max_length=32, description="Pod tolerations, e.g. [{key: nvidia.com/gpu, operator: Exists, effect: NoSchedule}].")
     affinity: dict[str, Any] = Field(default_factory=dict, description="Pod affinity (nodeAffinity, podAffinity, podAntiAffinity).")
     priority_class_name: str | None = Field(None, max_length=253, description="PriorityClass of the pods; overrides scheduling.priorityClassName.")
-    image_pull_secrets: list[str] = Field(default_factory=list, description="Names of Secrets to pull the image with.")
+    image_pull_secrets: list[Annotated[str, Field(max_length=253)]] = Field(default_factory=list, max_length=8, description="Names of Secrets to pull the image with.")
     runtime_class_name: str | None = Field(None, max_length=253, description="RuntimeClass, e.g. nvidia.")
-    env: list[EnvVar] = Field(default_factory=list, description="Extra container env entries (name with value or valueFrom).")
-    volumes: list[ExtraVolume] = Field(default_factory=list, description="Extra pod volumes (each a name and one source).")
-    volume_mounts: list[VolumeMount] = Field(default_factory=list, description="Mounts of those volumes in the role's container.")
+    env: list[EnvVar] = Field(default_factory=list, max_length=64, description="Extra container env entries (name with value or valueFrom).")
+    volumes: list[ExtraVolume] = Field(default_factory=list, max_length=16, description="Extra pod volumes (each a name and one source).")
+    volume_mounts: list[VolumeMount] = Field(default_factory=list, max_length=16, description="Mounts of those volumes in the role's container.")
 
 
 class _RoleSpec(_Model):
@@ -526,12 +526,15 @@ def _pod_rules(role: str) -> list[Rule]:
     """A role's pod overrides may add to what the operator builds, never replace it (the
     one-source check of a volume is Python's: CEL cannot count an open object's keys)."""
     return [
-        Rule(f"{role}.pod.env", f"self.{role}.pod.env.all(e, !(e.name in {_cel_list(RESERVED_ENV)}))",
+        Rule(f"{role}.pod.env", f"!has(self.{role}.pod.env) || "
+             f"self.{role}.pod.env.all(e, !(e.name in {_cel_list(RESERVED_ENV)}))",
              f"{role}.pod.env must not set a variable the operator sets", _rule_pod_env(role)),
-        Rule(f"{role}.pod.volumes", f"self.{role}.pod.volumes.all(v, !(v.name in {_cel_list(RESERVED_VOLUMES)}))",
+        Rule(f"{role}.pod.volumes", f"!has(self.{role}.pod.volumes) || "
+             f"self.{role}.pod.volumes.all(v, !(v.name in {_cel_list(RESERVED_VOLUMES)}))",
              f"{role}.pod.volumes must not reuse a volume name the operator uses", _rule_pod_volumes(role)),
         Rule(f"{role}.pod.volumeMounts",
-             f"self.{role}.pod.volumeMounts.all(m, self.{role}.pod.volumes.exists(v, v.name == m.name) && "
+             f"!has(self.{role}.pod.volumeMounts) || self.{role}.pod.volumeMounts.all(m, "
+             f"has(self.{role}.pod.volumes) && self.{role}.pod.volumes.exists(v, v.name == m.name) && "
              f"!(m.mountPath in {_cel_list(RESERVED_MOUNTS)}))",
              f"each {role}.pod.volumeMounts entry must name a volume of {role}.pod.volumes and a path "
              "the operator does not use", _rule_pod_mounts(role)),

@@ -29,6 +29,7 @@ from rlscale.report import read_jsonl, write_report
 from rlscale.roles import ray_auth_env
 from rlscale.run_metrics import RunMetrics
 from rlscale.runconfig import ENV_CONFIG, RunConfig, load_run_config
+from rlscale.trainer import checkpoint
 from rlscale.trainer.rewards import exact_match, resolve_reward, score
 from rlscale.trainer.tasks import ArithmeticTask, Problem, PromptIterator
 
@@ -58,6 +59,7 @@ class RunState:
     data: dict = field(default_factory=dict)
     tracker: dict = field(default_factory=dict)
     rng: dict = field(default_factory=dict)
+    run_id: str = ""  # namespace/name: a run resumes only from its own checkpoints
 
     def to_dict(self) -> dict:
         return dict(self.__dict__)
@@ -93,6 +95,7 @@ class Driver:
         self.ckpt_dir = Path(cfg.checkpoint_dir or self.run_dir / "checkpoints")
         self.metrics = RunMetrics()
         self.stop_requested = False
+        self.checkpoint_seconds: float | None = None
         t = self.spec.task
         self.task = ArithmeticTask(difficulty=t.difficulty, seed=0)
         self.data = PromptIterator(self.task.train, seed=1)
@@ -116,21 +119,37 @@ class Driver:
     def request_stop(self, *_: Any) -> None:
         self.stop_requested = True
 
+    @property
+    def run_id(self) -> str:
+        return f"{self.cfg.namespace}/{self.cfg.run}" if self.cfg.namespace else str(self.cfg.run or "")
+
     def resume_or_start(self) -> bool:
         """Load the newest checkpoint if there is one; returns True when resumed."""
+        newest = checkpoint.latest_checkpoint(self.ckpt_dir)
+        if newest is not None:
+            checkpoint.check_identity(newest, self.run_id)
         state = self.learner.load_checkpoint(self.ckpt_dir)
         if state is None:
+            self.state.run_id = self.run_id
             self._write_plans([{**self.plan, "atStep": 0}], append=False)
             metrics = self.run_dir / "metrics.jsonl"
             if metrics.exists():
-                metrics.unlink()  # a run without a checkpoint starts its log afresh
+                # A run without a checkpoint starts its log afresh; the old one is kept beside it.
+                os.replace(metrics, self.run_dir / f"metrics.{time.strftime('%Y%m%dT%H%M%S')}.jsonl")
             return False
         self.state = RunState(**state)
+        self.state.run_id = self.state.run_id or self.run_id
         self.data.load_state_dict(self.state.data)
         self.tracker.load_state_dict(self.state.tracker)
         _set_rng_state(self.state.rng)
-        # Steps after the checkpoint are redone: drop them from the log so it stays one history.
-        kept = [r for r in read_jsonl(self.run_dir / "metrics.jsonl") if r["step"] <= self.state.step]
+        # Steps after the checkpoint are redone: move them out of the log so it stays one
+        # history (into metrics.redone.jsonl: nothing measured is thrown away).
+        logged = read_jsonl(self.run_dir / "metrics.jsonl")
+        kept = [r for r in logged if r["step"] <= self.state.step]
+        redone = [r for r in logged if r["step"] > self.state.step]
+        if redone:
+            with open(self.run_dir / "metrics.redone.jsonl", "a") as f:
+                f.writelines(json.dumps(r) + "\n" for r in redone)
         self._rewrite_metrics(kept)
         self.records = kept
         self.metrics.restore_totals({"step": self.state.step, "samples": self.state.samples,
@@ -149,7 +168,11 @@ class Driver:
         self.state.data = self.data.state_dict()
         self.state.tracker = self.tracker.state_dict()
         self.state.rng = _rng_state()
+        t0 = time.perf_counter()
         self.learner.save_checkpoint(self.ckpt_dir, self.state.to_dict(), keep=self.spec.checkpoint.keep)
+        # Reported to the operator (status.progress.checkpointSeconds): a pod's grace period
+        # must cover one step plus this.
+        self.checkpoint_seconds = time.perf_counter() - t0
 
     # ------------------------------------------------------------------ the loop
 
@@ -251,6 +274,7 @@ class Driver:
             "generated_tokens": gen_tokens, "trained_tokens": trained_tokens,
             "generated_tokens_total": st.generated_tokens_total, "trained_tokens_total": st.trained_tokens_total,
             "weights_version": st.version, "noise_scale": stats.get("noise_scale"),
+            "checkpoint_seconds": self.checkpoint_seconds,
             "noise_grad_sq": stats.get("noise_grad_sq"), "noise_trace": stats.get("noise_trace"),
             "loss": stats.get("loss"), "grad_norm": stats.get("grad_norm"),
             "rollout_replicas": st.rollout_replicas, "learner_replicas": self.plan["learnerReplicas"],
@@ -463,6 +487,29 @@ def evaluate_accuracy(rollout, tok, problems: list[Problem], max_new_tokens: int
     correct = sum(exact_match(p.prompt, t, p.answer, finished=o.finish_reason == "stop") >= 1.0
                   for p, t, o in zip(problems, texts, outs, strict=True))
     return correct / max(1, len(problems))
+
+
+def permanent(exc: BaseException) -> bool:
+    """An error a restart would meet again: the run fails at once (see report_failure)."""
+    from rlscale.spec import SpecError
+
+    return isinstance(exc, (ImportError, SpecError, PermanentRunError, checkpoint.CheckpointError))
+
+
+class PermanentRunError(RuntimeError):
+    """Raised where the run cannot go on whatever is restarted (bad data, a broken reward)."""
+
+
+def report_failure(exc: BaseException, last_record: dict[str, Any] | None = None) -> bool:
+    """Tell the operator why rank 0 stops (in a pod; elsewhere a no-op). Returns True if sent."""
+    from rlscale.kube_report import failure_body
+
+    target = KubeTarget.in_cluster()
+    if target is None:
+        return False
+    message = f"{type(exc).__name__}: {exc}"
+    body = failure_body(last_record, message, permanent=permanent(exc))
+    return ProgressReporter(target).report(body, force=True)
 
 
 def wait_for_termination() -> None:

@@ -50,12 +50,34 @@ def prepare_model_main(config_path: str | None) -> int:
 
 
 def main(config_path: str | None) -> int:
-    """Start this rank's learner; rank 0 runs the driver loop, ranks > 0 serve it until it stops."""
+    """Start this rank's learner; rank 0 runs the driver loop, ranks > 0 serve it until it stops.
+    In a pod, rank 0 reports an error that stops it to the RLRun before exiting."""
+    try:
+        return _main(config_path)
+    except Exception as exc:
+        if os.environ.get("KUBERNETES_SERVICE_HOST") and int(os.environ.get("RANK", "0")) == 0:
+            from rlscale.trainer.driver import permanent, report_failure
+
+            report_failure(exc)
+            if permanent(exc):
+                log.error("rank 0 stopped: %s: %s (the run is Failed; a restart would meet it again)",
+                          type(exc).__name__, exc, exc_info=exc)
+                # Exiting would restart the pod into the same error: wait for the scale-down.
+                from rlscale.trainer.driver import wait_for_termination
+
+                wait_for_termination()
+                return 1
+        raise
+
+
+def _main(config_path: str | None) -> int:
     from rlscale.runconfig import load_run_config
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s learner %(levelname)s %(message)s", stream=sys.stderr)
     os.environ.setdefault("TORCH_EXTENSIONS_DIR", os.path.expanduser("~/.cache/rlscale/torch_extensions"))
     cfg = load_run_config(config_path)
+    if int(os.environ.get("RANK", "0")) == 0:
+        check_reward(cfg)
     cfg.model_dir = resolve_model_dir(cfg)  # one lookup for the learner, the tokenizer and the replicas
     in_pod = not (cfg.extra or {}).get("local")
     rank = int(os.environ.get("RANK", "0"))
@@ -71,8 +93,21 @@ def main(config_path: str | None) -> int:
     learner = Learner(learner_config_from_run(cfg))
     log.info("rank %d of %d ready (ZeRO stage %d)", learner.rank, learner.world_size, learner.config.zero_stage)
     if learner.rank > 0:
-        learner.follow()
+        import signal
+
+        stopping: list[int] = []
+
+        def on_term(signum, _frame):
+            # Rank 0 got the same signal: it finishes its step, checkpoints with this rank's
+            # help, then releases it. Dying now would break that checkpoint's collectives.
+            stopping.append(signum)
+            log.info("rank %d: signal %d; waiting for rank 0 to checkpoint and release this rank", learner.rank, signum)
+
+        signal.signal(signal.SIGTERM, on_term)
         if in_pod:
+            serve_follower_metrics(learner, cfg.metrics_port)
+        learner.follow()
+        if in_pod and not stopping:
             # Rank 0 released this rank because the run ended (it drives the exit otherwise);
             # exiting would restart the pod, so wait for the operator's scale-down.
             from rlscale.trainer.driver import wait_for_termination
@@ -85,6 +120,31 @@ def main(config_path: str | None) -> int:
         return drive(cfg, learner, rollout.result() if rollout else None)
     finally:
         learner.shutdown()
+
+
+def serve_follower_metrics(learner, port: int) -> None:
+    """Ranks > 0 serve /metrics on the port every learner pod declares: the optimiser steps this
+    rank has applied (a rank behind rank 0's rlscale_steps_total is stuck or restarted)."""
+    from prometheus_client import CollectorRegistry, Gauge, start_http_server
+
+    from rlscale.metrics_names import PREFIX
+
+    reg = CollectorRegistry()
+    Gauge(f"{PREFIX}learner_rank_steps", "Optimiser steps this learner rank has applied.", ["rank"],
+          registry=reg).labels(str(learner.rank)).set_function(lambda: learner.steps)
+    start_http_server(port, addr="0.0.0.0", registry=reg)
+
+
+def check_reward(cfg) -> None:
+    """Import the spec's reward before anything starts: a reward that does not import fails the
+    run at once, naming it, instead of after the learner and the replicas have come up."""
+    from rlscale.trainer.driver import PermanentRunError
+    from rlscale.trainer.rewards import resolve_reward
+
+    try:
+        resolve_reward(cfg.parsed_spec().task.reward)
+    except ValueError as exc:
+        raise PermanentRunError(str(exc)) from exc
 
 
 def start_ray_node(cfg) -> None:

@@ -164,6 +164,13 @@ class Learner:
         self.steps = 0  # optimiser steps applied
         self.version = 0  # weights version: 0 = the loaded model, +1 per applied step
         self.noise = NoiseScale(config.noise_ema)
+        # Every rank is up: from here on a rank that dies takes the others down (trainer/gang.py).
+        from rlscale.trainer.gang import GangWatch
+
+        self.gang = GangWatch(self.rank, self.world_size, os.environ.get("MASTER_ADDR", "127.0.0.1"),
+                              int(os.environ.get("MASTER_PORT", "0") or 0))
+        self._barrier()
+        self.gang.start()
 
     def _ds_config(self) -> dict:
         c = self.config
@@ -228,6 +235,7 @@ class Learner:
         """Release the followers (rank 0; once, however often it is called)."""
         if self.world_size > 1 and self.rank == 0 and not self._released:
             self._released = True
+            self.gang.stop()  # the followers leave now, on purpose
             dist.broadcast_object_list(["stop", ()], src=0, group=self._control)
 
     def follow(self) -> None:
@@ -239,6 +247,7 @@ class Learner:
             dist.broadcast_object_list(msg, src=0, group=self._control)
             name, args = msg
             if name == "stop":
+                self.gang.stop()
                 return
             getattr(self, "_" + name)(*args)
 

@@ -28,3 +28,21 @@ def test_the_last_report_says_how_the_run_ended_and_where_its_report_is():
     body = progress_body(REC, target_reached=True, outcome="Succeeded", report="/checkpoints/report on r-learner-0")
     assert body["outcome"] == "Succeeded" and body["report"].endswith("r-learner-0")
     assert "outcome" not in progress_body(REC, target_reached=False)
+
+
+def test_non_finite_figures_never_reach_the_api_server():
+    import json
+    import math
+
+    from rlscale.kube_report import failure_body, finite, progress_body
+
+    rec = {"step": 3, "samples": 384, "reward_mean": float("nan"), "samples_per_second": float("inf"),
+           "phases": {"train": float("-inf"), "generate": 0.5}, "noise_scale": float("nan")}
+    body = progress_body(rec, target_reached=False)
+    text = json.dumps(body, allow_nan=False)  # raises on NaN or infinity
+    assert body["reward"] is None and body["samplesPerSecond"] is None and body["noiseScale"] is None
+    assert body["phaseSeconds"] == {"train": None, "generate": 0.5} and "NaN" not in text
+    assert finite([1.0, math.nan, {"a": math.inf}]) == [1.0, None, {"a": None}]
+    f = failure_body(None, "x" * 5000, permanent=True)
+    assert f["failed"] is True and f["outcome"] == "Failed" and len(f["message"]) == 1024
+    assert "outcome" not in failure_body(rec, "boom", permanent=False)

@@ -5,6 +5,7 @@ chart's PodMonitor and ServiceMonitor ask, and every panel of the Grafana dashbo
 
 from __future__ import annotations
 
+import base64
 import importlib.util
 import json
 import statistics
@@ -39,6 +40,34 @@ qs = _load("rlscale_quickstart", REPO / "hack" / "cluster" / "quickstart.py")
 OPERATOR_NS = qs.OPERATOR_NS
 RUN = "quickstart"
 NS = "quickstart-e2e"
+STRANGER_NS = "quickstart-stranger"
+# The run's namespace enforces the `restricted` Pod Security profile: a pod of the run that
+# asked for more (root, a capability, a writable root filesystem...) would be refused.
+PSS = {"pod-security.kubernetes.io/enforce": "restricted", "pod-security.kubernetes.io/warn": "restricted"}
+
+# A pod outside the run tries the run's Ray head: GCS and Ray Client, with no token and with a
+# wrong one (each must be refused), and with the run's own token (which must connect: so the
+# refusals are Ray's authentication, not an unreachable address).
+STRANGER = """
+import os, socket, sys, time
+host, port, address = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+end = time.time() + 600
+while time.time() < end:
+    try:
+        socket.create_connection((host, port), 2).close()
+        break
+    except OSError:
+        time.sleep(2)
+else:
+    print("RESULT unreachable", flush=True)
+    sys.exit(0)
+import ray
+try:
+    ray.init(address=address, log_to_driver=False)
+    print("RESULT connected", flush=True)
+except Exception as exc:
+    print("RESULT refused", type(exc).__name__, str(exc)[:200], flush=True)
+"""
 
 
 class DiscoveringPrometheus:
@@ -63,10 +92,11 @@ class DiscoveringPrometheus:
                  "relabel_configs": [
                      {"source_labels": ["__meta_kubernetes_pod_label_rlscale_dev_run"], "regex": ".+", "action": "keep"},
                      keep_metrics_port,
+                     {"source_labels": ["__meta_kubernetes_namespace"], "target_label": "namespace"},
                      {"source_labels": ["__meta_kubernetes_pod_label_rlscale_dev_run"], "target_label": "run"},
                      {"source_labels": ["__meta_kubernetes_pod_label_rlscale_dev_role"], "target_label": "role"},
                      {"source_labels": ["__meta_kubernetes_pod_name"], "target_label": "pod"}]},
-                {"job_name": "rlscale-operator",
+                {"job_name": "rlscale-operator", "honor_labels": True,
                  "kubernetes_sd_configs": [{**sd, "role": "endpoints", "namespaces": {"names": [OPERATOR_NS]}}],
                  "relabel_configs": [
                      {"source_labels": ["__meta_kubernetes_service_label_app_kubernetes_io_name"], "regex": "rlscale",
@@ -112,9 +142,11 @@ def wait(what: str, fn, timeout: float, interval: float = 1.0):
     raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what} (last: {last!r})")
 
 
-def dashboard_queries(run: str) -> list[tuple[str, str]]:
+def dashboard_queries(run: str, namespace: str) -> list[tuple[str, str]]:
+    """Each panel's query as Grafana sends it with this run chosen (namespace and name)."""
     dash = json.loads((REPO / "charts/rlscale/dashboards/rlscale.json").read_text())
-    return [(p["title"], t["expr"].replace("$run", run)) for p in dash["panels"] for t in p.get("targets", [])]
+    return [(p["title"], t["expr"].replace("$run", run).replace("$namespace", namespace))
+            for p in dash["panels"] for t in p.get("targets", [])]
 
 
 @pytest.fixture(scope="module")
@@ -139,7 +171,9 @@ def test_kubectl_apply_trains_the_quickstart_to_its_target_on_the_operators_own_
         if any(s.get("ready") for s in p["status"].get("containerStatuses", []))], 300)
     assert op[0]["spec"]["nodeName"] == c.node_name
 
-    kubectl("create", "namespace", NS, check=False)
+    for ns in (NS, STRANGER_NS):
+        kubectl("apply", "-f", "-", input=json.dumps({"apiVersion": "v1", "kind": "Namespace",
+                                                      "metadata": {"name": ns, "labels": PSS}}))
     kubectl("apply", "-f", "-", input=json.dumps({"apiVersion": "v1", "kind": "List",
                                                   "items": qs.claims(NS, qs.model_cache(), tmp_path / "checkpoints")}))
     prom = DiscoveringPrometheus(tmp_path, c, NS)
@@ -147,6 +181,10 @@ def test_kubectl_apply_trains_the_quickstart_to_its_target_on_the_operators_own_
         t_apply = time.monotonic()
         kubectl("apply", "-n", NS, "-f", str(REPO / "examples/quickstart-k8s.yaml"))
         n = B.names(RUN)
+        token_secret = wait("the run's Ray token Secret", lambda: get("secret", n[C.ROLE_TOKEN]), 60)
+        token = base64.b64decode(token_secret["data"][C.TOKEN_KEY]).decode()
+        head = f"{n[C.ROLE_RAY_HEAD]}.{NS}.svc"
+        kubectl("apply", "-f", "-", input=json.dumps(stranger_pod(images["RLSCALE_TRAINER_IMAGE"], head, token)))
 
         def rlrun():
             return get("rlrun", RUN) or {}
@@ -183,13 +221,25 @@ def test_kubectl_apply_trains_the_quickstart_to_its_target_on_the_operators_own_
         wait("the run's pods gone", lambda: not get("pods", selector=f"{C.LABEL_RUN}={RUN}")["items"], 180)
         prog = st["progress"]
         assert prog["targetReached"] and prog["timeToTargetSeconds"] > 0 and prog["samplesToTarget"] > 0
+
+        # Strangers were kept out of the run's Ray cluster while it trained.
+        results = wait("the stranger pod's attempts", lambda: (
+            (pod := get("pod", "stranger", ns=STRANGER_NS)) and pod["status"].get("phase") in ("Succeeded", "Failed")
+            and {cs["name"]: kubectl("logs", "stranger", "-n", STRANGER_NS, "-c", cs["name"]).stdout
+                 for cs in pod["status"]["containerStatuses"]}), 300, 3)
+        said = {name: next((ln for ln in out.splitlines() if ln.startswith("RESULT")), out[-300:])
+                for name, out in results.items()}
+        print(f"\nRay from a pod outside the run: {json.dumps(said, indent=1)}", file=sys.stderr)
+        for name in ("gcs-no-token", "client-no-token", "gcs-wrong-token"):
+            assert said[name].startswith("RESULT refused"), said
+        assert said["gcs-run-token"] == "RESULT connected", said
         row = kubectl("get", "rlrun", RUN, "-n", NS).stdout.splitlines()[1].split()
         assert "Succeeded" in row and prog["timeToTarget"] in row
 
         # Every panel of the dashboard had data while the run trained (the run may end within
         # seconds of its first step, so each panel's query is looked back on over the run).
         def panels_missing():
-            return [f"{title}: {expr}" for title, expr in dashboard_queries(RUN) if not prom.query(f"max_over_time(({expr})[30m:2s])")]
+            return [f"{title}: {expr}" for title, expr in dashboard_queries(RUN, NS) if not prom.query(f"max_over_time(({expr})[30m:2s])")]
         missing = []
 
         def all_panels():
@@ -216,4 +266,97 @@ def test_kubectl_apply_trains_the_quickstart_to_its_target_on_the_operators_own_
               file=sys.stderr)
     finally:
         prom.stop()
-        kubectl("delete", "namespace", NS, "--wait=false", check=False)
+        for ns in (NS, STRANGER_NS):
+            kubectl("delete", "namespace", ns, "--wait=false", check=False)
+
+
+def stranger_pod(image: str, head: str, token: str) -> dict:
+    """One container per attempt; the image's Python, no account token, restricted-compliant."""
+    attempts = {"gcs-no-token": (f"{head}:{C.RAY_GCS_PORT}", {}),
+                "client-no-token": (f"ray://{head}:{C.RAY_CLIENT_PORT}", {}),
+                "gcs-wrong-token": (f"{head}:{C.RAY_GCS_PORT}", {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": "0" * 64}),
+                "gcs-run-token": (f"{head}:{C.RAY_GCS_PORT}", {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": token})}
+    containers = []
+    for name, (address, env) in attempts.items():
+        port = address.rsplit(":", 1)[1]
+        containers.append({
+            "name": name, "image": image, "imagePullPolicy": "Never",
+            "command": ["python", "-c", STRANGER, head, port, address],
+            "env": [{"name": k, "value": v} for k, v in env.items()],
+            "securityContext": {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}},
+            "resources": {"requests": {"cpu": "10m", "memory": "256Mi"}}})
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "stranger", "namespace": STRANGER_NS},
+            "spec": {"restartPolicy": "Never", "automountServiceAccountToken": False, "containers": containers,
+                     "securityContext": {"runAsNonRoot": True, "runAsUser": 1000,
+                                         "seccompProfile": {"type": "RuntimeDefault"}}}}
+
+
+FAIL_NS = "failing-e2e"
+
+
+def test_failing_runs_say_why_and_free_their_pods(node_cluster, images, tmp_path):
+    """Two runs that cannot work, side by side in a restricted namespace: a reward that does not
+    import (the driver reports it: Failed at once) and a model that is not in the cache (its init
+    container crash-loops: Degraded, then Failed past the backoff limit). Each ends with its
+    reason in a condition and an Event, and every workload at zero."""
+    c = node_cluster
+    kubectl = c.kubectl
+    cp = sys.modules["rlscale_controlplane"]
+    qs.helm_install(cp.bin_dir() / "helm", c.kubeconfig)  # a no-op after the quickstart test
+
+    def get(kind: str, name: str | None = None, selector: str | None = None):
+        args = ["get", kind, *([name] if name else []), "-n", FAIL_NS, "-o", "json", *(["-l", selector] if selector else [])]
+        out = kubectl(*args, check=False)
+        return json.loads(out.stdout) if out.returncode == 0 else None
+
+    kubectl("apply", "-f", "-", input=json.dumps({"apiVersion": "v1", "kind": "Namespace",
+                                                  "metadata": {"name": FAIL_NS, "labels": PSS}}))
+    kubectl("apply", "-f", "-", input=json.dumps({"apiVersion": "v1", "kind": "List",
+                                                  "items": qs.claims(FAIL_NS, qs.model_cache(), tmp_path / "checkpoints")}))
+    reward = qs.quickstart(task={"reward": "rlscale_no_such_module:score"})
+    reward["metadata"]["name"] = "bad-reward"
+    model = qs.quickstart(model={"path": "acme/not-in-the-cache", "shape": {
+        "params": 3_400_000, "layers": 4, "hiddenSize": 256, "kvHeads": 4, "headDim": 64, "vocabSize": 32}},
+        failurePolicy={"backoffLimit": 1})
+    model["metadata"]["name"] = "missing-model"
+    try:
+        for obj in (reward, model):
+            kubectl("apply", "-n", FAIL_NS, "-f", "-", input=json.dumps(obj))
+
+        def failed(run: str):
+            r = get("rlrun", run) or {}
+            conds = {x["type"]: x for x in (r.get("status") or {}).get("conditions", [])}
+            return conds if conds.get(C.COND_FAILED, {}).get("status") == "True" else None
+
+        degraded_seen = []
+
+        def model_failed():
+            conds = (get("rlrun", "missing-model") or {}).get("status", {}).get("conditions", [])
+            degraded_seen.extend(x for x in conds if x["type"] == C.COND_DEGRADED and x["status"] == "True")
+            return failed("missing-model")
+
+        conds = wait("bad-reward Failed", lambda: failed("bad-reward"), 600, 3)
+        f = conds[C.COND_FAILED]
+        print(f"\nbad-reward: {f['reason']}: {f['message']}", file=sys.stderr)
+        assert f["reason"] == "DriverFailed" and "rlscale_no_such_module" in f["message"], f
+        conds = wait("missing-model Failed past its backoff limit", model_failed, 600, 3)
+        f = conds[C.COND_FAILED]
+        print(f"missing-model: {f['reason']}: {f['message']}", file=sys.stderr)
+        assert f["reason"] == "BackoffLimitExceeded" and "spec.failurePolicy.backoffLimit (1)" in f["message"], f
+        assert "acme/not-in-the-cache" in f["message"], f  # prepare-model's own words, from the log tail
+        assert degraded_seen and "CrashLoopBackOff" in degraded_seen[0]["reason"], degraded_seen
+        for run in ("bad-reward", "missing-model"):
+            r = get("rlrun", run)
+            assert r["status"]["phase"] == C.PHASE_FAILED
+            n = B.names(run)
+            for kind, name in (("deployment", n[C.ROLE_ROLLOUT]), ("statefulset", n[C.ROLE_LEARNER]),
+                               ("deployment", n[C.ROLE_RAY_HEAD])):
+                wait(f"{kind} {name} at zero", lambda k=kind, nm=name: get(k, nm)["spec"]["replicas"] == 0, 120)
+            wait(f"{run}'s pods gone", lambda r=run: not get("pods", selector=f"{C.LABEL_RUN}={r}")["items"], 180)
+        events = get("events")["items"]
+        reasons = {(e["involvedObject"]["name"], e["reason"]) for e in events if e["involvedObject"]["kind"] == "RLRun"}
+        assert ("missing-model", "BackoffLimitExceeded") in reasons, reasons
+        row = kubectl("get", "rlrun", "missing-model", "-n", FAIL_NS).stdout.splitlines()[1].split()
+        assert "Failed" in row
+    finally:
+        kubectl("delete", "namespace", FAIL_NS, "--wait=false", check=False)

@@ -30,12 +30,13 @@ def by_kind(children):
 
 def test_every_child_is_owned_labelled_and_named_once():
     kids = B.build_children(RUN, spec(), PLAN)
-    assert len(by_kind(kids)) == len(kids) == 10
+    assert len(by_kind(kids)) == len(kids) == 11
     for m in kids:
         md = m["metadata"]
         assert md["namespace"] == "team-a"
         assert md["labels"][C.LABEL_RUN] == "grpo-7b"
-        assert md["labels"][C.LABEL_ROLE] in {C.ROLE_CONFIG, C.ROLE_RAY_HEAD, C.ROLE_ROLLOUT, C.ROLE_LEARNER, C.ROLE_METRICS, C.ROLE_RUNNER}
+        assert md["labels"][C.LABEL_ROLE] in {C.ROLE_CONFIG, C.ROLE_RAY_HEAD, C.ROLE_ROLLOUT, C.ROLE_LEARNER,
+                                              C.ROLE_METRICS, C.ROLE_RUNNER, C.ROLE_NETWORK}
         (ref,) = md["ownerReferences"]
         assert ref == {"apiVersion": "rlscale.dev/v1alpha1", "kind": "RLRun", "name": "grpo-7b",
                        "uid": "0000-1111", "controller": True, "blockOwnerDeletion": True}
@@ -70,7 +71,7 @@ def test_model_volume_is_shared_and_prepared_by_the_learners():
         assert {"name": "model", **vol} in pod["volumes"]
     (init,) = learner["initContainers"]
     assert init["command"] == ["rlscale", "prepare-model", "--config", C.CONFIG_PATH]
-    assert {"name": "model", "mountPath": C.MODEL_MOUNT} in init["volumeMounts"]
+    assert {"name": "model", "mountPath": C.MODEL_MOUNT, "readOnly": False} in init["volumeMounts"]
     # Replicas read what the learners prepared: read-only, no init of their own.
     assert "initContainers" not in rollout
     (mount,) = [m for m in rollout["containers"][0]["volumeMounts"] if m["name"] == "model"]
@@ -208,3 +209,101 @@ def test_runner_account_may_patch_only_its_own_run():
     assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "grpo-7b-runner", "namespace": "team-a"}]
     head = B.build_ray_head(RUN, spec(), B.Images())
     assert head["spec"]["template"]["spec"]["serviceAccountName"] == "grpo-7b-runner"
+
+
+def pods(kids):
+    """(role, pod spec, template metadata) of every workload."""
+    return [(m["metadata"]["labels"][C.LABEL_ROLE], m["spec"]["template"]["spec"], m["spec"]["template"]["metadata"])
+            for m in kids if m["kind"] in ("Deployment", "StatefulSet")]
+
+
+def test_every_pod_meets_the_restricted_pod_security_profile():
+    for role, pod, _ in pods(B.build_children(RUN, spec(), PLAN)):
+        sc = pod["securityContext"]
+        assert sc["runAsNonRoot"] is True and sc["runAsUser"] != 0 and sc["seccompProfile"] == {"type": "RuntimeDefault"}
+        for c in pod["containers"] + pod.get("initContainers", []):
+            cs = c["securityContext"]
+            assert cs["allowPrivilegeEscalation"] is False and cs["capabilities"] == {"drop": ["ALL"]}, (role, c["name"])
+            assert cs["readOnlyRootFilesystem"] is True
+            # A read-only root needs somewhere to write: HOME and /tmp are emptyDirs.
+            paths = {m["mountPath"] for m in c["volumeMounts"]}
+            assert {C.HOME_MOUNT, "/tmp"} <= paths, (role, c["name"], paths)
+            assert {"name": "HOME", "value": C.HOME_MOUNT} in c["env"]
+            assert c["terminationMessagePolicy"] == "FallbackToLogsOnError"
+        assert not any("hostPath" in v or "hostNetwork" in v for v in pod["volumes"])
+
+
+def test_only_the_learner_mounts_an_api_token():
+    got = {role: pod["automountServiceAccountToken"] for role, pod, _ in pods(B.build_children(RUN, spec(), PLAN))}
+    assert got == {C.ROLE_RAY_HEAD: False, C.ROLE_ROLLOUT: False, C.ROLE_LEARNER: True}
+
+
+def test_every_pod_reads_the_runs_ray_token_from_its_secret():
+    secret = B.build_ray_token_secret(RUN, B.new_ray_token())
+    assert secret["metadata"]["ownerReferences"][0]["uid"] == RUN.uid
+    assert len(secret["stringData"][C.TOKEN_KEY]) >= 32
+    assert B.new_ray_token() != B.new_ray_token()
+    for role, pod, _ in pods(B.build_children(RUN, spec(), PLAN)):
+        for c in pod["containers"] + pod.get("initContainers", []):
+            env = {e["name"]: e for e in c["env"]}
+            assert env["RAY_AUTH_MODE"]["value"] == "token", role
+            assert env["RAY_AUTH_TOKEN"]["valueFrom"]["secretKeyRef"] == {
+                "name": secret["metadata"]["name"], "key": C.TOKEN_KEY}, role
+
+
+def test_network_policy_admits_the_runs_own_pods_and_metrics_from_monitoring_only():
+    kids = B.build_children(RUN, spec(), PLAN, B.Images(metrics_from=("monitoring", "obs")))
+    (np,) = [m for m in kids if m["kind"] == "NetworkPolicy"]
+    assert np["spec"]["podSelector"] == {"matchLabels": {C.LABEL_RUN: "grpo-7b"}}
+    own, metrics = np["spec"]["ingress"]
+    assert own == {"from": [{"podSelector": {"matchLabels": {C.LABEL_RUN: "grpo-7b"}}}]}
+    assert metrics["ports"] == [{"port": C.METRICS_PORT, "protocol": "TCP"}]
+    (sel,) = metrics["from"]
+    assert sel["namespaceSelector"]["matchExpressions"][0]["values"] == ["monitoring", "obs"]
+    assert not [m for m in B.build_children(RUN, spec(), PLAN, B.Images(network_policy=False))
+                if m["kind"] == "NetworkPolicy"]
+    env = B.Images.from_env({C.ENV_NETWORK_POLICY: "false", C.ENV_METRICS_FROM: "prom, grafana"})
+    assert env.network_policy is False and env.metrics_from == ("prom", "grafana")
+
+
+def test_pod_overrides_reach_their_role_and_cannot_displace_the_operators_own():
+    s = spec(
+        scheduling={"queueName": "team-a-gpus", "schedulerName": "volcano", "priorityClassName": "batch"},
+        learner={"gpusPerReplica": 2, "pod": {
+            "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
+            "nodeSelector": {"pool": "h100"}, "priorityClassName": "train-high",
+            "imagePullSecrets": ["regcred"], "labels": {"team": "a", C.LABEL_RUN: "someone-else"},
+            "annotations": {"note": "x"}, "env": [{"name": "NCCL_DEBUG", "value": "INFO"}],
+            "volumes": [{"name": "data", "persistentVolumeClaim": {"claimName": "data"}}],
+            "volumeMounts": [{"name": "data", "mountPath": "/data", "readOnly": True}]}},
+        rollout={"gpusPerReplica": 1, "pod": {"runtimeClassName": "nvidia"}})
+    kids = B.build_children(RUN, s, PLAN)
+    got = {role: (pod, meta) for role, pod, meta in pods(kids)}
+    pod, meta = got[C.ROLE_LEARNER]
+    assert pod["tolerations"][0]["key"] == "nvidia.com/gpu" and pod["nodeSelector"] == {"pool": "h100"}
+    assert pod["priorityClassName"] == "train-high" and pod["schedulerName"] == "volcano"
+    assert pod["imagePullSecrets"] == [{"name": "regcred"}]
+    assert meta["labels"]["team"] == "a" and meta["labels"][C.LABEL_RUN] == "grpo-7b"  # ours win
+    assert meta["labels"][C.LABEL_KUEUE_QUEUE] == "team-a-gpus" and meta["annotations"] == {"note": "x"}
+    (c,) = pod["containers"]
+    assert {"name": "NCCL_DEBUG", "value": "INFO"} in c["env"]
+    assert {"name": "data", "mountPath": "/data", "readOnly": True} in c["volumeMounts"]
+    assert {"name": "data", "persistentVolumeClaim": {"claimName": "data"}} in pod["volumes"]
+    pod, meta = got[C.ROLE_ROLLOUT]
+    assert pod["runtimeClassName"] == "nvidia" and pod["priorityClassName"] == "batch"
+    assert "tolerations" not in pod and "team" not in meta["labels"]
+    pod, meta = got[C.ROLE_RAY_HEAD]  # the head: scheduling only, and no queue (it holds no GPU)
+    assert pod["schedulerName"] == "volcano" and C.LABEL_KUEUE_QUEUE not in meta["labels"]
+    workloads = {m["metadata"]["labels"][C.LABEL_ROLE]: m for m in kids if m["kind"] in ("Deployment", "StatefulSet")}
+    assert workloads[C.ROLE_LEARNER]["metadata"]["labels"][C.LABEL_KUEUE_QUEUE] == "team-a-gpus"
+    assert workloads[C.ROLE_ROLLOUT]["metadata"]["labels"][C.LABEL_KUEUE_QUEUE] == "team-a-gpus"
+
+
+def test_learner_grace_period_grows_with_the_checkpoint_a_rank_writes():
+    small = B.learner_grace_seconds(parse_spec({"hardware": {"accelerator": "cpu"}}), 1)
+    big = B.learner_grace_seconds(spec(model={"path": "Qwen/Qwen2.5-7B"}), 2)
+    assert small == 90  # the builtin model's checkpoint is a few MB
+    # 7.6B parameters x 14 bytes over 2 ranks at 100 MB/s, twice, plus a minute: ~18 minutes.
+    assert 900 < big < 1300, big
+    sts = next(m for m in B.build_children(RUN, spec(model={"path": "Qwen/Qwen2.5-7B"}), PLAN) if m["kind"] == "StatefulSet")
+    assert sts["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] == big

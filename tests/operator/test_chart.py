@@ -33,11 +33,13 @@ def test_default_render_has_operator_rbac_and_dashboard():
     env = {e["name"]: e["value"] for e in c["env"]}
     assert env["RLSCALE_CHECKPOINT_STORAGE"] == "50Gi"
     assert dep["metadata"]["namespace"] == OPERATOR_NS
-    # Least privilege: no secrets, no delete, nothing cluster-scoped beyond what it watches.
+    assert env["RLSCALE_NETWORK_POLICY"] == "true" and env["RLSCALE_METRICS_FROM"] == "monitoring"
+    # Least privilege: secrets only created (each run's Ray token), never read; no delete.
     rules = next(o for o in objs if o["kind"] == "ClusterRole")["rules"]
     verbs = {v for r in rules for v in r["verbs"]}
     assert "delete" not in verbs and "*" not in verbs
-    assert not any("secrets" in r["resources"] for r in rules)
+    assert [r["verbs"] for r in rules if "secrets" in r["resources"]] == [["create"]]
+    assert any("rlruns/finalizers" in r["resources"] and r["verbs"] == ["update"] for r in rules)
     dash = next(o for o in objs if o["kind"] == "ConfigMap")
     assert '"uid": "rlscale-runs"' in dash["data"]["rlscale.json"]
 
@@ -63,3 +65,19 @@ def test_chart_crd_is_the_generated_one():
 
     committed = yaml.safe_load((CHART / "crds" / "rlruns.rlscale.dev.yaml").read_text())
     assert committed == yaml.safe_load(crd_yaml())
+
+
+def test_monitors_carry_the_labels_a_prometheus_selects_by():
+    objs = chart_objects(HELM, "--api-versions", "monitoring.coreos.com/v1",
+                         "--set", "metrics.podMonitor.additionalLabels.release=kps",
+                         "--set", "metrics.serviceMonitor.additionalLabels.release=kps",
+                         "--set", "networkPolicy.metricsNamespaces={obs,prom}")
+    monitors = {o["kind"]: o for o in objs if o["kind"] in ("PodMonitor", "ServiceMonitor")}
+    assert set(monitors) == {"PodMonitor", "ServiceMonitor"}
+    assert monitors["ServiceMonitor"]["spec"]["endpoints"][0]["honorLabels"] is True
+    for m in monitors.values():
+        assert m["metadata"]["labels"]["release"] == "kps"
+        assert m["metadata"]["labels"]["app.kubernetes.io/name"] == "rlscale"
+    dep = next(o for o in objs if o["kind"] == "Deployment")
+    env = {e["name"]: e["value"] for e in dep["spec"]["template"]["spec"]["containers"][0]["env"]}
+    assert env["RLSCALE_METRICS_FROM"] == "obs,prom"

@@ -147,12 +147,26 @@ def test_delete_removes_every_child(kube, operator, ns):
     ({"learner": {"zeroStage": 5}}, "spec.learner.zeroStage"),
     ({"budget": {"gpus": 1}}, "budget.gpus must cover at least one rollout and one learner replica"),
     ({"batch": {"promptz": 8}}, 'unknown field "spec.batch.promptz"'),
+    ({"learner": {"pod": {"env": [{"name": "WORLD_SIZE", "value": "9"}]}}},
+     "learner.pod.env must not set a variable the operator sets"),
+    ({"rollout": {"pod": {"volumes": [{"name": "data", "emptyDir": {}}],
+                          "volumeMounts": [{"name": "data", "mountPath": "/tmp"}]}}},
+     "each rollout.pod.volumeMounts entry must name a volume of rollout.pod.volumes"),
 ])
 def test_bad_specs_are_refused_at_admission_with_a_clear_message(kube, ns, patch, message):
     out = kube.apply(example_run("bad", **patch), ns, check=False)
     assert out.returncode != 0
     assert message in out.stderr, out.stderr
     assert kube.get("rlrun", "bad", ns) is None
+
+
+@pytest.mark.parametrize("name", ["quick.start", "a" * 64, "1st-run"])
+def test_names_its_services_cannot_carry_are_refused_at_admission(kube, ns, name):
+    obj = example_run("x")
+    obj["metadata"]["name"] = name
+    out = kube.apply(obj, ns, check=False)
+    assert out.returncode != 0
+    assert "metadata.name must be at most 63 characters" in out.stderr or "must be no more than" in out.stderr, out.stderr
 
 
 def test_spec_only_the_planner_can_judge_is_reported_as_invalid(kube, operator, ns):

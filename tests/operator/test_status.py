@@ -32,7 +32,10 @@ def test_phase_from_conditions():
     both = S.readiness(C.ROLE_LEARNER, 1, 1, 1, ready)
     assert S.phase(both, suspended=False) == C.PHASE_RUNNING
     assert S.phase(both, suspended=True) == C.PHASE_SUSPENDED
-    assert S.phase(both, suspended=False, failed=True) == C.PHASE_FAILED
+    failed = S.set_condition(both, C.COND_FAILED, True, "r", "m", 1)
+    assert S.phase(failed, suspended=False) == C.PHASE_FAILED and S.finished({"conditions": failed})
+    degraded = S.set_condition(both, C.COND_DEGRADED, True, "r", "m", 1)
+    assert S.phase(degraded, suspended=False) == C.PHASE_RUNNING and not S.finished({"conditions": degraded})
     done = S.set_condition(both, C.COND_TARGET_REACHED, True, "r", "m", 1)
     assert S.phase(done, suspended=False) == C.PHASE_SUCCEEDED
     bad = S.set_condition(done, C.COND_INVALID, True, "r", "m", 1)
@@ -94,3 +97,71 @@ def test_every_phase_the_operator_writes_is_one_the_crd_accepts():
 
     written = {v for k, v in vars(C).items() if k.startswith("PHASE_")}
     assert written == set(PHASES)
+
+
+def pod(name, role, statuses=(), init=(), conditions=()):
+    return {"metadata": {"name": name, "labels": {C.LABEL_RUN: "r", C.LABEL_ROLE: role}},
+            "status": {"containerStatuses": list(statuses), "initContainerStatuses": list(init),
+                       "conditions": list(conditions)}}
+
+
+def crashing(restarts, reason="Error", code=1, message="Traceback\n  File x\nImportError: no module named rewardz\n"):
+    return {"name": "learner", "restartCount": restarts,
+            "state": {"waiting": {"reason": "CrashLoopBackOff", "message": "back-off 40s restarting failed container"}},
+            "lastState": {"terminated": {"exitCode": code, "reason": reason, "message": message,
+                                         "finishedAt": "2026-12-01T03:00:00Z"}}}
+
+
+RUNNING = {"name": "rollout", "restartCount": 0, "state": {"running": {}}}
+
+
+def test_a_crash_loop_is_degraded_with_the_exit_and_the_log_tail():
+    pods = [pod("r-learner-0", C.ROLE_LEARNER, [crashing(2)]), pod("r-rollout-x", C.ROLE_ROLLOUT, [RUNNING])]
+    conds = S.health_conditions(None, pods, backoff_limit=4, generation=3)
+    d = S.condition(conds, C.COND_DEGRADED)
+    assert d["status"] == "True" and d["reason"] == "LearnerCrashLoopBackOff"
+    assert "r-learner-0" in d["message"] and "after 2 restarts" in d["message"] and "last exit 1" in d["message"]
+    assert "ImportError: no module named rewardz" in d["message"]
+    assert S.condition(conds, C.COND_FAILED) is None
+
+
+def test_restarts_past_the_backoff_limit_fail_the_run_quoting_the_last_exit():
+    pods = [pod("r-learner-0", C.ROLE_LEARNER, [crashing(3)]), pod("r-learner-1", C.ROLE_LEARNER, [crashing(2)])]
+    conds = S.health_conditions(None, pods, backoff_limit=4, generation=3)
+    f = S.condition(conds, C.COND_FAILED)
+    assert f["status"] == "True" and f["reason"] == "BackoffLimitExceeded"
+    assert "5 container restarts of the learner pods exceed spec.failurePolicy.backoffLimit (4)" in f["message"]
+    assert "ImportError" in f["message"] and S.phase(conds, False) == C.PHASE_FAILED
+
+
+def test_oom_image_pull_and_unschedulable_are_named():
+    oom = pod("r-rollout-a", C.ROLE_ROLLOUT, [crashing(1, reason="OOMKilled", code=137, message="")])
+    pull = pod("r-rollout-b", C.ROLE_ROLLOUT, [{"name": "rollout", "restartCount": 0, "state": {"waiting": {
+        "reason": "ImagePullBackOff", "message": 'Back-off pulling image "acme/rollout:nope"'}}}])
+    pending = pod("r-learner-0", C.ROLE_LEARNER, conditions=[{"type": "PodScheduled", "status": "False",
+                  "reason": "Unschedulable", "message": "0/3 nodes are available: 3 Insufficient nvidia.com/gpu."}])
+    assert S.pod_problems(oom)[0]["reason"] == "OOMKilled" and "exit 137 (OOMKilled)" in S.pod_problems(oom)[0]["message"]
+    assert 'acme/rollout:nope' in S.pod_problems(pull)[0]["message"]
+    (u,) = S.pod_problems(pending)
+    assert u["reason"] == "Unschedulable" and "Insufficient nvidia.com/gpu" in u["message"]
+    conds = S.health_conditions(None, [pending], backoff_limit=4, generation=1)
+    assert S.condition(conds, C.COND_DEGRADED)["reason"] == "LearnerUnschedulable"
+
+
+def test_degraded_clears_when_the_pods_recover():
+    conds = S.health_conditions(None, [pod("r-learner-0", C.ROLE_LEARNER, [crashing(1)])], 4, 1)
+    ok = dict(crashing(1), state={"running": {}})
+    conds = S.health_conditions(conds, [pod("r-learner-0", C.ROLE_LEARNER, [ok])], 4, 1)
+    d = S.condition(conds, C.COND_DEGRADED)
+    assert d["status"] == "False" and d["reason"] == "Healthy"
+    assert S.health_conditions(None, [pod("r-rollout-a", C.ROLE_ROLLOUT, [RUNNING])], 4, 1) == []
+
+
+def test_a_permanent_driver_failure_ends_the_run_with_its_message():
+    prog = {"step": 12, "samples": 1536, "failed": True, "outcome": "Failed",
+            "message": "ModuleNotFoundError: No module named 'mypkg'"}
+    conds = S.outcome_conditions(None, prog, "eval/accuracy", 0.8, 4)
+    f = S.condition(conds, C.COND_FAILED)
+    assert f["status"] == "True" and f["reason"] == "DriverFailed"
+    assert "stopped at step 12: ModuleNotFoundError: No module named 'mypkg'" in f["message"]
+    assert S.finished({"conditions": conds}) and S.phase(conds, False) == C.PHASE_FAILED

@@ -3,7 +3,8 @@
 Usage: python learner_worker.py MODE ARGS_JSON, with RANK/WORLD_SIZE/MASTER_* in the env.
 Modes: `fixed` (steps on given batches, then every rank dumps its parameters),
 `loop` (a driver-like loop with sampling and checkpoints; may kill itself mid-run),
-`grpo` (GRPO on the builtin task, printing held-out accuracy before and after).
+`grpo` (GRPO on the builtin task, printing held-out accuracy before and after),
+`gang` (one rank SIGKILLs itself once every rank is up; the survivor must notice).
 """
 
 from __future__ import annotations
@@ -137,7 +138,25 @@ def grpo(args: dict) -> None:
     learner.shutdown()
 
 
+
+def gang(args: dict) -> None:
+    """Rank args["dies"] kills itself once the gang is up; the other waits where it would in a
+    run (a follower in follow(), rank 0 between collectives), timing how long until it exits."""
+    import time
+
+    learner = Learner(LearnerConfig(**args["config"]))
+    print(f"GANG-UP {time.time():.3f}", flush=True)
+    if learner.rank == args["dies"]:
+        time.sleep(2)
+        os.kill(os.getpid(), signal.SIGKILL)
+    if learner.rank == 0:
+        time.sleep(args["wait"])  # the driver waiting on generation; its watch is what acts
+    else:
+        learner.follow()
+    print("GANG-SURVIVED", flush=True)
+
+
 if __name__ == "__main__":
     torch.set_num_threads(int(os.environ.get("WORKER_THREADS", "1")))
     mode, args_json = sys.argv[1], sys.argv[2]
-    {"fixed": fixed, "loop": loop, "grpo": grpo}[mode](json.loads(Path(args_json).read_text()))
+    {"fixed": fixed, "loop": loop, "grpo": grpo, "gang": gang}[mode](json.loads(Path(args_json).read_text()))

@@ -6,6 +6,11 @@
 - apiGroups: [rlscale.dev]
   resources: [rlruns/status]
   verbs: [get, patch]
+# Children carry an owner reference that blocks the RLRun's deletion until they are gone;
+# setting one needs update on the owner's finalizers where the API server enforces it.
+- apiGroups: [rlscale.dev]
+  resources: [rlruns/finalizers]
+  verbs: [update]
 # What each run owns (server-side apply = patch; it also creates).
 - apiGroups: [""]
   resources: [configmaps, services]
@@ -17,6 +22,13 @@
 - apiGroups: [""]
   resources: [serviceaccounts]
   verbs: [get, list, watch, create, patch]
+# Each run's Ray token: created once, never read back or changed by the operator.
+- apiGroups: [""]
+  resources: [secrets]
+  verbs: [create]
+- apiGroups: [networking.k8s.io]
+  resources: [networkpolicies]
+  verbs: [get, list, watch, create, patch]
 # Each run's pods get a Role that may only get and patch their own RLRun (progress reports);
 # granting it needs the operator to hold the same rights, which it does above.
 - apiGroups: [rbac.authorization.k8s.io]
@@ -25,7 +37,7 @@
 - apiGroups: [apps]
   resources: [deployments, statefulsets]
   verbs: [get, list, watch, create, patch]
-# kopf reports handler failures as events on the RLRun.
+# Failures of a run's pods, and kopf's handler failures, are reported as events on the RLRun.
 - apiGroups: ["", events.k8s.io]
   resources: [events]
   verbs: [create]

@@ -1,0 +1,93 @@
+"""The checkpoint directory's crash safety, file by file (no DeepSpeed: the engines' shards
+are stand-in files; what is tested is what finish() and latest_checkpoint() do with them)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+
+import pytest
+
+from rlscale.trainer import checkpoint as ck
+
+
+def save(base, step, keep=2, run_id="team-a/run", payload="w"):
+    """What a learner's save does: shards into .tmp-step-N, then finish()."""
+    name = f"step-{step:08d}"
+    tmp = base / f".tmp-{name}"
+    shutil.rmtree(tmp, ignore_errors=True)  # as the learner does before its engines write
+    (tmp / "policy").mkdir(parents=True)
+    (tmp / "policy" / "shard.pt").write_text(f"{payload}{step}")
+    return ck.finish(tmp, base / name, {"run": {"step": step, "run_id": run_id}}, keep)
+
+
+def test_latest_names_the_newest_and_old_ones_are_pruned(tmp_path):
+    for s in (10, 20, 30):
+        save(tmp_path, s)
+    assert ck.latest_checkpoint(tmp_path).name == "step-00000030"
+    assert [p.name for p in ck.complete_steps(tmp_path)] == ["step-00000020", "step-00000030"]
+
+
+def test_a_crash_mid_write_leaves_the_last_complete_one_and_the_next_save_cleans_up(tmp_path):
+    save(tmp_path, 10)
+    half = tmp_path / ".tmp-step-00000020" / "policy"
+    half.mkdir(parents=True)
+    (half / "shard.pt").write_text("partial")
+    assert ck.latest_checkpoint(tmp_path).name == "step-00000010"
+    save(tmp_path, 20)
+    assert not list(tmp_path.glob(".tmp-*"))
+    assert ck.latest_checkpoint(tmp_path).name == "step-00000020"
+
+
+def test_latest_missing_or_stale_falls_back_to_the_newest_complete_step(tmp_path):
+    save(tmp_path, 10)
+    save(tmp_path, 20)
+    (tmp_path / ck.LATEST).unlink()
+    assert ck.latest_checkpoint(tmp_path).name == "step-00000020"
+    # A crash between the rename and writing `latest`: it still names step 10.
+    (tmp_path / ck.LATEST).write_text("step-00000010\n")
+    assert ck.latest_checkpoint(tmp_path).name == "step-00000020"
+    # `latest` naming a directory without its run state (deleted by hand, half copied).
+    (tmp_path / ck.LATEST).write_text("step-00000099\n")
+    assert ck.latest_checkpoint(tmp_path).name == "step-00000020"
+    # A step directory without run_state.json is not complete.
+    (tmp_path / "step-00000030" / "policy").mkdir(parents=True)
+    assert ck.latest_checkpoint(tmp_path).name == "step-00000020"
+
+
+def test_saving_a_step_again_never_leaves_latest_pointing_at_nothing(tmp_path, monkeypatch):
+    save(tmp_path, 10, payload="old")
+    # Crash right after the old copy was moved aside, before the new one takes its name.
+    real_rename = os.rename
+    calls = []
+
+    def crash_on_second(src, dst):
+        calls.append((src, dst))
+        real_rename(src, dst)
+        if len(calls) == 1:
+            raise KeyboardInterrupt("killed")
+
+    monkeypatch.setattr(ck.os, "rename", crash_on_second)
+    with pytest.raises(KeyboardInterrupt):
+        save(tmp_path, 10, payload="new")
+    monkeypatch.setattr(ck.os, "rename", real_rename)
+    # The old copy is aside, the new one still in .tmp: nothing complete is named step-10 ...
+    assert (tmp_path / ".old-step-00000010" / ck.STATE_FILE).exists()
+    # ... and the save after it restores order: one step-10 (the new one), no leftovers.
+    save(tmp_path, 10, payload="new")
+    assert (tmp_path / "step-00000010" / "policy" / "shard.pt").read_text() == "new10"
+    assert not list(tmp_path.glob(".old-*")) and not list(tmp_path.glob(".tmp-*"))
+    assert ck.latest_checkpoint(tmp_path).name == "step-00000010"
+
+
+def test_a_run_never_resumes_from_another_runs_checkpoints(tmp_path):
+    path = save(tmp_path, 10, run_id="team-a/alpha")
+    ck.check_identity(path, "team-a/alpha")
+    with pytest.raises(ck.CheckpointError) as e:
+        ck.check_identity(path, "team-b/beta")
+    assert "spec.checkpoint.path" in str(e.value) and "team-a/alpha" in str(e.value) and "a path of its own" in str(e.value)
+    # Checkpoints from before run identities existed are accepted.
+    old = tmp_path / "step-00000010" / ck.STATE_FILE
+    old.write_text(json.dumps({"run": {"step": 10}}))
+    ck.check_identity(path, "team-b/beta")

@@ -1,0 +1,106 @@
+"""The learner ranks watch each other, so one that dies takes the gang down with it.
+
+Without this, a rank that crashes (OOM, a node lost) leaves the others blocked in a collective
+until the process group's timeout (30 minutes by default), holding their accelerators, and a
+restarted rank 0 cannot rendezvous with followers still bound to its predecessor. With it,
+the survivors exit within seconds and the StatefulSet starts every rank again, which resume
+together from the last checkpoint.
+
+How: a second client of the process group's TCP store (served by rank 0's process).
+Followers bump a heartbeat counter every `interval` seconds and read rank 0's boot id; rank 0
+checks that every follower's counter moves. A follower whose store calls fail or find a new
+boot id, or a rank 0 that sees a follower's counter stand still for `patience` seconds, exits
+with EXIT_GANG.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import secrets
+import threading
+import time
+from datetime import timedelta
+
+log = logging.getLogger("rlscale.gang")
+
+EXIT_GANG = 75  # EX_TEMPFAIL: restart me, the gang is broken
+_PREFIX = "rlscale/gang/"
+
+
+class GangWatch:
+    """Start with start(); stop() ends the watch (a clean shutdown of the whole gang)."""
+
+    def __init__(self, rank: int, world_size: int, host: str, port: int, interval: float = 5.0,
+                 patience: float = 30.0, exit_fn=None):
+        self.rank, self.world_size = rank, world_size
+        self.host, self.port = host, port
+        self.interval, self.patience = interval, patience
+        self._exit = exit_fn or os._exit
+        self._stop = threading.Event()
+        self._store = None
+        self.boot = ""
+        self._thread: threading.Thread | None = None
+
+    def _client(self):
+        import torch.distributed as dist
+
+        return dist.TCPStore(self.host, self.port, is_master=False, timeout=timedelta(seconds=max(5.0, self.interval)),
+                             wait_for_workers=False)
+
+    def start(self) -> None:
+        """Rank 0 publishes its boot id; followers read it. Call on every rank after the
+        process group is up (it needs rank 0's store) and before any rank can fail."""
+        if self.world_size <= 1:
+            return
+        self._store = self._client()
+        if self.rank == 0:
+            self.boot = secrets.token_hex(8)
+            self._store.set(_PREFIX + "boot", self.boot)
+        else:
+            self._store.wait([_PREFIX + "boot"], timedelta(seconds=120))
+            self.boot = self._store.get(_PREFIX + "boot").decode()
+        target = self._watch_followers if self.rank == 0 else self._watch_rank0
+        self._thread = threading.Thread(target=target, name="gang-watch", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def _gone(self, why: str) -> None:
+        if self._stop.is_set():
+            return
+        log.error("rank %d: %s; exiting (%d) so every rank restarts and resumes from the last checkpoint",
+                  self.rank, why, EXIT_GANG)
+        self._exit(EXIT_GANG)
+
+    def _watch_rank0(self) -> None:
+        failures = 0
+        beat = f"{_PREFIX}beat/{self.rank}"
+        while not self._stop.wait(self.interval):
+            try:
+                self._store.add(beat, 1)
+                boot = self._store.get(_PREFIX + "boot").decode()
+            except Exception as exc:  # connection refused or reset, timeout: rank 0's process is gone
+                failures += 1
+                if failures >= 2:
+                    return self._gone(f"rank 0 does not answer ({type(exc).__name__})")
+                continue
+            failures = 0
+            if boot != self.boot:
+                return self._gone("rank 0 restarted (a new boot id)")
+
+    def _watch_followers(self) -> None:
+        seen: dict[int, tuple[int, float]] = {}
+        while not self._stop.wait(self.interval):
+            now = time.monotonic()
+            for r in range(1, self.world_size):
+                try:
+                    n = self._store.add(f"{_PREFIX}beat/{r}", 0)
+                except Exception as exc:
+                    return self._gone(f"its own store failed ({type(exc).__name__})")
+                last = seen.get(r)
+                if last is None or n != last[0]:
+                    seen[r] = (n, now)
+                elif now - last[1] > self.patience:
+                    return self._gone(f"rank {r} stopped its heartbeat {now - last[1]:.0f} s ago")
