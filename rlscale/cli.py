@@ -35,9 +35,25 @@ def _fail(lines: list[str] | str, code: int = 1) -> None:
 
 def _load(path: Path):
     try:
-        return load_rlrun(path)
+        rlrun = load_rlrun(path)
     except SpecError as exc:
         _fail([str(e) for e in exc.errors])
+    _local_paths(rlrun, path)
+    return rlrun
+
+
+def _local_paths(rlrun, path: Path) -> None:
+    if rlrun.spec.task.dataset:
+        from rlscale.trainer.data import resolve_dataset_path
+
+        resolve_dataset_path(rlrun.spec, path)
+
+
+def _workload_errors(rlrun) -> list:
+    """The dataset's rows and the reward (import, a finite float on a few rows): what the spec alone cannot tell."""
+    from rlscale.trainer.data import check_workload
+
+    return check_workload(rlrun.spec)
 
 
 def _plan(rlrun):
@@ -51,18 +67,25 @@ def _plan(rlrun):
 
 @app.command()
 def validate(files: list[Path] = typer.Argument(..., help="RLRun YAML files.", show_default=False)) -> None:
-    """Check RLRun files; exit 1 naming each bad field, its value and the fix."""
+    """Check RLRun files, their dataset rows and their reward; exit 1 naming each bad field, its value and the fix."""
     bad = 0
     for f in files:
         try:
             r = load_rlrun(f)
+            _local_paths(r, f)
+            errors = _workload_errors(r)
         except SpecError as exc:
+            errors = exc.errors
+        if errors:
             bad += 1
-            for e in exc.errors:
+            for e in errors:
                 err.print(f"[bold red]error:[/] {f}: {e}", highlight=False, soft_wrap=True)
             continue
         s = r.spec
-        out.print(f"[green]ok[/] {f}: RLRun {r.name} ({s.algorithm.name}, {s.model.path}, {s.hardware.accelerator})", highlight=False, soft_wrap=True)
+        from rlscale.trainer.data import dataset_on_cluster
+
+        note = f"; {s.task.dataset} is on the pods' volume: its rows are checked when the run starts" if dataset_on_cluster(s) else ""
+        out.print(f"[green]ok[/] {f}: RLRun {r.name} ({s.algorithm.name}, {s.model.path}, {s.hardware.accelerator}){note}", highlight=False, soft_wrap=True)
     raise typer.Exit(1 if bad else 0)
 
 
@@ -133,7 +156,11 @@ def run(
         from rlscale.embedded import run_embedded
     except ImportError as exc:  # the train extra is missing
         _fail(f"the embedded runner needs the train extra ({exc}); run `make run` or pip install 'rlscale[train]'")
-    raise typer.Exit(run_embedded(rlrun, metrics_port=metrics_port, runs_dir=runs_dir, fresh=fresh, linger=linger))
+    try:
+        code = run_embedded(rlrun, metrics_port=metrics_port, runs_dir=runs_dir, fresh=fresh, linger=linger)
+    except SpecError as exc:  # the dataset, the reward or the model's template, found before any process started
+        _fail([str(e) for e in exc.errors])
+    raise typer.Exit(code)
 
 
 @app.command("ray-head")

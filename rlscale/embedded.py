@@ -292,6 +292,13 @@ def prepare_run(rlrun: RLRun, runs_dir: Path, metrics_port: int, fresh: bool, li
     ckpt = spec.checkpoint.path
     ckpt_dir = run_dir / "checkpoints" if ckpt == DEFAULT_CHECKPOINT_PATH else Path(ckpt).resolve()
     model_dir = resolve_model_dir(spec.model.path)
+    from rlscale.trainer.data import check_before_start
+
+    task = check_before_start(spec, model_dir)  # a bad row or reward stops here, before any process starts
+    console.print(f"task: {task.name}, {len(task.train)} train and {len(task.eval)} held-out prompts"
+                  f"{' (chat template)' if task.chat else ''}"
+                  + (f", {sum(task.dropped.values())} longer than maxLength - maxNewTokens dropped" if any(task.dropped.values()) else ""),
+                  highlight=False)
     port = metrics_port or free_port()
     cores = max(1, os.cpu_count() or 1)
     # Generation and training take turns on this host, so a replica may use every core its

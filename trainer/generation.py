@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 import torch
 
-from rlscale.trainer.rewards import RewardFn, exact_match
+from rlscale.trainer.rewards import RewardFn, strict_match
 from rlscale.trainer.tasks import Problem
 
 
@@ -75,7 +75,7 @@ def accuracy(
     problems: list[Problem],
     *,
     max_new_tokens: int = 8,
-    reward: RewardFn = exact_match,
+    reward: RewardFn = strict_match,
     batch_size: int = 500,
 ) -> float:
     """Greedy held-out accuracy: the share of problems whose reward is 1."""

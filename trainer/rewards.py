@@ -1,83 +1,305 @@
-"""Verifiable reward functions, by name or as a plug-in `module:function`.
+"""Verifiable rewards: builtin verifiers, `module:function` plug-ins, and weighted sums of them.
 
-A reward function is `fn(prompt: str, completion: str, answer: str, *, finished: bool) -> float`
-where `completion` is the decoded response without special tokens and `finished`
-says whether the response ended with EOS (rather than running out of tokens).
+`task.reward` is an expression: one term, or terms joined by `+`, each optionally weighted:
+
+    exact-match                       1 when the extracted answer equals the reference answer
+    math                              1 when math-verify finds the answers equivalent (1/2 == 0.5)
+    format                            1 when the completion matches task.formatPattern
+    mypkg.rewards:score               a plug-in function
+    0.9*math + 0.1*format             a weighted sum
+
+A plug-in is called as `fn(prompt, completion, answer, extra)` and returns a float:
+`prompt` is the text the model was given (after the system prompt and chat template),
+`completion` the decoded response without special tokens, `answer` the row's reference
+answer as a string ('' when the dataset has none) and `extra` a dict of the row's other
+fields. A plug-in may also declare a keyword parameter `finished` (True when the response
+ended with EOS rather than running out of tokens); one with only three positional
+parameters is called without `extra`.
 """
 
 from __future__ import annotations
 
 import importlib
+import inspect
+import logging
+import math
+import os
 import re
-from collections.abc import Callable
+import sys
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
 
-RewardFn = Callable[..., float]
+from rlscale.spec import BUILTIN_REWARDS as BUILTIN_NAMES
+from rlscale.spec import PLUGIN_REWARD_RE, REWARD_EXPRESSION_RE
 
-_NUMBER = re.compile(r"-?\d+")
+DEFAULT_FORMAT_PATTERN = "-?[0-9]+"  # the spec's default task.formatPattern
+DEFAULT_TIMEOUT_S = 10.0
+
+_NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?|-?\.\d+")
+_HASHES = re.compile(r"####\s*([^\n]*)")
 
 
-def exact_match(prompt: str, completion: str, answer: str, *, finished: bool) -> float:
-    """1 when the response is exactly the answer's digits followed by EOS, else 0."""
+RewardFn = Callable[..., float]  # fn(prompt, completion, answer, extra=None, *, finished=True) -> float
+
+
+class RewardError(ValueError):
+    """A reward that cannot be computed: it names the reward, the prompt and the completion, and the fix."""
+
+
+# --------------------------------------------------------------------------- answer extraction
+
+
+def _boxed(text: str) -> str | None:
+    """The content of the last \\boxed{...} (or \\fbox{...}), braces balanced."""
+    start = max(text.rfind("\\boxed{"), text.rfind("\\fbox{"))
+    if start < 0:
+        return None
+    i = text.index("{", start) + 1
+    depth, j = 1, i
+    while j < len(text) and depth:
+        depth += {"{": 1, "}": -1}.get(text[j], 0)
+        j += 1
+    return text[i : j - 1] if depth == 0 else None
+
+
+def extract_answer(text: str, last_number: bool = True) -> str:
+    """The answer a text gives: after GSM8K's `####`, else inside the last `\\boxed{}`, else its
+    last number (when `last_number`), else the whole text; stripped."""
+    hashes = _HASHES.findall(text)
+    if hashes:
+        return hashes[-1].strip()
+    boxed = _boxed(text)
+    if boxed is not None:
+        return boxed.strip()
+    numbers = _NUMBER.findall(text) if last_number else []
+    if numbers:
+        return numbers[-1]
+    return text.strip()
+
+
+def _normalize(ans: str) -> str:
+    ans = ans.strip().rstrip(".").strip().strip("$").strip()
+    plain = ans.replace(",", "")
+    try:
+        value = float(plain)
+    except ValueError:
+        return ans
+    return repr(int(value)) if value.is_integer() and abs(value) < 2**53 else repr(value)
+
+
+# --------------------------------------------------------------------------- builtin verifiers
+
+
+def exact_match(prompt: str, completion: str, answer: str, extra: Mapping | None = None, *, finished: bool = True) -> float:
+    """1 when the completion's extracted answer equals the reference's (numbers compared as numbers), else 0.
+    The reference is taken after `####` or from `\\boxed{}` when it has them, else as it is."""
+    return 1.0 if _normalize(extract_answer(completion)) == _normalize(extract_answer(answer, last_number=False)) else 0.0
+
+
+def math_equal(prompt: str, completion: str, answer: str, extra: Mapping | None = None, *, finished: bool = True) -> float:
+    """1 when math-verify finds the completion's answer equivalent to the reference, else 0.
+
+    math-verify's own timeouts use signal.alarm, which works only in the main thread; the
+    caller (score) enforces task.rewardTimeout instead, so they are off here.
+    """
+    from math_verify import parse, verify
+
+    # Without its alarm-based timeout math-verify warns on every call: score's timeout stands in.
+    logging.getLogger("math_verify").setLevel(logging.ERROR)
+    ref = _HASHES.findall(answer)
+    gold = parse(ref[-1] if ref else answer, parsing_timeout=None)
+    if not gold:  # a bare number or word the LaTeX parser does not take: wrap it
+        gold = parse(f"${answer.strip()}$", parsing_timeout=None)
+    hashes = _HASHES.findall(completion)
+    pred = parse(hashes[-1] if hashes else completion, parsing_timeout=None)
+    return 1.0 if gold and pred and verify(gold, pred, timeout_seconds=None) else 0.0
+
+
+def format_match(pattern: str) -> Callable[..., float]:
+    """A verifier: 1 when the whole stripped completion matches the regular expression, else 0."""
+    rx = re.compile(pattern, re.DOTALL)
+
+    def fmt(prompt: str, completion: str, answer: str, extra: Mapping | None = None, *, finished: bool = True) -> float:
+        return 1.0 if rx.fullmatch(completion.strip()) else 0.0
+
+    fmt.__name__ = "format"
+    return fmt
+
+
+def strict_match(prompt: str, completion: str, answer: str, extra: Mapping | None = None, *, finished: bool = True) -> float:
+    """1 when the response is exactly the answer followed by EOS (the builtin model's warm start)."""
     return 1.0 if finished and completion == answer else 0.0
 
 
-def format_reward(prompt: str, completion: str, answer: str, *, finished: bool) -> float:
-    """1 when the response is a number followed by EOS, whatever its value, else 0."""
-    return 1.0 if finished and _NUMBER.fullmatch(completion) is not None else 0.0
+# --------------------------------------------------------------------------- expressions and plug-ins
 
 
-def exact_match_with_format(prompt: str, completion: str, answer: str, *, finished: bool) -> float:
-    """Exact match plus a small bonus (0.1) for a well-formed answer: a denser signal early on."""
-    return exact_match(prompt, completion, answer, finished=finished) + 0.1 * format_reward(
-        prompt, completion, answer, finished=finished
-    )
+_TERM = re.compile(rf"^\s*(?:(\d+(?:\.\d+)?|\.\d+)\s*\*\s*)?({PLUGIN_REWARD_RE[1:-1]}|[a-z-]+)\s*$")
 
 
-REWARDS: dict[str, RewardFn] = {
-    "exact-match": exact_match,
-    "format": format_reward,
-    "exact-match+format": exact_match_with_format,
-}
+def parse_expression(expr: str) -> list[tuple[float, str]]:
+    """[(weight, name)] of a reward expression; ValueError naming the term that is wrong."""
+    terms = []
+    parts = expr.split("+") if re.match(REWARD_EXPRESSION_RE, expr) else [expr]
+    for part in parts:
+        m = _TERM.match(part)
+        if not m or (":" not in m.group(2) and m.group(2) not in BUILTIN_NAMES):
+            raise ValueError(
+                f"spec.task.reward: {expr!r}: term {part.strip()!r} is neither a builtin reward "
+                f"({', '.join(BUILTIN_NAMES)}) nor module:function; write e.g. 'exact-match', "
+                "'0.9*math + 0.1*format' or 'mypkg.rewards:score'"
+            )
+        terms.append((float(m.group(1)) if m.group(1) else 1.0, m.group(2)))
+    return terms
 
 
-def resolve_reward(name: str) -> RewardFn:
-    """A builtin reward by name, or `package.module:function` imported from the environment."""
-    if name in REWARDS:
-        return REWARDS[name]
-    module_name, sep, attr = name.partition(":")
-    if not sep or not module_name or not attr:
-        raise ValueError(
-            f"spec.task.reward: {name!r} is neither a builtin reward ({', '.join(REWARDS)}) "
-            "nor 'module:function'; use one of those"
-        )
+@dataclass
+class Term:
+    weight: float
+    name: str
+    fn: Callable[..., Any]
+    takes_extra: bool = True
+    takes_finished: bool = True
+
+    def __call__(self, prompt: str, completion: str, answer: str, extra: Mapping, finished: bool) -> Any:
+        args = (prompt, completion, answer, extra) if self.takes_extra else (prompt, completion, answer)
+        return self.fn(*args, finished=finished) if self.takes_finished else self.fn(*args)
+
+
+@dataclass
+class Reward:
+    """A resolved reward expression: call it on one sample, or `score` a batch with a timeout."""
+
+    expression: str
+    terms: list[Term]
+    timeout_s: float = DEFAULT_TIMEOUT_S
+    needs_answer: bool = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.needs_answer = any(t.name in ("exact-match", "math") for t in self.terms)
+
+    @property
+    def is_binary(self) -> bool:
+        """True when every reward is 0 or 1 (one builtin verifier at weight 1): accuracy = mean reward."""
+        return len(self.terms) == 1 and self.terms[0].weight == 1.0 and self.terms[0].name in BUILTIN_NAMES
+
+    def __call__(self, prompt: str, completion: str, answer: str, extra: Mapping | None = None,
+                 *, finished: bool = True) -> float:
+        return _check(self, prompt, completion,
+                      sum(t.weight * _as_float(t, t(prompt, completion, answer, extra or {}, finished), prompt, completion)
+                          for t in self.terms))
+
+
+def _shown(text: str, n: int = 160) -> str:
+    return repr(text if len(text) <= n else text[: n - 3] + "...")
+
+
+def _as_float(term: Term, value: Any, prompt: str, completion: str) -> float:
+    if not isinstance(value, (int, float)) and not hasattr(value, "__float__"):
+        raise RewardError(f"reward {term.name!r} returned {value!r} ({type(value).__name__}) for prompt {_shown(prompt)} "
+                          f"and completion {_shown(completion)}; it must return a float")
+    return float(value)
+
+
+def _check(reward: Reward, prompt: str, completion: str, value: float) -> float:
+    if not math.isfinite(value):
+        raise RewardError(f"reward {reward.expression!r} is {value} (not finite) for prompt {_shown(prompt)} and "
+                          f"completion {_shown(completion)}; return a finite float (e.g. 0.0 for an answer that "
+                          "cannot be judged)")
+    return value
+
+
+def _plugin(name: str) -> Term:
+    module_name, _, attr = name.partition(":")
+    if os.getcwd() not in sys.path and "" not in sys.path:
+        sys.path.append(os.getcwd())  # as `python -m` does: a module beside the spec's user imports
     try:
         module = importlib.import_module(module_name)
-    except ImportError as exc:
+    except Exception as exc:  # ImportError, or the module itself failing at import
         raise ValueError(
-            f"spec.task.reward: {name!r}: module {module_name!r} cannot be imported ({exc}); "
-            "install it or put it on PYTHONPATH"
+            f"spec.task.reward: {name!r}: module {module_name!r} cannot be imported ({exc.__class__.__name__}: {exc}); "
+            "install it, or run from the directory that holds it (or put it on PYTHONPATH)"
         ) from exc
     fn = getattr(module, attr, None)
     if not callable(fn):
         raise ValueError(
             f"spec.task.reward: {name!r}: {module_name} has no callable {attr!r}; "
-            "define fn(prompt, completion, answer, *, finished) -> float"
+            "define fn(prompt, completion, answer, extra) -> float"
         )
-    return fn
+    params = inspect.signature(fn).parameters.values()
+    takes_finished = any(p.name == "finished" or p.kind == p.VAR_KEYWORD for p in params)
+    positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) and p.name != "finished"]
+    var_positional = any(p.kind == p.VAR_POSITIONAL for p in params)
+    if len(positional) < 3 and not var_positional:
+        raise ValueError(
+            f"spec.task.reward: {name!r} takes {len(positional)} positional parameters; "
+            "define fn(prompt, completion, answer, extra) -> float"
+        )
+    return Term(1.0, name, fn, takes_extra=len(positional) >= 4 or var_positional, takes_finished=takes_finished)
 
 
-def score(
-    fn: RewardFn, prompts: list[str], completions: list[str], answers: list[str], finished: list[bool]
-) -> list[float]:
-    """Apply a reward function to a batch; rejects non-numeric rewards by name."""
-    out = []
-    for p, c, a, f in zip(prompts, completions, answers, finished, strict=True):
-        r = fn(p, c, a, finished=f)
+def resolve_reward(expr: str, *, format_pattern: str | None = None, timeout_s: float = DEFAULT_TIMEOUT_S) -> Reward:
+    """The Reward for a `task.reward` expression; plug-ins are imported here (ValueError naming the fix)."""
+    terms = []
+    for weight, name in parse_expression(expr):
+        if name == "exact-match":
+            term = Term(weight, name, exact_match)
+        elif name == "math":
+            try:
+                import math_verify  # noqa: F401
+            except ImportError as exc:
+                raise ValueError(f"spec.task.reward: {expr!r}: 'math' needs the math-verify package ({exc}); "
+                                 "pip install math-verify (the train extra has it)") from None
+            term = Term(weight, name, math_equal)
+        elif name == "format":
+            term = Term(weight, name, format_match(format_pattern or DEFAULT_FORMAT_PATTERN))
+        else:
+            term = _plugin(name)
+            term.weight = weight
+        terms.append(term)
+    return Reward(expr, terms, timeout_s)
+
+
+def score(reward: Reward | RewardFn, prompts: Sequence[str], completions: Sequence[str], answers: Sequence[str],
+          finished: Sequence[bool], extras: Sequence[Mapping] | None = None) -> list[float]:
+    """Rewards of a batch, each within reward.timeout_s; any failure is a RewardError naming the sample.
+
+    The batch runs in one daemon thread, so a reward that never returns stops the run with
+    a clear error instead of hanging it (the thread itself cannot be killed; the run ends).
+    """
+    if not isinstance(reward, Reward):  # a bare verifier such as exact_match
+        name = getattr(reward, "__name__", repr(reward))
+        reward = Reward(name, [Term(1.0, name, reward)])
+    extras = extras if extras is not None else [{}] * len(prompts)
+    rows = list(zip(prompts, completions, answers, finished, extras, strict=True))
+    out: list[float] = []
+    state: dict[str, Any] = {"index": 0, "started": time.monotonic(), "error": None}
+
+    def work() -> None:
         try:
-            out.append(float(r))
-        except (TypeError, ValueError) as exc:
-            raise TypeError(
-                f"reward function {getattr(fn, '__name__', fn)!r} returned {r!r} for prompt {p!r}; "
-                "it must return a float"
-            ) from exc
+            for i, (p, c, a, f, e) in enumerate(rows):
+                state["index"], state["started"] = i, time.monotonic()
+                out.append(reward(p, c, a, e, finished=f))
+        except RewardError as exc:
+            state["error"] = exc
+        except Exception as exc:  # a plug-in's own failure: name the sample it failed on
+            p, c = rows[state["index"]][:2]
+            state["error"] = RewardError(
+                f"reward {reward.expression!r} raised {exc.__class__.__name__}: {exc} for prompt {_shown(p)} and "
+                f"completion {_shown(c)}; make it return a float for every completion (0.0 when it cannot judge)")
+
+    thread = threading.Thread(target=work, name="reward", daemon=True)
+    thread.start()
+    while thread.is_alive():
+        thread.join(timeout=min(0.5, reward.timeout_s))
+        if thread.is_alive() and time.monotonic() - state["started"] > reward.timeout_s:
+            p, c = rows[state["index"]][:2]
+            raise RewardError(
+                f"reward {reward.expression!r} took more than {reward.timeout_s:g} s (task.rewardTimeout) on prompt "
+                f"{_shown(p)} and completion {_shown(c)}; make it faster or raise task.rewardTimeout")
+    if state["error"] is not None:
+        raise state["error"]
     return out

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -11,10 +12,17 @@ EVAL_SIZE = 500
 
 @dataclass(frozen=True)
 class Problem:
-    """One prompt and the answer a verifier checks against."""
+    """One prompt and the answer a verifier checks against.
+
+    `prompt` is the text the model is given (after any system prompt and chat template);
+    `prompt_ids` its tokens when a task has rendered it for a tokenizer (else the driver
+    tokenizes `prompt`); `extra` the row's fields handed to a plug-in reward.
+    """
 
     prompt: str
     answer: str
+    extra: Mapping = field(default_factory=dict, compare=False, hash=False, repr=False)
+    prompt_ids: tuple[int, ...] | None = field(default=None, compare=False, hash=False, repr=False)
 
 
 # Difficulty levels of builtin:arithmetic. Level 1 is the calibrated one: 2-digit
@@ -61,9 +69,10 @@ class ArithmeticTask:
 
 
 def load_task(name: str, difficulty: int = 1, seed: int = 0) -> ArithmeticTask:
-    """The task a spec names (spec.task.name, spec.task.difficulty); only builtin tasks exist so far."""
+    """A builtin task by name (spec.task.name, spec.task.difficulty); dataset tasks: rlscale.trainer.data."""
     if name != ArithmeticTask.name:
-        raise ValueError(f"spec.task.name: {name!r} is not a known task; use 'builtin:arithmetic'")
+        raise ValueError(f"spec.task.name: {name!r} is not a builtin task; use 'builtin:arithmetic', "
+                         "or set task.dataset to a file of prompts and answers")
     return ArithmeticTask(difficulty=difficulty, seed=seed)
 
 

@@ -9,7 +9,7 @@ import textwrap
 import pytest
 
 from rlscale.trainer.noise import NoiseScale, noise_components
-from rlscale.trainer.rewards import exact_match, format_reward, resolve_reward, score
+from rlscale.trainer.rewards import RewardError, exact_match, resolve_reward, score, strict_match
 from rlscale.trainer.tasks import ArithmeticTask, PromptIterator, load_task
 
 
@@ -55,11 +55,13 @@ def test_prompt_iterator_restores_exactly_across_epochs():
 
 def test_rewards():
     assert exact_match("23+58=", "81", "81", finished=True) == 1.0
-    assert exact_match("23+58=", "81", "81", finished=False) == 0.0  # no EOS: ran out of tokens
     assert exact_match("23+58=", "811", "81", finished=True) == 0.0
-    assert format_reward("23+58=", "80", "81", finished=True) == 1.0
-    assert format_reward("23+58=", "8+0", "81", finished=True) == 0.0
-    assert resolve_reward("exact-match+format")("1+1=", "2", "2", finished=True) == pytest.approx(1.1)
+    # The builtin model's warm start keeps its recipe's reward: the digits, then EOS.
+    assert strict_match("23+58=", "81", "81", finished=False) == 0.0
+    fmt = resolve_reward("format")
+    assert fmt("23+58=", "80", "81", finished=True) == 1.0
+    assert fmt("23+58=", "8+0", "81", finished=True) == 0.0
+    assert resolve_reward("exact-match+0.1*format")("1+1=", "2", "2", finished=True) == pytest.approx(1.1)
 
 
 def test_plugin_reward_by_module_function(tmp_path, monkeypatch):
@@ -73,7 +75,7 @@ def test_plugin_reward_by_module_function(tmp_path, monkeypatch):
     monkeypatch.syspath_prepend(str(tmp_path))
     fn = resolve_reward("my_rewards:length")
     assert score(fn, ["1+1="], ["123"], ["2"], [True]) == [3.0]
-    with pytest.raises(TypeError, match="must return a float"):
+    with pytest.raises(RewardError, match="must return a float"):
         score(resolve_reward("my_rewards:bad"), ["1+1="], ["2"], ["2"], [True])
     with pytest.raises(ValueError, match="no callable 'NOT_CALLABLE'"):
         resolve_reward("my_rewards:NOT_CALLABLE")
