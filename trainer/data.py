@@ -296,12 +296,13 @@ MODEL_MOUNT = "/models"  # where pods mount model.volume
 
 
 def dataset_on_cluster(spec) -> bool:
-    """True when task.dataset is an absolute path under a volume the pods mount (model.volume at
-    /models, or a learner pod.volumeMounts path) and is not on this machine: the learner reads it."""
+    """True when task.dataset is an absolute path under a folder the pods mount (/models, where
+    model.volume goes, or a learner pod.volumeMounts path) and is not on this machine: the
+    learner reads and checks it when the run starts."""
     path = spec.task.dataset
     if not path or not path.startswith("/") or Path(path).exists():
         return False
-    mounts = [MODEL_MOUNT] if spec.model.volume else []
+    mounts = [MODEL_MOUNT]
     pod = getattr(spec.learner, "pod", None)
     mounts += [m.mount_path for m in getattr(pod, "volume_mounts", None) or []]
     return any(path == m or path.startswith(m.rstrip("/") + "/") for m in mounts)

@@ -18,9 +18,19 @@ def errors_of(spec: dict) -> list[str]:
 
 
 def test_defaults_are_a_valid_spec():
-    s = parse_spec({})
+    s = parse_spec({"hardware": {"accelerator": "cpu"}})
     assert s.batch.prompts == "auto" and s.algorithm.name == "grpo"
     assert s.algorithm.lambda_ == 0.95
+    assert s.model.path == "builtin:tiny-arith" and s.task.name == "builtin:arithmetic"
+
+
+def test_a_gpu_spec_must_name_its_model():
+    """The defaults alone (8 H100s) once validated and would have trained the 3.4M-parameter toy."""
+    assert errors_of({}) == ["spec.model.path: is required on accelerator H100 (only a CPU run defaults to the "
+                             "3.4M-parameter builtin:tiny-arith); name the model to train: a hub id in the model "
+                             "volume's Hugging Face cache such as Qwen/Qwen2.5-7B-Instruct, or a directory in "
+                             "Hugging Face format"]
+    assert parse_spec({"model": {"path": "Qwen/Qwen2.5-7B-Instruct"}}).model.path == "Qwen/Qwen2.5-7B-Instruct"
 
 
 @pytest.mark.parametrize("path", sorted(EXAMPLES.glob("*.yaml")), ids=lambda p: p.name)
@@ -87,7 +97,8 @@ def test_cpu_accelerator_lifts_the_gpu_rules():
 
 
 def test_ppo_allows_one_sample_per_prompt():
-    assert parse_spec({"algorithm": {"name": "ppo"}, "batch": {"samplesPerPrompt": 1}}).batch.samples_per_prompt == 1
+    assert parse_spec({"hardware": {"accelerator": "cpu"}, "algorithm": {"name": "ppo"},
+                       "batch": {"samplesPerPrompt": 1}}).batch.samples_per_prompt == 1
 
 
 STRUCTURAL = [
@@ -151,7 +162,7 @@ def test_missing_file(tmp_path):
 
 
 def test_round_trip_through_yaml_keeps_the_spec():
-    r = parse_rlrun(rlrun_dict({"batch": {"prompts": 16}, "algorithm": {"lambda": 0.9}}))
+    r = parse_rlrun(rlrun_dict({"model": {"path": "Qwen/Qwen2.5-7B"}, "batch": {"prompts": 16}, "algorithm": {"lambda": 0.9}}))
     again = parse_rlrun(yaml.safe_load(yaml.safe_dump(r.to_dict())))
     assert again.spec == r.spec and again.to_dict()["spec"]["algorithm"]["lambda"] == 0.9
 
@@ -200,7 +211,7 @@ def test_rlrun_name_must_fit_its_services_and_labels(name, problem):
 
 
 def test_pod_overrides_parse_into_kubernetes_field_names():
-    s = parse_spec({"learner": {"pod": {
+    s = parse_spec({"model": {"path": "Qwen/Qwen2.5-7B"}, "learner": {"pod": {
         "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
         "nodeSelector": {"pool": "h100"}, "imagePullSecrets": ["regcred"],
         "env": [{"name": "NCCL_DEBUG", "value": "INFO"}],

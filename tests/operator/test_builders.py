@@ -18,7 +18,7 @@ PLAN = {"prompts": 32, "samplesPerPrompt": 8, "learningRate": 2e-5, "rolloutRepl
 
 
 def spec(**over):
-    base = {"hardware": {"accelerator": "H100"}, "budget": {"gpus": 16},
+    base = {"model": {"path": "builtin:tiny-arith"}, "hardware": {"accelerator": "H100"}, "budget": {"gpus": 16},
             "rollout": {"gpusPerReplica": 1}, "learner": {"gpusPerReplica": 2}}
     base.update(over)
     return parse_spec(base)

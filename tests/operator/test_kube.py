@@ -28,5 +28,5 @@ def test_every_built_child_has_a_path():
     from rlscale.spec import parse_spec
 
     plan = {"prompts": 8, "samplesPerPrompt": 8, "rolloutReplicas": 1, "learnerReplicas": 1}
-    for m in B.build_children(B.RunRef("r", "ns", "u"), parse_spec({}), plan):
+    for m in B.build_children(B.RunRef("r", "ns", "u"), parse_spec({"hardware": {"accelerator": "cpu"}}), plan):
         assert kube.object_path(m["apiVersion"], m["kind"], "ns", m["metadata"]["name"])

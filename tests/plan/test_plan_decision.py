@@ -16,7 +16,7 @@ from rlscale.plan.decision import (
 from rlscale.plan.throughput import Phases
 from rlscale.spec import parse_spec
 
-SPEC = parse_spec({"optimizer": {"referenceBatch": 64}, "batch": {"samplesPerPrompt": 8}, "budget": {"gpus": 8}})
+SPEC = parse_spec({"model": {"path": "builtin:tiny-arith"}, "optimizer": {"referenceBatch": 64}, "batch": {"samplesPerPrompt": 8}, "budget": {"gpus": 8}})
 
 
 def cand(prompts: int, x: float, e: float, gpus: int = 2) -> Candidate:
@@ -128,13 +128,13 @@ def test_fixed_prompts_and_replicas_are_kept():
 
 
 def test_prompt_candidates_powers_of_two_bounds_and_reference():
-    s = parse_spec({"batch": {"minPrompts": 3, "maxPrompts": 100, "samplesPerPrompt": 4},
+    s = parse_spec({"model": {"path": "builtin:tiny-arith"}, "batch": {"minPrompts": 3, "maxPrompts": 100, "samplesPerPrompt": 4},
                     "optimizer": {"referenceBatch": 48}})
     assert prompt_candidates(s) == [3, 4, 8, 12, 16, 32, 64, 100]
 
 
 def test_replica_splits_respect_the_gpu_budget():
-    s = parse_spec({"budget": {"gpus": 6}, "rollout": {"maxReplicas": 8, "gpusPerReplica": 2},
+    s = parse_spec({"model": {"path": "builtin:tiny-arith"}, "budget": {"gpus": 6}, "rollout": {"maxReplicas": 8, "gpusPerReplica": 2},
                     "learner": {"maxReplicas": 8, "gpusPerReplica": 1}})
     splits = replica_splits(s)
     assert (2, 2) in splits and (1, 4) in splits and (3, 1) not in splits

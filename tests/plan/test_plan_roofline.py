@@ -75,7 +75,7 @@ def test_kv_cap_h100_qwen7b():
 def _system(spec_dict) -> SystemModel:
     from rlscale.plan.decision import system_model
 
-    return system_model(parse_spec(spec_dict))
+    return system_model(parse_spec({"model": {"path": "builtin:tiny-arith"}, **spec_dict}))
 
 
 GPU_7B = {"model": {"path": "Qwen/Qwen2.5-7B", "maxLength": 2048},
@@ -152,7 +152,7 @@ def test_cpu_replicas_share_the_host():
 
 
 def test_spec_overrides_profile_numbers():
-    s = parse_spec({"hardware": {"accelerator": "H100", "memoryBandwidth": 1e12, "peakFlops": 5e14, "memory": 40e9}})
+    s = parse_spec({"model": {"path": "builtin:tiny-arith"}, "hardware": {"accelerator": "H100", "memoryBandwidth": 1e12, "peakFlops": 5e14, "memory": 40e9}})
     p = accelerator_profile(s.hardware, s.model.dtype)
     assert (p.memory_bandwidth, p.flops("bfloat16"), p.memory) == (1e12, 5e14, 40e9)
     assert p.flops("float32") == 67e12  # the override is for the model dtype only

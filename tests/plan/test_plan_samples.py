@@ -60,7 +60,7 @@ def test_linear_rule_overshoots_adam():
 def test_reference_samples_for_the_builtin_task():
     from rlscale.spec import parse_spec
 
-    key = run_key(parse_spec({}))  # defaults: tiny-arith, level 1 (2-digit addition), accuracy 0.8
+    key = run_key(parse_spec({"hardware": {"accelerator": "cpu"}}))  # defaults: tiny-arith, level 1, accuracy 0.8
     e, known = reference_samples(key, 128, 512)
     assert known and e == pytest.approx(195_000)
     e64, _ = reference_samples(key, 64, 512)
@@ -68,5 +68,5 @@ def test_reference_samples_for_the_builtin_task():
     other = run_key(parse_spec({"model": {"path": "Qwen/Qwen2.5-7B"}}))
     e_other, known_other = reference_samples(other, 64, 256)
     assert not known_other and e_other > 0
-    harder = run_key(parse_spec({"target": {"value": 0.95}}))
+    harder = run_key(parse_spec({"hardware": {"accelerator": "cpu"}, "target": {"value": 0.95}}))
     assert not reference_samples(harder, 128, 512)[1]

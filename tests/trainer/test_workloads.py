@@ -323,7 +323,7 @@ def test_spec_refuses_what_the_code_cannot_run():
     assert "spec.task.promptField" in errors({"dataset": "x.jsonl", "promptField": "q", "messagesField": "m"})
     assert "spec.task.chat: False turns the chat template off" in errors({"dataset": "x.jsonl", "messagesField": "m", "chat": False})
     assert "leave task.chat unset for auto" in errors({"chat": "auto"})
-    assert math.isclose(parse_spec({"task": {"reward": "0.9*math + 0.1*format"}}).task.reward_timeout, 10.0)
+    assert math.isclose(parse_spec({"hardware": {"accelerator": "cpu"}, "task": {"reward": "0.9*math + 0.1*format"}}).task.reward_timeout, 10.0)
 
 
 def test_render_keeps_row_extras(char_tok):
