@@ -168,7 +168,9 @@ class Learner:
         from rlscale.trainer.gang import GangWatch
 
         self.gang = GangWatch(self.rank, self.world_size, os.environ.get("MASTER_ADDR", "127.0.0.1"),
-                              int(os.environ.get("MASTER_PORT", "0") or 0))
+                              int(os.environ.get("MASTER_PORT", "0") or 0),
+                              interval=float(os.environ.get("RLSCALE_GANG_INTERVAL", "5")),
+                              patience=float(os.environ.get("RLSCALE_GANG_PATIENCE", "30")))
         self._barrier()
         self.gang.start()
 

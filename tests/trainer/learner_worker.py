@@ -140,8 +140,9 @@ def grpo(args: dict) -> None:
 
 
 def gang(args: dict) -> None:
-    """Rank args["dies"] kills itself once the gang is up; the other waits where it would in a
-    run (a follower in follow(), rank 0 between collectives), timing how long until it exits."""
+    """Rank args["dies"] kills itself once the gang is up; the other waits outside any collective
+    (as rank 0 does while replicas generate), so only the gang watch can notice. (Inside a gloo
+    collective the survivor fails at once anyway; NCCL's would wait out its timeout.)"""
     import time
 
     learner = Learner(LearnerConfig(**args["config"]))
@@ -149,10 +150,7 @@ def gang(args: dict) -> None:
     if learner.rank == args["dies"]:
         time.sleep(2)
         os.kill(os.getpid(), signal.SIGKILL)
-    if learner.rank == 0:
-        time.sleep(args["wait"])  # the driver waiting on generation; its watch is what acts
-    else:
-        learner.follow()
+    time.sleep(args["wait"])
     print("GANG-SURVIVED", flush=True)
 
 
