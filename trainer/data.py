@@ -62,6 +62,10 @@ class Task:
 
 def _load(source: str):
     """A `datasets` Dataset or DatasetDict from a local file, a directory, or a hub id in the cache."""
+    if not Path(source).expanduser().exists():
+        # A hub id resolves from the HF_HOME cache only (the library reads these at import).
+        os.environ.setdefault("HF_HUB_OFFLINE", "1")
+        os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
     try:
         import datasets
     except ImportError as exc:
@@ -85,7 +89,6 @@ def _load(source: str):
             raise DatasetError("spec.task.dataset", source, "does not exist",
                                "give a JSONL, Parquet or CSV file, a save_to_disk directory (a relative path is "
                                "read from the spec file's folder), or a hub id in the HF_HOME cache")
-        os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
         return datasets.load_dataset(source)
     except DatasetError:
         raise
@@ -133,6 +136,8 @@ def _rows(data, task, source: str, split: str, needs_answer: bool) -> list[Row]:
     need_column(prompt_field, "messagesField" if task.messages_field else "promptField")
     if needs_answer:
         need_column(task.answer_field, "answerField")
+    # A plug-in reward may do without answers; a dataset that has the column has it in every row.
+    needs_answer = needs_answer or task.answer_field in columns
     for name in task.extra_fields or []:
         need_column(name, "extraFields")
     out = []
@@ -159,8 +164,9 @@ def _rows(data, task, source: str, split: str, needs_answer: bool) -> list[Row]:
         answer = _text(rec.get(task.answer_field)) if task.answer_field in rec else None
         if answer is None:
             if needs_answer:
-                raise bad(task.answer_field, f"is {_brief(rec.get(task.answer_field))}, not a string or a number",
-                          f"give every row an answer: the reward {task.reward!r} compares against it")
+                value = rec.get(task.answer_field)
+                raise bad(task.answer_field, "is missing" if value is None else f"is {_brief(value)}, not a string or a number",
+                          "give every row an answer (a plug-in reward without answers: drop the column)")
             answer = ""
         if task.extra_fields is None:
             extra = dict(rec)
