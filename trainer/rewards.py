@@ -181,11 +181,6 @@ class Reward:
     def __post_init__(self) -> None:
         self.needs_answer = any(t.name in ("exact-match", "math") for t in self.terms)
 
-    @property
-    def is_binary(self) -> bool:
-        """True when every reward is 0 or 1 (one builtin verifier at weight 1): accuracy = mean reward."""
-        return len(self.terms) == 1 and self.terms[0].weight == 1.0 and self.terms[0].name in BUILTIN_NAMES
-
     def __call__(self, prompt: str, completion: str, answer: str, extra: Mapping | None = None,
                  *, finished: bool = True) -> float:
         return _check(self, prompt, completion,
