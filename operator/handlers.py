@@ -81,7 +81,8 @@ def reconcile(namespace: str, name: str, uid: str, spec_dict: dict[str, Any], ge
             _invalid(namespace, name, generation, "SpecInvalid", str(exc))
             raise kopf.PermanentError(f"invalid spec: {exc}") from None
         try:
-            plan = plan_for(spec, status.get("calibration"))
+            plan = plan_for(spec, status.get("calibration"),
+                            learners=(status.get("plan") or {}).get("learnerReplicas"))
         except PlanError as exc:
             _invalid(namespace, name, generation, "PlanFailed", str(exc))
             raise kopf.PermanentError(f"cannot plan: {exc}") from None
@@ -339,7 +340,8 @@ def repair(namespace: str, run: str) -> None:
 @kopf.timer(*_RLRUN, interval=PROGRESS_INTERVAL, initial_delay=PROGRESS_INTERVAL)
 def progress_timer(name: str, namespace: str, uid: str, meta: Any, spec: Any, status: Any, **_: Any) -> None:
     """Fold the learner's progress report into status; re-plan when throughput drifts > 20%."""
-    prog, err = S.parse_progress((meta.get("annotations") or {}).get(C.ANNOTATION_PROGRESS))
+    raw = (meta.get("annotations") or {}).get(C.ANNOTATION_PROGRESS)
+    prog, err = S.parse_progress(raw)
     if err:
         log.warning("%s/%s: %s", namespace, name, err)
     if not prog:
@@ -354,8 +356,11 @@ def progress_timer(name: str, namespace: str, uid: str, meta: Any, spec: Any, st
 
     def mutate(rl: dict[str, Any], st: dict[str, Any]) -> dict[str, Any] | None:
         gen = int(rl["metadata"].get("generation") or 0)
+        # The report as it is now: kopf's copy may predate a retry that removed it.
+        if (rl["metadata"].get("annotations") or {}).get(C.ANNOTATION_PROGRESS) != raw:
+            return None
         if S.finished(st) and prog.get("failed"):
-            return None  # a report from before the run ended (or was retried) changes nothing
+            return None  # a report from before the run ended changes nothing
         old = st.get("progress") or {}
         # A failure report may carry no figures: the last step's stay.
         merged = {**old, **prog} if prog.get("failed") else prog

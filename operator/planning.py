@@ -42,6 +42,13 @@ def calibration_from(cal: dict[str, Any] | None) -> Calibration | None:
     )
 
 
-def plan_for(spec: RLRunSpec, calibration: dict[str, Any] | None = None) -> dict[str, Any]:
-    """make_plan(spec, calibration).to_dict(); raises PlanError for specs only the planner can judge."""
+def plan_for(spec: RLRunSpec, calibration: dict[str, Any] | None = None,
+             learners: int | None = None) -> dict[str, Any]:
+    """make_plan(spec, calibration).to_dict(); raises PlanError for specs only the planner can judge.
+
+    `learners`: the learner count the run already has. A re-plan keeps it (while the spec
+    leaves learner.replicas on auto): a ZeRO checkpoint resumes only at the data-parallel size
+    it was written with, so a new count would strand the run's checkpoints."""
+    if learners and spec.learner.replicas == "auto" and learners <= spec.learner.max_replicas:
+        spec = spec.model_copy(update={"learner": spec.learner.model_copy(update={"replicas": int(learners)})})
     return make_plan(spec, calibration=calibration_from(calibration)).to_dict()

@@ -3,6 +3,7 @@ kwok GPU nodes) built from Go modules, running as the service account its chart 
 
 from __future__ import annotations
 
+import json
 import re
 import time
 
@@ -229,6 +230,7 @@ def test_progress_reported_by_the_learner_feeds_status_and_drift_replans(kube, o
     kube.apply(example_run("prog"), ns)
     r = wait_running(kube, "prog", ns)
     planned = r["status"]["plan"]["predicted"]["samplesPerSecond"]
+    learners = r["status"]["plan"]["learnerReplicas"]
     # The learner reports as its own service account, which may patch only its own RLRun.
     runner = f"system:serviceaccount:{ns}:{B.names('prog')[C.ROLE_RUNNER]}"
     can = kube.run("auth", "can-i", "patch", "rlruns/prog", "-n", ns, f"--as={runner}", check=False)
@@ -250,6 +252,8 @@ def test_progress_reported_by_the_learner_feeds_status_and_drift_replans(kube, o
                  and cond(x, C.COND_PLANNED).get("reason") == "PlannedDrift" and x)
     assert r["status"]["calibration"]["samplesPerSecond"] == slow
     assert abs(r["status"]["plan"]["predicted"]["samplesPerSecond"] - slow) / slow < 0.2
+    # A re-plan never changes the data-parallel size the checkpoints were written at.
+    assert r["status"]["plan"]["learnerReplicas"] == learners
     row = kube.run("get", "rlrun", "prog", "-n", ns).stdout.splitlines()[1]
     assert "0.42" in row.split() and re.search(r"eta \d", row)
     done = dict(report, targetReached=True, targetMetric=0.86, elapsedSeconds=252)
@@ -331,3 +335,32 @@ def test_operator_metrics_and_its_rbac_is_exactly_what_the_chart_ships(kube, ope
     refused = [line for line in operator.log_tail(100000).splitlines()
                if f'User \\"{sa}\\" cannot' in line or f'User "{sa}" cannot' in line]
     assert not refused, "\n".join(refused[:5])
+
+
+def test_a_driver_failure_fails_the_run_and_a_spec_change_retries_it(kube, operator, ns, cluster):
+    kube.apply(example_run("oops"), ns)
+    wait_running(kube, "oops", ns)
+    assert kube.get("secret", B.names("oops")[C.ROLE_TOKEN], ns)  # the run's Ray token
+    assert kube.get("networkpolicy", B.names("oops")[C.ROLE_NETWORK], ns)
+    token = kube.run("create", "token", B.names("oops")[C.ROLE_RUNNER], "-n", ns).stdout.strip()
+    reporter = ProgressReporter(KubeTarget(cluster.server, token, str(cluster.dir / "pki" / "ca.crt"), ns, "oops"))
+    # A transient error: Degraded, the run goes on.
+    assert reporter.report({"failed": True, "message": "RuntimeError: replica died", "targetReached": False}, force=True)
+    r = wait_for("Degraded", lambda: (x := rlrun(kube, "oops", ns)) and cond(x, C.COND_DEGRADED).get("status") == "True" and x)
+    assert "replica died" in cond(r, C.COND_DEGRADED)["message"] and r["status"]["phase"] != C.PHASE_FAILED
+    # One a restart would meet again: Failed at once, every workload at zero.
+    assert reporter.report({"failed": True, "outcome": "Failed", "targetReached": False,
+                            "message": "PermanentRunError: spec.task.reward: 'nope:f' cannot be imported"}, force=True)
+    r = wait_for("Failed", lambda: (x := rlrun(kube, "oops", ns))["status"].get("phase") == C.PHASE_FAILED and x)
+    f = cond(r, C.COND_FAILED)
+    assert f["reason"] == "DriverFailed" and "'nope:f' cannot be imported" in f["message"]
+    wait_for("workloads at zero", lambda: [w["spec"]["replicas"] for w in workloads(kube, "oops", ns)] == [0, 0])
+    # The user fixes the spec: the run is retried.
+    kube.patch_rlrun("oops", ns, {"spec": {"task": {"reward": "exact-match"}}})
+    try:
+        r = wait_running(kube, "oops", ns)
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}\n{json.dumps(rlrun(kube, 'oops', ns).get('status'), indent=1)}\n"
+                             f"{operator.log_tail()}") from None
+    assert cond(r, C.COND_FAILED)["status"] == "False" and cond(r, C.COND_FAILED)["reason"] == "SpecChanged"
+    assert "rlscale.dev/progress" not in (r["metadata"].get("annotations") or {})
