@@ -142,7 +142,8 @@ def check_reward(cfg) -> None:
     from rlscale.trainer.rewards import resolve_reward
 
     try:
-        resolve_reward(cfg.parsed_spec().task.reward)
+        t = cfg.parsed_spec().task
+        resolve_reward(t.reward, format_pattern=t.format_pattern, timeout_s=t.reward_timeout)
     except ValueError as exc:
         raise PermanentRunError(str(exc)) from exc
 
