@@ -189,9 +189,22 @@ def pod_problems(pod: dict[str, Any]) -> list[dict[str, Any]]:
     meta, st = pod.get("metadata") or {}, pod.get("status") or {}
     name, role = meta.get("name", "?"), (meta.get("labels") or {}).get(C.LABEL_ROLE, "?")
     out: list[dict[str, Any]] = []
+    if meta.get("deletionTimestamp"):
+        return []  # going away on purpose (a scale-down, suspend, the end of the run)
     for cs in [*(st.get("initContainerStatuses") or []), *(st.get("containerStatuses") or [])]:
         waiting = (cs.get("state") or {}).get("waiting") or {}
         last = (cs.get("lastState") or {}).get("terminated") or {}
+        now = (cs.get("state") or {}).get("terminated") or {}
+        if now and now.get("exitCode") not in (0, None):
+            # Exited with an error and about to be restarted (the first restarts come before
+            # the kubelet reports CrashLoopBackOff).
+            reason = "OOMKilled" if now.get("reason") == "OOMKilled" else "ExitedWithError"
+            msg = (f"pod {name} container {cs.get('name')}: exited {now.get('exitCode')} ({now.get('reason', 'Error')})"
+                   + (f" after {cs['restartCount']} restarts" if cs.get("restartCount") else ""))
+            if _tail(now.get("message")):
+                msg += f": {_tail(now.get('message'))}"
+            out.append({"pod": name, "role": role, "reason": reason, "message": msg})
+            continue
         if waiting.get("reason") not in C.BAD_WAITING:
             continue
         msg = f"pod {name} container {cs.get('name')}: {waiting['reason']}"
@@ -255,6 +268,8 @@ def health_conditions(conditions: list[dict[str, Any]] | None, pods: list[dict[s
         why = last_exit(pods, role)
         conditions = set_condition(conditions, C.COND_FAILED, True, "BackoffLimitExceeded",
                                    msg + (f"; last: {why}" if why else "") + "; workloads scaled to zero", generation)
+        if not problems:
+            return conditions  # Degraded stays as the pods last showed it
     if problems:
         first = problems[0]
         more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""

@@ -45,12 +45,13 @@ STRANGER_NS = "quickstart-stranger"
 # asked for more (root, a capability, a writable root filesystem...) would be refused.
 PSS = {"pod-security.kubernetes.io/enforce": "restricted", "pod-security.kubernetes.io/warn": "restricted"}
 
-# A pod outside the run tries the run's Ray head: GCS and Ray Client, with no token and with a
-# wrong one (each must be refused), and with the run's own token (which must connect: so the
-# refusals are Ray's authentication, not an unreachable address).
+# A pod outside the run tries the run's Ray head: GCS (a GCS client's call, which needs no Ray
+# node of its own) and Ray Client, with no token and with a wrong one (each must be refused),
+# and with the run's own token (which must connect: so the refusals are Ray's authentication,
+# not an unreachable address).
 STRANGER = """
 import os, socket, sys, time
-host, port, address = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+host, port, address, kind = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4]
 end = time.time() + 600
 while time.time() < end:
     try:
@@ -61,9 +62,13 @@ while time.time() < end:
 else:
     print("RESULT unreachable", flush=True)
     sys.exit(0)
-import ray
 try:
-    ray.init(address=address, log_to_driver=False)
+    if kind == "gcs":
+        from ray._raylet import GcsClient
+        GcsClient(address=address).internal_kv_keys(b"", None, timeout=30)
+    else:
+        import ray
+        ray.init(address=address, log_to_driver=False)
     print("RESULT connected", flush=True)
 except Exception as exc:
     print("RESULT refused", type(exc).__name__, str(exc)[:200], flush=True)
@@ -230,9 +235,11 @@ def test_kubectl_apply_trains_the_quickstart_to_its_target_on_the_operators_own_
         said = {name: next((ln for ln in out.splitlines() if ln.startswith("RESULT")), out[-300:])
                 for name, out in results.items()}
         print(f"\nRay from a pod outside the run: {json.dumps(said, indent=1)}", file=sys.stderr)
-        for name in ("gcs-no-token", "client-no-token", "gcs-wrong-token"):
+        for name in ("gcs-no-token", "gcs-wrong-token", "client-no-token"):
             assert said[name].startswith("RESULT refused"), said
-        assert said["gcs-run-token"] == "RESULT connected", said
+        for name in ("gcs-no-token", "gcs-wrong-token"):
+            assert "AuthenticationError" in said[name], said
+        assert said["gcs-run-token"] == "RESULT connected" and said["client-run-token"] == "RESULT connected", said
         row = kubectl("get", "rlrun", RUN, "-n", NS).stdout.splitlines()[1].split()
         assert "Succeeded" in row and prog["timeToTarget"] in row
 
@@ -272,16 +279,17 @@ def test_kubectl_apply_trains_the_quickstart_to_its_target_on_the_operators_own_
 
 def stranger_pod(image: str, head: str, token: str) -> dict:
     """One container per attempt; the image's Python, no account token, restricted-compliant."""
-    attempts = {"gcs-no-token": (f"{head}:{C.RAY_GCS_PORT}", {}),
-                "client-no-token": (f"ray://{head}:{C.RAY_CLIENT_PORT}", {}),
-                "gcs-wrong-token": (f"{head}:{C.RAY_GCS_PORT}", {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": "0" * 64}),
-                "gcs-run-token": (f"{head}:{C.RAY_GCS_PORT}", {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": token})}
+    wrong = {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": "0" * 64}
+    right = {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": token}
+    gcs, client = f"{head}:{C.RAY_GCS_PORT}", f"ray://{head}:{C.RAY_CLIENT_PORT}"
+    attempts = {"gcs-no-token": (gcs, {}), "gcs-wrong-token": (gcs, wrong), "gcs-run-token": (gcs, right),
+                "client-no-token": (client, {}), "client-run-token": (client, right)}
     containers = []
     for name, (address, env) in attempts.items():
         port = address.rsplit(":", 1)[1]
         containers.append({
             "name": name, "image": image, "imagePullPolicy": "Never",
-            "command": ["python", "-c", STRANGER, head, port, address],
+            "command": ["python", "-c", STRANGER, head, port, address, name.split("-")[0]],
             "env": [{"name": k, "value": v} for k, v in env.items()],
             "securityContext": {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}},
             "resources": {"requests": {"cpu": "10m", "memory": "256Mi"}}})
@@ -328,11 +336,14 @@ def test_failing_runs_say_why_and_free_their_pods(node_cluster, images, tmp_path
             conds = {x["type"]: x for x in (r.get("status") or {}).get("conditions", [])}
             return conds if conds.get(C.COND_FAILED, {}).get("status") == "True" else None
 
-        degraded_seen = []
+        degraded_seen, init_states = [], []
 
         def model_failed():
             conds = (get("rlrun", "missing-model") or {}).get("status", {}).get("conditions", [])
             degraded_seen.extend(x for x in conds if x["type"] == C.COND_DEGRADED and x["status"] == "True")
+            pods = (get("pods", selector=f"{C.LABEL_RUN}=missing-model,{C.LABEL_ROLE}={C.ROLE_LEARNER}") or {}).get("items", [])
+            init_states.extend(json.dumps(cs.get("state")) + f" restarts={cs.get('restartCount')}"
+                               for p in pods for cs in p["status"].get("initContainerStatuses", []))
             return failed("missing-model")
 
         conds = wait("bad-reward Failed", lambda: failed("bad-reward"), 600, 3)
@@ -344,7 +355,13 @@ def test_failing_runs_say_why_and_free_their_pods(node_cluster, images, tmp_path
         print(f"missing-model: {f['reason']}: {f['message']}", file=sys.stderr)
         assert f["reason"] == "BackoffLimitExceeded" and "spec.failurePolicy.backoffLimit (1)" in f["message"], f
         assert "acme/not-in-the-cache" in f["message"], f  # prepare-model's own words, from the log tail
-        assert degraded_seen and "CrashLoopBackOff" in degraded_seen[0]["reason"], degraded_seen
+        # Before the limit: Degraded, naming the exit (the first restarts come before the
+        # kubelet reports CrashLoopBackOff).
+        if not (degraded_seen and degraded_seen[0]["reason"] in ("LearnerExitedWithError", "LearnerCrashLoopBackOff")
+                and "acme/not-in-the-cache" in degraded_seen[0]["message"]):
+            logs = kubectl("logs", "-n", OPERATOR_NS, "deploy/rlscale-operator", "--tail=60", check=False).stdout
+            raise AssertionError(f"no Degraded condition seen: {degraded_seen}\ninit container states: "
+                                 f"{sorted(set(init_states))}\noperator log:\n{logs}")
         for run in ("bad-reward", "missing-model"):
             r = get("rlrun", run)
             assert r["status"]["phase"] == C.PHASE_FAILED

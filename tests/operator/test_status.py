@@ -165,3 +165,19 @@ def test_a_permanent_driver_failure_ends_the_run_with_its_message():
     assert f["status"] == "True" and f["reason"] == "DriverFailed"
     assert "stopped at step 12: ModuleNotFoundError: No module named 'mypkg'" in f["message"]
     assert S.finished({"conditions": conds}) and S.phase(conds, False) == C.PHASE_FAILED
+
+
+def test_a_container_that_just_exited_with_an_error_is_degraded_before_any_back_off():
+    exited = {"name": "model", "restartCount": 1, "state": {"terminated": {
+        "exitCode": 2, "reason": "Error", "message": "rlscale prepare-model: spec.model.path: 'acme/x' is not in the cache\n"}}}
+    conds = S.health_conditions(None, [pod("r-learner-0", C.ROLE_LEARNER, init=[exited])], 4, 1)
+    d = S.condition(conds, C.COND_DEGRADED)
+    assert d["status"] == "True" and d["reason"] == "LearnerExitedWithError"
+    assert "exited 2 (Error) after 1 restarts: rlscale prepare-model: spec.model.path: 'acme/x'" in d["message"]
+    # A pod being deleted (scale-down, suspend) is not a failure, whatever its exit code.
+    going = pod("r-learner-0", C.ROLE_LEARNER, [dict(exited, restartCount=0)])
+    going["metadata"]["deletionTimestamp"] = "2026-12-01T00:00:00Z"
+    assert S.pod_problems(going) == []
+    # Completed with 0 (the rollout pod at the end of a run) is fine.
+    done = {"name": "rollout", "restartCount": 0, "state": {"terminated": {"exitCode": 0, "reason": "Completed"}}}
+    assert S.pod_problems(pod("r-rollout-a", C.ROLE_ROLLOUT, [done])) == []
