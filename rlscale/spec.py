@@ -225,9 +225,10 @@ class VolumeMount(_Model):
 
 
 class PodOverrides(_Model):
-    """Kubernetes pod settings for one role's pods, merged into what the operator builds:
-    where they may run (GPU pools, taints, priorities) and what they may carry (pull secrets,
-    env, volumes). The operator's own env names, volumes and mounts cannot be replaced."""
+    """Kubernetes: settings added to this role's pods (placement on a GPU pool, pull secrets, env, volumes)."""
+
+    # Merged into what the operator builds; the operator's own env names, volumes and mounts
+    # cannot be replaced (RESERVED_* above, checked by the rules below).
 
     labels: dict[str, str] = Field(default_factory=dict, description="Extra pod labels (the operator's own rlscale.dev/* labels win).")
     annotations: dict[str, str] = Field(default_factory=dict, description="Extra pod annotations.")
