@@ -38,6 +38,9 @@ def plot_curves(records: list[dict[str, Any]], target: float, metric: str, out: 
     import matplotlib.pyplot as plt
 
     evals = [r for r in records if r.get("eval") is not None]
+    start = records[0].get("eval_at_start")
+    if start and metric in start:  # the score before any update, at 0 samples and 0 s
+        evals = [{"samples": 0, "wall_seconds": 0.0, "eval": start[metric]}, *evals]
     fig, ax = plt.subplots(2, 2, figsize=(12, 8))
     for a, key, label in ((ax[0][0], "samples", "samples"), (ax[0][1], "wall_seconds", "wall time (s)")):
         if evals:
@@ -98,6 +101,11 @@ def summarize(records: list[dict[str, Any]], plans: list[dict[str, Any]], target
         best = max((r.get("target_metric") or 0.0) for r in records)
         lines.append(f"- target {metric} >= {target} **not reached**; best moving average {best:.3f}")
     lines.append(f"- steps: {last['step']}, samples: {last['samples']:,}, wall time: {last.get('wall_seconds', 0):.1f} s")
+    start = records[0].get("eval_at_start") or {}
+    evals = [r for r in records if r.get("eval") is not None]
+    if metric in start and evals:
+        lines.append(f"- held-out {metric}: {start[metric]:.3f} before training, {evals[-1]['eval']:.3f} at the last eval "
+                     f"(step {evals[-1]['step']}), best {max(r['eval'] for r in evals):.3f}")
     tail = records[len(records) // 2:] or records  # skip the warm-up half when summarising speed
     sps = _median([r.get("samples_per_second") for r in tail])
     step_s = _median([r.get("step_seconds") for r in tail])

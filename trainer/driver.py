@@ -188,6 +188,14 @@ class Driver:
         # run's differ), so publish them before the first request.
         self.rollout.publish_weights(self.state.version, self.learner.export_weights())
         self.metrics.version.set(self.state.version)
+        start_eval = None
+        if self.state.step == 0 and spec.target.eval_every:
+            # The starting score, on the same held-out split with the same reward: what the run
+            # improves on (start-up time, not on the run's clock).
+            start_eval = evaluate_task(self.rollout, self.tok, self.task.eval, self.reward_fn, spec.task.max_new_tokens,
+                                       self.state.version)
+            log.info("held-out before training: eval/accuracy %.3f, eval/reward %.3f (%d prompts)",
+                     start_eval["eval/accuracy"], start_eval["eval/reward"], len(self.task.eval))
         code = EXIT_BUDGET
         last_ckpt = self.state.step
         while True:
@@ -201,6 +209,8 @@ class Driver:
                 code = EXIT_INTERRUPTED
                 break
             rec = self.step()
+            if start_eval is not None:
+                rec["eval_at_start"], start_eval = start_eval, None
             if spec.target.eval_every and self.state.step % spec.target.eval_every == 0:
                 self.evaluate(rec)
             self._finish_record(rec)
@@ -291,6 +301,9 @@ class Driver:
             "engine_generate_seconds": engine_s, "train_compute_seconds": compute,
             "overhead_seconds": None if compute is None or engine_s is None else max(0.0, step_s - compute - engine_s),
             "eval": None, "target_metric": self.tracker.current,
+            # One generation and its reward per step, as a person checks what the model says.
+            "sample": {"prompt": problems[0].prompt[-300:], "completion": texts[0], "answer": problems[0].answer,
+                       "reward": rewards[0], "finished": finished[0]},
         }
 
     def _engine_seconds(self) -> float | None:
