@@ -352,7 +352,6 @@ def progress_timer(name: str, namespace: str, uid: str, meta: Any, spec: Any, st
         spec_m = parse_spec(spec_d)
     except SpecError:
         return
-    plan = status.get("plan") or {}
 
     def mutate(rl: dict[str, Any], st: dict[str, Any]) -> dict[str, Any] | None:
         gen = int(rl["metadata"].get("generation") or 0)
@@ -393,11 +392,19 @@ def progress_timer(name: str, namespace: str, uid: str, meta: Any, spec: Any, st
             log.info("%s/%s: %s; scaling the run's workloads to zero", namespace, name, prog["outcome"])
             reconcile(namespace, name, uid, spec_d, int(meta.get("generation") or 0), written, trigger="finished")
         return
+    if not (spec_m.suspend or prog.get("targetReached")):
+        _replan_on_drift(namespace, name, uid, int(meta.get("generation") or 0), spec_d, status, prog)
+
+
+def _replan_on_drift(namespace: str, name: str, uid: str, generation: int, spec_d: dict[str, Any],
+                     status: dict[str, Any], prog: dict[str, Any]) -> None:
+    """Re-plan with the measured throughput when it departs from the plan's by more than the
+    threshold, once per departure (not again while it matches the last calibration)."""
+    plan = status.get("plan") or {}
     measured = prog.get("samplesPerSecond")
     d = S.drift(plan, measured)
     calibrated = (status.get("calibration") or {}).get("samplesPerSecond")
-    # Re-plan once per departure: not again while the measurement matches the last calibration.
-    if (d is None or d <= C.DRIFT_THRESHOLD or spec_m.suspend or prog.get("targetReached")
+    if (d is None or d <= C.DRIFT_THRESHOLD
             or (calibrated and abs(measured - calibrated) / calibrated <= C.DRIFT_THRESHOLD)):
         return
     predicted = plan.get("predicted") or {}
@@ -419,5 +426,4 @@ def progress_timer(name: str, namespace: str, uid: str, meta: Any, spec: Any, st
     M.REPLANS.labels("drift").inc()
     log.info("%s/%s: measured %.1f samples/s vs planned %s (%.0f%% off): re-planning", namespace, name,
              measured, calibration["predictedSamplesPerSecond"], 100 * d)
-    reconcile(namespace, name, uid, spec_d, int(meta.get("generation") or 0),
-              {**status, "calibration": calibration}, trigger="drift")
+    reconcile(namespace, name, uid, spec_d, generation, {**status, "calibration": calibration}, trigger="drift")
