@@ -184,6 +184,11 @@ def _tail(text: str | None, lines: int = 4, chars: int = 600) -> str:
     return " | ".join(kept)[-chars:]
 
 
+def _container_statuses(pod_status: dict[str, Any]) -> list[dict[str, Any]]:
+    """Init containers' statuses, then the containers'."""
+    return [*(pod_status.get("initContainerStatuses") or []), *(pod_status.get("containerStatuses") or [])]
+
+
 def pod_problems(pod: dict[str, Any]) -> list[dict[str, Any]]:
     """What keeps one pod of the run from working, as {pod, role, reason, message}, worst first."""
     meta, st = pod.get("metadata") or {}, pod.get("status") or {}
@@ -191,7 +196,7 @@ def pod_problems(pod: dict[str, Any]) -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = []
     if meta.get("deletionTimestamp"):
         return []  # going away on purpose (a scale-down, suspend, the end of the run)
-    for cs in [*(st.get("initContainerStatuses") or []), *(st.get("containerStatuses") or [])]:
+    for cs in _container_statuses(st):
         waiting = (cs.get("state") or {}).get("waiting") or {}
         last = (cs.get("lastState") or {}).get("terminated") or {}
         now = (cs.get("state") or {}).get("terminated") or {}
@@ -232,7 +237,7 @@ def restarts_by_role(pods: list[dict[str, Any]]) -> dict[str, int]:
         role = ((pod.get("metadata") or {}).get("labels") or {}).get(C.LABEL_ROLE, "?")
         st = pod.get("status") or {}
         n = sum(int(cs.get("restartCount") or 0)
-                for cs in [*(st.get("initContainerStatuses") or []), *(st.get("containerStatuses") or [])])
+                for cs in _container_statuses(st))
         out[role] = out.get(role, 0) + n
     return out
 
@@ -245,7 +250,7 @@ def last_exit(pods: list[dict[str, Any]], role: str) -> str:
         if (meta.get("labels") or {}).get(C.LABEL_ROLE) != role:
             continue
         st = pod.get("status") or {}
-        for cs in [*(st.get("initContainerStatuses") or []), *(st.get("containerStatuses") or [])]:
+        for cs in _container_statuses(st):
             t = (cs.get("lastState") or {}).get("terminated") or (cs.get("state") or {}).get("terminated")
             if t and (t.get("finishedAt") or "") >= best[0]:
                 text = f"pod {meta.get('name')} container {cs.get('name')} exited {t.get('exitCode')} ({t.get('reason', 'Error')})"

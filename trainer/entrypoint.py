@@ -56,15 +56,13 @@ def main(config_path: str | None) -> int:
         return _main(config_path)
     except Exception as exc:
         if os.environ.get("KUBERNETES_SERVICE_HOST") and int(os.environ.get("RANK", "0")) == 0:
-            from rlscale.trainer.driver import permanent, report_failure
+            from rlscale.trainer.driver import permanent, report_failure, wait_for_termination
 
             report_failure(exc)
             if permanent(exc):
                 log.error("rank 0 stopped: %s: %s (the run is Failed; a restart would meet it again)",
                           type(exc).__name__, exc, exc_info=exc)
                 # Exiting would restart the pod into the same error: wait for the scale-down.
-                from rlscale.trainer.driver import wait_for_termination
-
                 wait_for_termination()
                 return 1
         raise
