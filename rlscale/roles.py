@@ -25,9 +25,12 @@ def split_address(address: str | None, default_port: int = DEFAULT_RAY_PORT) -> 
 
 
 def ray_executable() -> str:
-    """The `ray` CLI next to this interpreter (a venv need not be on PATH)."""
-    here = Path(sys.executable).with_name("ray")
-    return str(here) if here.exists() else (shutil.which("ray") or "ray")
+    """The `ray` CLI next to this interpreter (a venv need not be on PATH), else the one on PATH."""
+    found = shutil.which("ray", path=str(Path(sys.executable).parent)) or shutil.which("ray")
+    if found is None:
+        raise FileNotFoundError("the `ray` command is not installed next to this Python nor on PATH; "
+                                "install ray[serve]")
+    return found
 
 
 # Ports nothing hands out by itself: the kernel's ephemeral range starts at 32768 and Ray

@@ -4,22 +4,18 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
-from pathlib import Path
 
+from rlscale.roles import ray_executable, ray_node_env
 from rlscale.rollout.serve import ROLLOUT_RESOURCE
 
 
 def ray_start_command(ray_address: str, num_cpus: int = 0, object_store_bytes: int | None = None) -> list[str]:
     """The `ray start` line of a rollout worker; Serve places one replica per `rollout` slot."""
-    ray_bin = shutil.which("ray", path=str(Path(sys.executable).parent)) or shutil.which("ray")
-    if ray_bin is None:
-        raise FileNotFoundError("the `ray` command is not installed next to this Python; install ray[serve]")
     return [
-        ray_bin,
+        ray_executable(),
         "start",
         f"--address={ray_address}",
         f"--resources={json.dumps({ROLLOUT_RESOURCE: 1})}",
@@ -31,13 +27,6 @@ def ray_start_command(ray_address: str, num_cpus: int = 0, object_store_bytes: i
         # Sized by the run config to fit the pod's memory-backed /dev/shm.
         *([f"--object-store-memory={int(object_store_bytes)}"] if object_store_bytes else []),
     ]
-
-
-def worker_env(environ: dict[str, str] | os._Environ) -> dict[str, str]:
-    """The environment for `ray start`: token auth on when a token is at hand, replicas not niced (see rlscale.roles)."""
-    from rlscale.roles import ray_node_env
-
-    return ray_node_env(environ)
 
 
 def main(config_path: str | None = None) -> int:
@@ -59,7 +48,7 @@ def main(config_path: str | None = None) -> int:
         )
         return 2
     cmd = ray_start_command(address, object_store_bytes=(config.extra or {}).get("objectStoreBytes"))
-    proc = subprocess.Popen(cmd, env=worker_env(os.environ))
+    proc = subprocess.Popen(cmd, env=ray_node_env())
 
     # `ray start --block` stops its raylet and workers on SIGTERM; pass ours on so that
     # killing this process (the runner's or the kubelet's way) leaves nothing behind.
