@@ -7,6 +7,7 @@ import json
 from typing import Any
 
 from rlscale.kube_report import finite
+from rlscale.progress import fmt_duration  # one formatter for the CLI, the runner and status
 
 from . import constants as C
 
@@ -145,16 +146,6 @@ def progress_status(progress: dict[str, Any], plan: dict[str, Any], target_value
         out["etaSeconds"] = round(max(stt - samples, 0.0) / sps, 1)
         out["timeToTarget"] = "eta " + fmt_duration(out["etaSeconds"])
     return out
-
-
-def fmt_duration(seconds: float) -> str:
-    """Compact duration for printer columns: 45s, 4m12s, 3h05m."""
-    s = int(round(seconds))
-    if s < 60:
-        return f"{s}s"
-    if s < 3600:
-        return f"{s // 60}m{s % 60:02d}s"
-    return f"{s // 3600}h{(s % 3600) // 60:02d}m"
 
 
 def drift(plan: dict[str, Any], measured_sps: float | None) -> float | None:

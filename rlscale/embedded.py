@@ -18,17 +18,15 @@ from rich.live import Live
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from rlscale.metrics_names import DEFAULT_METRICS_PORT
 from rlscale.plan import make_plan
-from rlscale.roles import free_port
+from rlscale.progress import fmt_duration, fmt_lr
+from rlscale.roles import EXIT_BUDGET, EXIT_INTERRUPTED, EXIT_TARGET, free_port
 from rlscale.runconfig import ENV_CONFIG, RunConfig
 from rlscale.spec import RLRun
 
 console = Console()
 
-# Exit codes the driver (learner rank 0) uses; the runner passes them on.
-EXIT_TARGET = 0
-EXIT_BUDGET = 3
-EXIT_INTERRUPTED = 130
 DEFAULT_CHECKPOINT_PATH = "/checkpoints"  # the pods' volume; locally it lives in the run directory
 
 
@@ -249,13 +247,6 @@ class JsonlTail:
         return out
 
 
-def _fmt_s(x: float | None) -> str:
-    if x is None:
-        return "-"
-    x = max(0.0, float(x))
-    return f"{int(x // 60)}m{int(x % 60):02d}s" if x >= 60 else f"{x:.1f}s"
-
-
 def progress_view(rec: dict[str, Any] | None, target: float, metric: str, budget_samples: int, bar: Progress) -> Group:
     t = Table(show_header=False, box=None, pad_edge=False)
     t.add_column(style="bold cyan")
@@ -266,16 +257,16 @@ def progress_view(rec: dict[str, Any] | None, target: float, metric: str, budget
     ph = rec.get("phases", {})
     split = "  ".join(f"{k} {v:.2f}s" for k, v in ph.items())
     tm = rec.get("target_metric")
-    t.add_row("step", f"{rec['step']}  (batch {rec.get('prompts')}x{rec.get('samples_per_prompt')}, lr {rec.get('lr', 0):.2e})")
+    t.add_row("step", f"{rec['step']}  (batch {rec.get('prompts')}x{rec.get('samples_per_prompt')}, lr {fmt_lr(rec.get('lr', 0))})")
     t.add_row("samples", f"{rec['samples']:,} of at most {budget_samples:,}")
     t.add_row("reward", f"{rec.get('reward_mean', 0):.3f}")
     t.add_row(metric, f"{tm:.3f} / {target}" if tm is not None else f"- / {target}")
     t.add_row("samples/s", f"{rec.get('samples_per_second', 0):.1f}")
     t.add_row("last step", f"{rec.get('step_seconds', 0):.2f}s = {split}")
     if rec.get("time_to_target_seconds") is not None:
-        t.add_row("time to target", f"[bold green]{_fmt_s(rec['time_to_target_seconds'])}[/]  ({rec.get('samples_to_target'):,} samples)")
+        t.add_row("time to target", f"[bold green]{fmt_duration(rec['time_to_target_seconds'])}[/]  ({rec.get('samples_to_target'):,} samples)")
     else:
-        t.add_row("ETA to target", _fmt_s(rec.get("eta_seconds")))
+        t.add_row("ETA to target", fmt_duration(rec.get("eta_seconds")))
     return Group(bar, t)
 
 
@@ -316,7 +307,7 @@ def prepare_run(rlrun: RLRun, runs_dir: Path, metrics_port: int, fresh: bool, li
     return cfg, run_dir, plan
 
 
-def run_embedded(rlrun: RLRun, *, metrics_port: int = 9400, runs_dir: Path = Path("runs"), fresh: bool = False,
+def run_embedded(rlrun: RLRun, *, metrics_port: int = DEFAULT_METRICS_PORT, runs_dir: Path = Path("runs"), fresh: bool = False,
                  linger: float = 0.0) -> int:
     """Run the RLRun on this machine; returns the driver's exit code."""
     spec = rlrun.spec

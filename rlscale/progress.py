@@ -1,4 +1,5 @@
-"""Target tracking for a run: moving average of evals, time- and samples-to-target, ETA."""
+"""Target tracking for a run (moving average of evals, time- and samples-to-target, ETA), and how
+its durations and learning rates are shown to a person."""
 
 from __future__ import annotations
 
@@ -60,3 +61,23 @@ class TargetTracker:
         self.evals = deque(tuple(x) for x in state.get("evals", []))
         self.history = [tuple(x) for x in state.get("history", [])]
         self.reached_at = state.get("reached_at")
+
+
+def fmt_duration(seconds: float | None) -> str:
+    """A duration as a person reads it: 0.73s, 45s, 4m12s, 3h05m; None is "-"."""
+    if seconds is None:
+        return "-"
+    x = max(0.0, float(seconds))
+    if x < 10:
+        return f"{x:.2f}s"  # a step time: its hundredths matter
+    s = int(round(x))
+    if s < 60:
+        return f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m{s % 60:02d}s"
+    return f"{s // 3600}h{(s % 3600) // 60:02d}m"
+
+
+def fmt_lr(lr: float) -> str:
+    """A learning rate, one way everywhere (plan table, plan summary, progress): 1.41e-04."""
+    return f"{lr:.2e}"

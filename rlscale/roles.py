@@ -12,6 +12,8 @@ from pathlib import Path
 from rlscale.runconfig import load_run_config
 
 DEFAULT_RAY_PORT = 6379
+# How the driver (learner rank 0) ends; the local runner passes the code on.
+EXIT_TARGET, EXIT_BUDGET, EXIT_INTERRUPTED = 0, 3, 130
 
 
 def split_address(address: str | None, default_port: int = DEFAULT_RAY_PORT) -> tuple[str, int]:
