@@ -1,21 +1,24 @@
-"""The `rlscale` command line: validate, plan, crd, run, and the role entrypoints."""
+"""The `rlscale` command line: validate, plan, crd, run, and the role entrypoints (hidden from --help)."""
 
 from __future__ import annotations
 
 import json
 import sys
 from pathlib import Path
-from typing import Any
 
 import typer
 from rich.console import Console
 from rich.table import Table
 
+from rlscale.metrics_names import DEFAULT_METRICS_PORT, OPERATOR_METRICS_PORT
+from rlscale.progress import fmt_duration, fmt_lr
 from rlscale.spec import SpecError, load_rlrun
 
 app = typer.Typer(
     name="rlscale",
-    help="GRPO and PPO for LLMs, with the batch size, learning rate and rollout/learner split planned from the batch-size theory.",
+    help="GRPO and PPO for LLMs, with the batch size, learning rate and rollout/learner split planned "
+    "from the batch-size theory.\n\nThe pods' entrypoints (ray-head, rollout, learner, prepare-model, "
+    "operator) are commands too, left out of this list.",
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
@@ -79,25 +82,18 @@ def validate(files: list[Path] = typer.Argument(..., help="RLRun YAML files.", s
         if errors:
             bad += 1
             for e in errors:
-                err.print(f"[bold red]error:[/] {f}: {e}", highlight=False, soft_wrap=True)
+                # An error about the file itself (not YAML, not there) already starts with its name.
+                where = "" if getattr(e, "path", None) == str(f) else f"{f}: "
+                err.print(f"[bold red]error:[/] {where}{e}", highlight=False, soft_wrap=True)
             continue
         s = r.spec
         from rlscale.trainer.data import dataset_on_cluster
 
-        note = f"; {s.task.dataset} is on the pods' volume: its rows are checked when the run starts" if dataset_on_cluster(s) else ""
-        out.print(f"[green]ok[/] {f}: RLRun {r.name} ({s.algorithm.name}, {s.model.path}, {s.hardware.accelerator}){note}", highlight=False, soft_wrap=True)
+        note = (f"; {s.task.dataset} is on the pods' volume: its rows are checked when the run starts"
+                if dataset_on_cluster(s) else "")
+        out.print(f"[green]ok[/] {f}: RLRun {r.name} ({s.algorithm.name}, {s.model.path}, {s.hardware.accelerator}){note}",
+                  highlight=False, soft_wrap=True)
     raise typer.Exit(1 if bad else 0)
-
-
-def _fmt_s(x: Any) -> str:
-    if x is None:
-        return "-"
-    x = float(x)
-    if x >= 3600:
-        return f"{x / 3600:.1f}h"
-    if x >= 60:
-        return f"{x / 60:.1f}m"
-    return f"{x:.2f}s" if x < 10 else f"{x:.0f}s"
 
 
 @app.command()
@@ -109,29 +105,43 @@ def plan(file: Path = FileArg, as_json: bool = typer.Option(False, "--json", hel
     if as_json:
         sys.stdout.write(json.dumps(d, indent=2) + "\n")
         return
-    pred = d["predicted"]
+    out.print(_plan_table(rlrun, d))
+    cands = d.get("candidates") or []
+    if cands:
+        out.print(_candidates_table(cands[:12]))
+
+
+def _plan_table(rlrun, d: dict) -> Table:
+    """The chosen plan, with the notes that say which of its numbers are assumed, not measured."""
+    pred, opt = d["predicted"], rlrun.spec.optimizer
     t = Table(title=f"Plan for RLRun {rlrun.name}", show_header=False, title_justify="left")
     t.add_column(style="bold")
     t.add_column()
     t.add_row("batch", f"{d['prompts']} prompts x {d['samplesPerPrompt']} samples = {d['prompts'] * d['samplesPerPrompt']}")
-    t.add_row("learning rate", f"{d['learningRate']:.3g} ({rlrun.spec.optimizer.scaling} rule from {rlrun.spec.optimizer.lr:.3g} at {rlrun.spec.optimizer.reference_batch})")
+    t.add_row("learning rate", f"{fmt_lr(d['learningRate'])} ({opt.scaling} rule from {fmt_lr(opt.lr)} "
+                               f"at {opt.reference_batch} samples)")
     t.add_row("replicas", f"rollout {d['rolloutReplicas']}, learner {d['learnerReplicas']}")
     t.add_row("throughput", f"{pred['samplesPerSecond']:.1f} samples/s")
-    t.add_row("step time", _fmt_s(pred["stepSeconds"]))
-    t.add_row("time to target", _fmt_s(pred["timeToTargetSeconds"]))
+    t.add_row("step time", fmt_duration(pred["stepSeconds"]))
+    t.add_row("time to target", fmt_duration(pred["timeToTargetSeconds"]))
     t.add_row("why", str(d["reason"]))
-    out.print(t)
-    cands = d.get("candidates") or []
-    if cands:
-        c = Table(title="Candidates, best first (P prompts, N samples per step, E samples to target, T time to target)", title_justify="left")
-        for col in ("P", "N", "lr", "roll", "learn", "smp/s", "step", "E (samples)", "T"):
-            c.add_column(col, justify="right", no_wrap=True)
-        for row in cands[:12]:
-            pr = row.get("predicted", row)
-            c.add_row(str(row["prompts"]), str(row["prompts"] * row["samplesPerPrompt"]), f"{row['learningRate']:.2g}",
-                      str(row["rolloutReplicas"]), str(row["learnerReplicas"]), f"{pr['samplesPerSecond']:.1f}",
-                      _fmt_s(pr["stepSeconds"]), f"{pr.get('samplesToTarget', 0) / 1000:,.0f}k", _fmt_s(pr["timeToTargetSeconds"]))
-        out.print(c)
+    for i, note in enumerate(d.get("notes") or []):
+        t.add_row("notes" if i == 0 else "", note)
+    return t
+
+
+def _candidates_table(cands: list[dict]) -> Table:
+    c = Table(title="Candidates, best first (P prompts, N samples per step, E samples to target, T time to target)",
+              title_justify="left")
+    for col in ("P", "N", "lr", "roll", "learn", "smp/s", "step", "E (samples)", "T"):
+        c.add_column(col, justify="right", no_wrap=True)
+    for row in cands:
+        pr = row.get("predicted", row)
+        c.add_row(str(row["prompts"]), str(row["prompts"] * row["samplesPerPrompt"]), fmt_lr(row["learningRate"]),
+                  str(row["rolloutReplicas"]), str(row["learnerReplicas"]), f"{pr['samplesPerSecond']:.1f}",
+                  fmt_duration(pr["stepSeconds"]), f"{pr.get('samplesToTarget', 0) / 1000:,.0f}k",
+                  fmt_duration(pr["timeToTargetSeconds"]))
+    return c
 
 
 @app.command()
@@ -145,10 +155,12 @@ def crd() -> None:
 @app.command()
 def run(
     file: Path = FileArg,
-    metrics_port: int = typer.Option(9400, "--metrics-port", help="Prometheus /metrics port (0: pick a free one)."),
+    metrics_port: int = typer.Option(DEFAULT_METRICS_PORT, "--metrics-port",
+                                     help="Prometheus /metrics port (0: pick a free one)."),
     runs_dir: Path = typer.Option(Path("runs"), "--runs-dir", help="Where run reports and checkpoints go."),
     fresh: bool = typer.Option(False, "--fresh", help="Start over instead of resuming from the last checkpoint."),
-    linger: float = typer.Option(0.0, "--linger", help="Keep /metrics up this many seconds after the run ends (for a last scrape)."),
+    linger: float = typer.Option(0.0, "--linger",
+                                 help="Keep /metrics up this many seconds after the run ends (for a last scrape)."),
 ) -> None:
     """Run an RLRun on this machine (CPU or one GPU): plan, roll out, learn, report."""
     rlrun = _load(file)
@@ -156,14 +168,18 @@ def run(
         from rlscale.embedded import run_embedded
     except ImportError as exc:  # the train extra is missing
         _fail(f"the embedded runner needs the train extra ({exc}); run `make run` or pip install 'rlscale[train]'")
+    from rlscale.plan import PlanError
+
     try:
         code = run_embedded(rlrun, metrics_port=metrics_port, runs_dir=runs_dir, fresh=fresh, linger=linger)
     except SpecError as exc:  # the dataset, the reward or the model's template, found before any process started
         _fail([str(e) for e in exc.errors])
+    except PlanError as exc:  # a spec only the planner can judge (no candidate fits the budget)
+        _fail(str(exc))
     raise typer.Exit(code)
 
 
-@app.command("ray-head")
+@app.command("ray-head", hidden=True)
 def ray_head(config: Path | None = ConfigOpt) -> None:
     """Role entrypoint: the run's Ray head (CPU only)."""
     from rlscale.roles import ray_head_main
@@ -171,7 +187,7 @@ def ray_head(config: Path | None = ConfigOpt) -> None:
     raise typer.Exit(ray_head_main(config))
 
 
-@app.command()
+@app.command(hidden=True)
 def rollout(config: Path | None = ConfigOpt) -> None:
     """Role entrypoint: join the run's Ray cluster and host one vLLM rollout replica."""
     from rlscale.rollout.entrypoint import main as rollout_main
@@ -179,7 +195,7 @@ def rollout(config: Path | None = ConfigOpt) -> None:
     raise typer.Exit(rollout_main(str(config) if config else None))
 
 
-@app.command()
+@app.command(hidden=True)
 def learner(config: Path | None = ConfigOpt) -> None:
     """Role entrypoint: one DeepSpeed rank (RANK, WORLD_SIZE, MASTER_ADDR from the environment); rank 0 drives."""
     from rlscale.trainer.entrypoint import main as learner_main
@@ -195,10 +211,10 @@ def prepare_model(config: Path | None = ConfigOpt) -> None:
     raise typer.Exit(prepare_model_main(str(config) if config else None))
 
 
-@app.command()
+@app.command(hidden=True)
 def operator(
     namespace: list[str] | None = typer.Option(None, "--namespace", "-n", help="Watch these namespaces (default: all)."),
-    metrics_port: int = typer.Option(8080, "--metrics-port", help="Operator /metrics port."),
+    metrics_port: int = typer.Option(OPERATOR_METRICS_PORT, "--metrics-port", help="Operator /metrics port."),
 ) -> None:
     """Run the Kubernetes operator (kopf) that reconciles RLRuns."""
     from rlscale.operator.main import run as operator_run

@@ -47,7 +47,7 @@ PosInt = Annotated[int, Field(gt=0, strict=True)]  # strict: YAML `true` is not 
 VolumeSource = Annotated[dict[str, Any], Field(min_length=1, max_length=1)]
 
 
-class ModelShape(_Model):
+class ModelShapeSpec(_Model):
     """Architecture numbers the planner needs; given here, they win over the builtin table."""
 
     params: PosInt = Field(description="Total parameter count (e.g. 7615616512 for a 7.6B model).")
@@ -79,7 +79,7 @@ class ModelSpec(_Model):
         "and every rollout replica's copy)."
     )
     max_length: PosInt = Field(128, description="Longest sequence (prompt + response) in tokens.")
-    shape: ModelShape | None = Field(
+    shape: ModelShapeSpec | None = Field(
         None,
         description="Architecture numbers for planning; optional for builtin models, known "
         "hub ids (Qwen2.5, Qwen3, Llama-3.x) and local directories with a config.json.",
@@ -386,9 +386,13 @@ _MISSING = _Missing()
 
 
 def _show(value: Any) -> str:
+    """A value as the YAML that wrote it (true, null, [1, 2]); strings quoted."""
     if isinstance(value, str):
         return repr(value) if value else "''"
-    text = repr(value) if not isinstance(value, (dict, list)) else yaml.safe_dump(value, default_flow_style=True).strip()
+    if isinstance(value, (bool, type(None), dict, list)):
+        text = yaml.safe_dump(value, default_flow_style=True).strip().removesuffix("\n...").strip()
+    else:
+        text = repr(value)
     return text if len(text) <= 60 else text[:57] + "..."
 
 

@@ -104,7 +104,7 @@ def test_ppo_allows_one_sample_per_prompt():
 STRUCTURAL = [
     ({"batch": {"prompts": 0}}, 'spec.batch.prompts: 0 is not allowed; use a positive integer or "auto"'),
     ({"batch": {"prompts": "lots"}}, "spec.batch.prompts: 'lots' is not allowed"),
-    ({"batch": {"prompts": True}}, "spec.batch.prompts: True is not allowed"),
+    ({"batch": {"prompts": True}}, "spec.batch.prompts: true is not allowed"),
     ({"rollout": {"replicas": 0}}, "suspend: true scales to zero"),
     ({"batch": {"promts": 8}}, "spec.batch.promts: is not a known field; did you mean 'prompts'?"),
     ({"optimizer": {"lr": -1e-5}}, "spec.optimizer.lr: -1e-05 must be greater than 0"),

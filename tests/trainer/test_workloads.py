@@ -164,7 +164,7 @@ def test_chat_template_rendering_is_the_tokenizers_own(tmp_path, chat_tok, char_
     # chat: false gives the plain text; a template-less model with chat unset, too.
     plain = build_task(spec({**s.task.model_dump(by_alias=True, exclude_none=True), "chat": False}), chat_tok)
     assert not plain.chat and plain.train[0].prompt == f"Be brief.\n\n{question}"
-    with pytest.raises(SpecError, match="spec.task.chat: True asks for a chat template, but the model has none"):
+    with pytest.raises(SpecError, match="spec.task.chat: true asks for a chat template, but the model has none"):
         use_chat(spec({"chat": True}).task, char_tok)
 
 
@@ -320,7 +320,7 @@ def test_spec_refuses_what_the_code_cannot_run():
     assert "spec.target.metric: 'eval/f1' is not allowed" in errors(target={"metric": "eval/f1"})
     assert "spec.task.reward: 'exact match' is not a reward expression" in errors({"reward": "exact match"})
     assert "spec.task.promptField" in errors({"dataset": "x.jsonl", "promptField": "q", "messagesField": "m"})
-    assert "spec.task.chat: False turns the chat template off" in errors({"dataset": "x.jsonl", "messagesField": "m", "chat": False})
+    assert "spec.task.chat: false turns the chat template off" in errors({"dataset": "x.jsonl", "messagesField": "m", "chat": False})
     assert "leave task.chat unset for auto" in errors({"chat": "auto"})
     assert math.isclose(parse_spec({"hardware": {"accelerator": "cpu"}, "task": {"reward": "0.9*math + 0.1*format"}}).task.reward_timeout, 10.0)
 
@@ -335,6 +335,7 @@ def test_render_keeps_row_extras(char_tok):
 # --------------------------------------------------------------------------- learning on a dataset
 
 
+@pytest.mark.slow  # trains (DeepSpeed, a critic): about 45 s on 2 cores; `make unit` leaves it to `make test`
 def test_ppo_on_a_dataset_task_with_a_plugin_reward(small_model, tmp_path):
     """PPO (critic and all) on a task read from a JSONL file, rewarded by a module:function
     plug-in that uses an extra field: the rewards come from real samples and the weights move."""
