@@ -53,7 +53,7 @@ def make_batch(prompts: int, spp: int, response_tokens: int, seed: int = 0) -> d
             n = rng.randrange(1, 2 * response_tokens - 1)
             response_ids.append([rng.randrange(4, 14) for _ in range(n - 1)] + [2])
             rewards.append(float(rng.random() < 0.5))
-    return {"prompt_ids": prompt_ids, "response_ids": response_ids, "rewards": rewards, "group_size": spp}
+    return {"prompt_ids": prompt_ids, "response_ids": response_ids, "rewards": rewards, "samples_per_prompt": spp}
 
 
 class PlainLoop:

@@ -26,17 +26,17 @@ from rlscale.plan import Calibration, make_plan
 from rlscale.plan.calibration import noise_from_steps
 from rlscale.progress import TargetTracker
 from rlscale.report import read_jsonl, write_report
-from rlscale.roles import ray_auth_env
+from rlscale.roles import EXIT_BUDGET, EXIT_INTERRUPTED, EXIT_TARGET, ray_auth_env
 from rlscale.run_metrics import RunMetrics
 from rlscale.runconfig import ENV_CONFIG, RunConfig, load_run_config
 from rlscale.trainer import checkpoint
+from rlscale.trainer.batching import RolloutBatch
 from rlscale.trainer.data import build_task, try_reward
 from rlscale.trainer.rewards import Reward, RewardError, resolve_reward, score
 from rlscale.trainer.tasks import Problem, PromptIterator
 
 log = logging.getLogger("rlscale.driver")
 
-EXIT_TARGET, EXIT_BUDGET, EXIT_INTERRUPTED = 0, 3, 130
 REPLAN_WARMUP_STEPS = 10  # first steps carry one-off costs (first logprobs call, compiles)
 REPLAN_EVERY = 25
 REPLAN_MIN_GAIN = 0.15  # switch only when the new choice is predicted 15% faster ...
@@ -262,20 +262,24 @@ class Driver:
         except RewardError as exc:  # before any update with it; a restart would meet the same reward
             raise PermanentRunError(str(exc)) from exc
         t2 = time.perf_counter()
-        batch = {
-            "prompt_ids": [ids for ids in prompt_ids for _ in range(n)],
-            "response_ids": [s.token_ids for s in samples],
-            "old_logprobs": [s.logprobs for s in samples],
-            "rewards": rewards,
-            "group_size": n,
-        }
+        batch = RolloutBatch(
+            prompt_ids=[ids for ids in prompt_ids for _ in range(n)],
+            response_ids=[s.token_ids for s in samples],
+            rewards=rewards,
+            samples_per_prompt=n,
+            rollout_logprobs=rollout_logprobs(samples),
+        )
         stats = self.learner.step(batch, lr=st.learning_rate)
         t3 = time.perf_counter()
-        st.version += 1
-        self.rollout.publish_weights(st.version, self.learner.export_weights())
+        skipped = bool(stats.get("skipped"))
+        if not skipped:
+            # The driver owns the weights version: a skipped step left the weights as they
+            # were, and republishing them would make every replica reload the same bytes.
+            st.version += 1
+            self.rollout.publish_weights(st.version, self.learner.export_weights())
         t4 = time.perf_counter()
         gen_tokens = sum(len(s.token_ids) for s in samples)
-        trained_tokens = sum(len(a) + len(b) for a, b in zip(batch["prompt_ids"], batch["response_ids"], strict=True))
+        trained_tokens = batch.num_tokens
         st.step += 1
         st.samples += len(samples)
         st.generated_tokens_total += gen_tokens
@@ -291,7 +295,7 @@ class Driver:
             "reward_mean": float(np.mean(rewards)) if rewards else 0.0,
             "generated_tokens": gen_tokens, "trained_tokens": trained_tokens,
             "generated_tokens_total": st.generated_tokens_total, "trained_tokens_total": st.trained_tokens_total,
-            "weights_version": st.version, "noise_scale": stats.get("noise_scale"),
+            "weights_version": st.version, "skipped": skipped, "noise_scale": stats.get("noise_scale"),
             "checkpoint_seconds": self.checkpoint_seconds,
             "noise_grad_sq": stats.get("noise_grad_sq"), "noise_trace": stats.get("noise_trace"),
             "loss": stats.get("loss"), "grad_norm": stats.get("grad_norm"),
@@ -332,8 +336,7 @@ class Driver:
         rec["wall_seconds"] = self.state.elapsed_s
         # The noise scale a planner should use: averaged over a window, None while the
         # gradient is lost in its noise (the per-step EMA in noise_scale swings by 100x).
-        window = [_calibration_record(r) for r in self.records[-(NOISE_WINDOW - 1):]] + [_calibration_record(rec)]
-        rec["noise_scale_window"] = noise_from_steps(window)
+        rec["noise_scale_window"] = noise_from_steps([*self.records[-(NOISE_WINDOW - 1):], rec])
         if self.tracker.reached_at:
             rec["time_to_target_seconds"] = self.tracker.reached_at["seconds"]
             rec["samples_to_target"] = self.tracker.reached_at["samples"]
@@ -356,7 +359,7 @@ class Driver:
         if st.step < REPLAN_WARMUP_STEPS or st.step % REPLAN_EVERY:
             return
         recent = self.records[-max(REPLAN_EVERY, NOISE_WINDOW):]
-        cal = Calibration.from_steps([_calibration_record(r) for r in recent], noise_last=NOISE_WINDOW)
+        cal = Calibration.from_steps(recent, noise_last=NOISE_WINDOW)
         new = make_plan(self.spec, cal).to_dict()
         # Learner ranks are fixed for the life of the processes: choose among candidates that keep them.
         learners = int(self.cfg.plan["learnerReplicas"])
@@ -381,12 +384,7 @@ class Driver:
                    f"in {REPLAN_CONFIRM} re-plans in a row; noise scale {cal.noise_scale or 0:.0f} samples over the last "
                    f"{min(NOISE_WINDOW, len(recent))} steps")
             log.info("re-plan: %s", why)
-            if new["rolloutReplicas"] != st.rollout_replicas:
-                self.rollout.scale(new["rolloutReplicas"])
-            st.prompts, st.rollout_replicas, st.learning_rate = new["prompts"], new["rolloutReplicas"], new["learningRate"]
-            self.plan = new
-            self.metrics.set_plan(new)
-            self._write_plans([{**new, "atStep": st.step, "why": why}], append=True)
+            self._apply_plan(new, why)
         elif cur is not None:
             # Same choice: keep the recalibrated prediction so predicted-vs-measured is honest.
             self.plan = {**self.plan, "predicted": cur["predicted"], "calibrated": True}
@@ -420,13 +418,18 @@ class Driver:
         st = self.state
         if (new["prompts"], new["rolloutReplicas"], new["learningRate"]) == (st.prompts, st.rollout_replicas, st.learning_rate):
             return
+        self._apply_plan(new, "the operator re-planned")
+        log.info("following the operator's plan from step %d: %s", st.step, new.get("reason", ""))
+
+    def _apply_plan(self, new: dict[str, Any], why: str) -> None:
+        """Switch to a new plan between steps: replicas, batch and learning rate, logged in plan.json."""
+        st = self.state
         if new["rolloutReplicas"] != st.rollout_replicas:
             self.rollout.scale(new["rolloutReplicas"])
         st.prompts, st.rollout_replicas, st.learning_rate = new["prompts"], new["rolloutReplicas"], new["learningRate"]
         self.plan = new
         self.metrics.set_plan(new)
-        self._write_plans([{**new, "atStep": st.step, "why": "the operator re-planned"}], append=True)
-        log.info("following the operator's plan from step %d: %s", st.step, new.get("reason", ""))
+        self._write_plans([{**new, "atStep": st.step, "why": why}], append=True)
 
     def _read_plans(self) -> list[dict]:
         p = self.run_dir / "plan.json"
@@ -495,11 +498,10 @@ def choose_config(cands: list[dict], measured: dict[tuple[int, int], float],
     return best, seconds(best), seconds(cur) if cur else float("inf")
 
 
-def _calibration_record(r: dict[str, Any]) -> dict[str, Any]:
-    return {"prompts": r["prompts"], "samplesPerPrompt": r["samples_per_prompt"], "rolloutReplicas": r["rollout_replicas"],
-            "learnerReplicas": r["learner_replicas"], "phases": r["phases"], "noiseScale": r.get("noise_scale"),
-            "noiseGradSq": r.get("noise_grad_sq"), "noiseTrace": r.get("noise_trace"), "evalSeconds": r.get("eval_seconds"),
-            "tokensPerSample": r["generated_tokens"] / max(1, r["batch_samples"])}
+def rollout_logprobs(samples) -> list[list[float]] | None:
+    """The sampler's per-token logprobs, or None when any sample came back without them."""
+    logprobs = [s.logprobs for s in samples]
+    return None if any(lp is None for lp in logprobs) else [list(map(float, lp)) for lp in logprobs]
 
 
 def prompt_tokens(tok, problem: Problem) -> list[int]:

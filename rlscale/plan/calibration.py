@@ -8,7 +8,9 @@ from dataclasses import dataclass
 from statistics import median
 from typing import Any
 
-PHASES = ("generate", "reward", "train", "sync")
+from rlscale.metrics_names import PHASES
+
+__all__ = ["PHASES", "Calibration", "noise_from_steps"]
 
 
 @dataclass(frozen=True)
@@ -48,7 +50,7 @@ class Calibration:
         return float(v) if _ok(v) else None
 
     def response_length(self) -> float | None:
-        """Mean generated tokens per sample, if measured (responseTokens, else tokensPerSample)."""
+        """Mean generated tokens per sample, if measured (response_tokens, else tokens_per_sample)."""
         for v in (self.response_tokens, self.tokens_per_sample):
             if _ok(v):
                 return float(v)
@@ -58,10 +60,8 @@ class Calibration:
     def from_steps(cls, records: Iterable[Mapping[str, Any]], last: int = 10, noise_last: int | None = None) -> Calibration:
         """Median over the last `last` step records that ran the latest configuration (robust to slow outliers).
 
-        The noise scale comes from the last `noise_last` records (default `last`) of any
-        configuration: the ratio of the mean |G|^2 and tr(Sigma) estimates where the records
-        carry them (one step's estimates are very noisy, and the ratio of means is the
-        consistent estimator), else the median of the reported B_simple.
+        Records are the driver's, as in metrics.jsonl (snake_case). The noise scale comes from
+        the last `noise_last` records (default `last`) of any configuration: see noise_from_steps.
         """
         recs = [r for r in records if isinstance(r, Mapping)]
         if not recs:
@@ -69,17 +69,18 @@ class Calibration:
         key = _config(recs[-1])
         same = [r for r in recs if _config(r) == key][-last:]
         phases = {p: _median(_get(r.get("phases") or {}, p) for r in same) for p in PHASES}
-        noise = noise_from_steps(recs[-(noise_last or last):])
+        window = noise_last or last
         # An eval runs on the rollout replicas only: any batch at the same replica count will do.
         evals = [r for r in recs if _config(r)[2] == key[2]]
         prompts, spp, rollout, learner = key
         return cls(
             prompts=prompts, samples_per_prompt=spp, rollout_replicas=rollout or 1, learner_replicas=learner or 1,
             generate_s=phases["generate"], reward_s=phases["reward"], train_s=phases["train"], sync_s=phases["sync"],
-            prompt_tokens=_median(_get(r, "promptTokens", "prompt_tokens") for r in same),
-            response_tokens=_median(_get(r, "responseTokens", "response_tokens") for r in same),
-            tokens_per_sample=_median(_get(r, "tokensPerSample", "tokens_per_sample") for r in same),
-            noise_scale=noise, eval_s=_median(_get(r, "evalSeconds", "eval_seconds") for r in evals[-(noise_last or last):]),
+            prompt_tokens=_median(_get(r, "prompt_tokens") for r in same),
+            response_tokens=_median(_get(r, "response_tokens") for r in same),
+            tokens_per_sample=_median(_tokens_per_sample(r) for r in same),
+            noise_scale=noise_from_steps(recs[-window:]),
+            eval_s=_median(_get(r, "eval_seconds") for r in evals[-window:]),
             steps=len(same),
         )
 
@@ -87,15 +88,15 @@ class Calibration:
 def noise_from_steps(records: list[Mapping[str, Any]], min_pairs: int = 5, z: float = 2.0) -> float | None:
     """B_simple = mean tr(Sigma) / mean |G|^2 over records with both estimates, else the median B_simple.
 
+    One step's estimates are very noisy, and the ratio of means is the consistent estimator.
     With per-step estimates the answer is None (not measured) unless mean |G|^2 lies `z`
     standard errors above 0: in RL the true gradient is often small next to its noise, and
     dividing by a mean that could as well be 0 gives any value from tens to tens of
     thousands, which would swing the batch back and forth. Not measured, the planner keeps
     the spec's or the default noise scale.
     """
-    pairs = [(float(r[g]), float(r[t])) for r in records
-             for g, t in (("noiseGradSq", "noiseTrace"), ("noise_grad_sq", "noise_trace"))
-             if _finite(r.get(g)) and _finite(r.get(t))]
+    pairs = [(float(r["noise_grad_sq"]), float(r["noise_trace"])) for r in records
+             if _finite(r.get("noise_grad_sq")) and _finite(r.get("noise_trace"))]
     if len(pairs) >= min_pairs:
         gs = [g for g, _ in pairs]
         g_sq = sum(gs) / len(gs)
@@ -104,7 +105,7 @@ def noise_from_steps(records: list[Mapping[str, Any]], min_pairs: int = 5, z: fl
             return None
         trace = sum(t for _, t in pairs) / len(pairs)
         return max(trace, 0.0) / g_sq
-    return _median(_get(r, "noiseScale", "noise_scale") for r in records)
+    return _median(_get(r, "noise_scale") for r in records)
 
 
 def _finite(v: Any) -> bool:
@@ -115,11 +116,13 @@ def _ok(v: Any) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v > 0
 
 
-def _get(d: Mapping[str, Any], *names: str) -> float | None:
-    for n in names:
-        if n in d and _ok(d[n]):
-            return float(d[n])
-    return None
+def _get(d: Mapping[str, Any], name: str) -> float | None:
+    return float(d[name]) if _ok(d.get(name)) else None
+
+
+def _tokens_per_sample(r: Mapping[str, Any]) -> float | None:
+    tokens, samples = _get(r, "generated_tokens"), _get(r, "batch_samples")
+    return tokens / samples if tokens is not None and samples is not None else None
 
 
 def _median(values: Iterable[float | None]) -> float | None:
@@ -128,8 +131,7 @@ def _median(values: Iterable[float | None]) -> float | None:
 
 
 def _config(r: Mapping[str, Any]) -> tuple[int | None, int | None, int | None, int | None]:
-    def i(*names: str) -> int | None:
-        v = _get(r, *names)
+    def i(name: str) -> int | None:
+        v = _get(r, name)
         return int(v) if v is not None else None
-    return (i("prompts"), i("samplesPerPrompt", "samples_per_prompt"),
-            i("rolloutReplicas", "rollout_replicas"), i("learnerReplicas", "learner_replicas"))
+    return i("prompts"), i("samples_per_prompt"), i("rollout_replicas"), i("learner_replicas")

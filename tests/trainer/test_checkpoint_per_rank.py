@@ -28,7 +28,7 @@ def batch(seed: int) -> dict:
         for _ in range(3):
             prompts.append(p)
             responses.append([rng.randrange(4, 17) for _ in range(rng.randrange(1, 4))] + [2])
-    return {"prompt_ids": prompts, "response_ids": responses, "group_size": 3,
+    return {"prompt_ids": prompts, "response_ids": responses, "samples_per_prompt": 3,
             "rewards": [1, 0, 0, 0, 1, 1, 0.5, 0, 1]}
 
 

@@ -23,7 +23,7 @@ def make_batch(seed: int, prompts: int, spp: int, rewards: list[float]) -> dict:
         for _ in range(spp):
             prompt_ids.append(p)
             response_ids.append([rng.randrange(4, 17) for _ in range(rng.randrange(0, 4))] + [2])
-    return {"prompt_ids": prompt_ids, "response_ids": response_ids, "rewards": rewards, "group_size": spp}
+    return {"prompt_ids": prompt_ids, "response_ids": response_ids, "rewards": rewards, "samples_per_prompt": spp}
 
 
 BATCHES = [
@@ -40,7 +40,7 @@ ADAM = {"lr": LRS[0], "betas": [0.9, 0.99], "grad_clip": 1.0}
 
 def sample_losses(model, batch: dict, dtype=torch.float32) -> list:
     """GRPO's per-sample losses in plain PyTorch (token-level mean over the whole batch, on-policy)."""
-    spp = batch["group_size"]
+    spp = batch["samples_per_prompt"]
     rewards = torch.tensor(batch["rewards"], dtype=torch.float32)
     adv = A.grpo_advantages(rewards, spp).to(dtype)
     keep = A.groups_with_signal(rewards, spp)
