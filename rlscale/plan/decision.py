@@ -20,6 +20,7 @@ from rlscale.plan.samples import (
 )
 from rlscale.plan.shapes import model_shape_for
 from rlscale.plan.throughput import PLUGIN_REWARD_SECONDS, Phases, SystemModel
+from rlscale.progress import fmt_lr
 
 # Candidates whose time-to-target lies within this fraction of the best are ties: the
 # one with fewer GPUs (then the smaller batch) wins, as the model is not that precise.
@@ -112,7 +113,7 @@ class Plan:
         return self.prompts * self.samples_per_prompt
 
     def summary(self) -> str:
-        return (f"{self.prompts}x{self.samples_per_prompt} lr={self.learning_rate:.1e} "
+        return (f"{self.prompts}x{self.samples_per_prompt} lr={fmt_lr(self.learning_rate)} "
                 f"rollout={self.rollout_replicas} learner={self.learner_replicas}")
 
     def to_dict(self) -> dict[str, Any]:
@@ -232,36 +233,50 @@ def make_plan(spec: Any, calibration: Calibration | None = None) -> Plan:
     """Choose batch, lr and replica split minimising predicted time-to-target T = E(N) / X(N)."""
     cal = calibration or Calibration()
     model = calibrate(system_model(spec, cal), cal)
-    opt, spp = spec.optimizer, spec.batch.samples_per_prompt
-    n_ref = float(opt.reference_batch)
-    # N_noise: measured > given in the spec > the default multiple
-    spec_noise = opt.noise_scale
-    if cal.has_noise_scale:
-        n_noise, noise_from = float(cal.noise_scale), "measured"
-    elif spec_noise:
-        n_noise, noise_from = float(spec_noise), "spec"
-    else:
-        n_noise, noise_from = DEFAULT_NOISE_MULTIPLE * n_ref, "default"
+    n_noise, noise_from = noise_scale_for(spec, cal)
     if getattr(spec.target, "expected_samples", None):
         e_ref, e_known = float(spec.target.expected_samples), True
     else:
-        e_ref, e_known = reference_samples(run_key(spec), n_ref, n_noise)
+        e_ref, e_known = reference_samples(run_key(spec), float(spec.optimizer.reference_batch), n_noise)
+    cands = candidates(spec, model, cal, feasible_splits(spec, model), n_noise, e_ref)
+    win = pick(cands)
+    shown = _shown_candidates(cands, win, cal)
+    return Plan(
+        prompts=win.prompts, samples_per_prompt=win.samples_per_prompt, learning_rate=win.learning_rate,
+        rollout_replicas=win.rollout_replicas, learner_replicas=win.learner_replicas, predicted=win.predicted,
+        reason=explain(spec, win, shown, cal, e_known and noise_from != "default"),
+        candidates=shown, noise_scale=n_noise, calibrated=cal.calibrated, gpus=win.gpus,
+        samples_to_target_ref=e_ref, notes=_notes(spec, model, cal, win, n_noise, noise_from, e_ref, e_known),
+    )
 
+
+def noise_scale_for(spec: Any, cal: Calibration) -> tuple[float, str]:
+    """N_noise in samples and where it came from: measured > the spec's > the default multiple."""
+    if cal.has_noise_scale:
+        return float(cal.noise_scale), "measured"
+    if spec.optimizer.noise_scale:
+        return float(spec.optimizer.noise_scale), "spec"
+    return DEFAULT_NOISE_MULTIPLE * float(spec.optimizer.reference_batch), "default"
+
+
+def feasible_splits(spec: Any, model: SystemModel) -> list[tuple[int, int]]:
+    """(rollout, learner) replica counts within the budget that fit in memory; PlanError if none."""
     splits = replica_splits(spec)
     if not splits:
         raise PlanError(f"spec.budget.gpus: {spec.budget.gpus} does not fit one rollout and one learner replica; "
                         "raise budget.gpus or lower gpusPerReplica")
-    why_not: list[str] = []
-    feasible = []
-    for r, k in splits:
-        bad = model.infeasible(r, k)
-        if bad:
-            why_not.append(bad)
-        else:
-            feasible.append((r, k))
+    verdicts = [(r, k, model.infeasible(r, k)) for r, k in splits]
+    feasible = [(r, k) for r, k, bad in verdicts if not bad]
     if not feasible:
-        raise PlanError(f"spec.{why_not[0]}")
+        raise PlanError(f"spec.{verdicts[0][2]}")
+    return feasible
 
+
+def candidates(spec: Any, model: SystemModel, cal: Calibration, feasible: list[tuple[int, int]],
+               n_noise: float, e_ref: float) -> list[Candidate]:
+    """Every (prompts, rollout, learner) choice with its predicted phases, E(N), X(N) and T(N)."""
+    opt, spp = spec.optimizer, spec.batch.samples_per_prompt
+    n_ref = float(opt.reference_batch)
     cands: list[Candidate] = []
     gens: dict[tuple[int, int], Any] = {}  # generation depends on (prompts, rollout) only
     trains: dict[tuple[int, int], float] = {}  # training on (batch, learner) only
@@ -280,39 +295,41 @@ def make_plan(spec: Any, calibration: Calibration | None = None) -> Plan:
             x = n / ph.total
             steps = e / n
             pred = Prediction(x, ph.total, steps * (ph.total + evals[r]), e, ph, evals[r])
-            cands.append(Candidate(prompts, spp, r, k, lr, _gpus(spec, r, k), pred, noise, lr_pen, gen.concurrency, gen.bound))
+            cands.append(Candidate(prompts, spp, r, k, lr, _gpus(spec, r, k), pred, noise, lr_pen,
+                                   gen.concurrency, gen.bound))
+    return cands
 
-    win = pick(cands)
-    per_batch = _best_per_batch(cands, win)
+
+def _shown_candidates(cands: list[Candidate], win: Candidate, cal: Calibration) -> list[Candidate]:
+    """The best split per batch, plus the configuration running now when calibrated (callers compare)."""
+    shown = _best_per_batch(cands, win)
     if cal.has_phases:
-        # the measured configuration is what runs now: list it so callers can compare against it
-        now = next((c for c in cands if (c.prompts, c.rollout_replicas, c.learner_replicas) ==
-                    (cal.prompts, cal.rollout_replicas, cal.learner_replicas) and c.samples_per_prompt ==
-                    cal.samples_per_prompt), None)
-        if now is not None and now not in per_batch:
-            per_batch = sorted([*per_batch, now], key=lambda c: (c.predicted.time_to_target_seconds, c is not win))
+        now = next((c for c in cands if (c.prompts, c.samples_per_prompt, c.rollout_replicas, c.learner_replicas)
+                    == (cal.prompts, cal.samples_per_prompt, cal.rollout_replicas, cal.learner_replicas)), None)
+        if now is not None and now not in shown:
+            shown = sorted([*shown, now], key=lambda c: (c.predicted.time_to_target_seconds, c is not win))
+    return shown
 
+
+def _notes(spec: Any, model: SystemModel, cal: Calibration, win: Candidate, n_noise: float, noise_from: str,
+           e_ref: float, e_known: bool) -> tuple[str, ...]:
+    """What a reader should know about the plan's numbers: which are assumed rather than measured."""
     notes = []
     if not cal.has_phases:
         notes.append(f"throughput from the {model.profile.name} profile and the model shape ({model.shape.source}); "
                      "uncalibrated until steps are measured")
     if noise_from == "default":
-        notes.append(f"noise scale N_noise = {DEFAULT_NOISE_MULTIPLE:g} x referenceBatch = {n_noise:g} (default, not measured)")
+        notes.append(f"noise scale N_noise = {DEFAULT_NOISE_MULTIPLE:g} x referenceBatch = {n_noise:g} "
+                     "(default, not measured)")
     if not e_known:
-        notes.append(f"samples to target at the reference batch: {e_ref:,.0f} is a placeholder; only ratios decide the plan")
+        notes.append(f"samples to target at the reference batch: {e_ref:,.0f} is a placeholder; "
+                     "only ratios decide the plan")
     if win.predicted.samples_to_target > spec.budget.max_samples:
         notes.append(f"predicted samples to target {win.predicted.samples_to_target:,.0f} exceed budget.maxSamples "
                      f"({spec.budget.max_samples:,}): the run may stop first")
     if model.profile.shared_host:
         notes.append("cpu: rollout and learner replicas share one machine's cores, so more replicas add no throughput")
-
-    return Plan(
-        prompts=win.prompts, samples_per_prompt=spp, learning_rate=win.learning_rate,
-        rollout_replicas=win.rollout_replicas, learner_replicas=win.learner_replicas, predicted=win.predicted,
-        reason=explain(spec, win, per_batch, cal, e_known and noise_from != "default"),
-        candidates=per_batch, noise_scale=n_noise, calibrated=cal.calibrated, gpus=win.gpus,
-        samples_to_target_ref=e_ref, notes=tuple(notes),
-    )
+    return tuple(notes)
 
 
 def pick(cands: list[Candidate]) -> Candidate:
@@ -393,7 +410,7 @@ def explain(spec: Any, win: Candidate, per_batch: list[Candidate], cal: Calibrat
         split = f"{win.rollout_replicas} rollout + {win.learner_replicas} learner on one cpu host"
     else:
         split = f"{win.rollout_replicas} rollout + {win.learner_replicas} learner replicas on {win.gpus} of {spec.budget.gpus} GPUs"
-    lr = f"lr {win.learning_rate:.2e} by the {scaling} rule" if scaling != "none" else f"lr {win.learning_rate:.2e} (scaling: none)"
+    lr = f"lr {fmt_lr(win.learning_rate)} " + (f"by the {scaling} rule" if scaling != "none" else "(scaling: none)")
     gen = f"generation {win.predicted.generate / win.predicted.step_seconds:.0%} of the step, {win.bound}-bound at {win.concurrency} sequences/replica"
     if cal.has_phases:
         basis = f"calibrated from {cal.steps or 1} measured step(s)"

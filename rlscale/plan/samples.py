@@ -7,14 +7,15 @@ import math
 # Without a measured noise scale, N_noise = 4 x referenceBatch. Why: the batch where lr
 # was tuned is usually picked below the critical batch, and on the builtin task batches
 # of 0.5x-2x the reference tracked one sample-indexed curve within the +-15% run-to-run
-# spread (FACTS.md); with 4x the model predicts x0.90 and x1.20 there, x1.6 at 4x.
+# spread (`rlscale run examples/quickstart.yaml` with batch.prompts fixed at 8, 16 and 32);
+# with 4x the model predicts x0.90 and x1.20 there, x1.6 at 4x.
 DEFAULT_NOISE_MULTIPLE = 4.0
 # E_ref without a measurement: samples to target at the reference batch. Only ratios of
 # E enter the decision, so this constant cancels there; it sets the absolute
 # time-to-target shown. Builtin: rlscale's own runs reached 0.8 accuracy on 2-digit
-# addition after 197k (16x8) and 205k (32x8) samples; a one-process reference with HF
-# generate and the same learner followed the same curve (0.76 at 147k). The prototype
-# in FACTS.md reported ~127k, which no run here reproduced.
+# addition after 197k (16x8) and 205k (32x8) samples (`rlscale run examples/quickstart.yaml`);
+# a one-process reference with HF generate and the same learner followed the same curve
+# (0.76 at 147k).
 DEFAULT_SAMPLES_TO_TARGET = 100_000.0
 # (model, task, difficulty, metric, target value) -> (samples to target, at samples per step)
 KNOWN_SAMPLES_TO_TARGET: dict[tuple, tuple[float, int]] = {

@@ -35,7 +35,7 @@ def test_summary_and_batch(root):
     p = make_plan(load_rlrun(root / "examples" / "quickstart.yaml").spec)
     assert isinstance(p, Plan)
     assert p.batch == p.prompts * p.samples_per_prompt
-    assert p.summary() == f"{p.prompts}x{p.samples_per_prompt} lr={p.learning_rate:.1e} rollout=1 learner=1"
+    assert p.summary() == f"{p.prompts}x{p.samples_per_prompt} lr={p.learning_rate:.2e} rollout=1 learner=1"
 
 
 def test_every_example_plans(root):
