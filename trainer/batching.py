@@ -20,7 +20,6 @@ class RolloutBatch:
     rewards: list[float]
     samples_per_prompt: int
     rollout_logprobs: list[list[float]] | None = None
-    version: int | None = None
 
     def __post_init__(self):
         n = len(self.prompt_ids)
@@ -38,21 +37,19 @@ class RolloutBatch:
 
     @classmethod
     def from_dict(cls, d: dict) -> RolloutBatch:
-        """From the driver's dict: prompt_ids, response_ids, rewards, group_size (or samples_per_prompt),
-        optional old_logprobs (or rollout_logprobs) and version."""
-        spp = d.get("samples_per_prompt", d.get("group_size"))
-        if spp is None:
-            raise ValueError("RolloutBatch: the batch dict needs group_size (samples per prompt)")
-        logprobs = d.get("rollout_logprobs", d.get("old_logprobs"))
-        if logprobs is not None and any(lp is None for lp in logprobs):
-            logprobs = None  # a sampler that returned no logprobs for some samples: report no mismatch
+        """From a dict of the fields (JSON-carried batches): prompt_ids, response_ids, rewards,
+        samples_per_prompt and optional rollout_logprobs."""
+        unknown = set(d) - {"prompt_ids", "response_ids", "rewards", "samples_per_prompt", "rollout_logprobs"}
+        if unknown or "samples_per_prompt" not in d:
+            raise ValueError(f"RolloutBatch: unknown keys {sorted(unknown)} or no samples_per_prompt in the batch "
+                             "dict; use the RolloutBatch field names")
+        logprobs = d.get("rollout_logprobs")
         return cls(
             prompt_ids=[list(map(int, p)) for p in d["prompt_ids"]],
             response_ids=[list(map(int, r)) for r in d["response_ids"]],
             rewards=[float(r) for r in d["rewards"]],
-            samples_per_prompt=int(spp),
+            samples_per_prompt=int(d["samples_per_prompt"]),
             rollout_logprobs=[list(map(float, lp)) for lp in logprobs] if logprobs is not None else None,
-            version=d.get("version"),
         )
 
     def __len__(self) -> int:
@@ -76,7 +73,6 @@ class MicroBatch:
     rewards: torch.Tensor  # [B]
     num_samples: int
     rollout_logprobs: torch.Tensor | None = None
-    old_logprobs: torch.Tensor | None = None
     old_values: torch.Tensor | None = None
     returns: torch.Tensor | None = None
     kl: torch.Tensor | None = None

@@ -161,8 +161,7 @@ class Learner:
             self.reference = AutoModelForCausalLM.from_pretrained(config.model_path, dtype=self.dtype, local_files_only=True)
             self.reference.to(self.device).eval().requires_grad_(False)
         self.lr = config.lr
-        self.steps = 0  # optimiser steps applied
-        self.version = 0  # weights version: 0 = the loaded model, +1 per applied step
+        self.steps = 0  # optimiser steps applied (the driver numbers the weights it publishes)
         self.noise = NoiseScale(config.noise_ema)
         # Every rank is up: from here on a rank that dies takes the others down (trainer/gang.py).
         from rlscale.trainer.gang import GangWatch
@@ -208,7 +207,8 @@ class Learner:
         return getattr(self, "_" + name)(*args)
 
     def step(self, batch: RolloutBatch | dict, lr: float | None = None) -> dict[str, float | None]:
-        """One optimiser step over the whole batch (rank 0; followers join); returns stats.
+        """One optimiser step over the whole batch (rank 0; followers join); returns stats, with
+        skipped=1.0 when no group had a reward signal (no step, the weights unchanged).
 
         `batch` is a RolloutBatch or a dict of its fields (see RolloutBatch.from_dict).
         """
@@ -269,82 +269,89 @@ class Learner:
         if lr is not None:
             self.lr = lr
         self._set_lr(self.lr)
-        rewards = torch.tensor(batch.rewards, dtype=torch.float32)
-        keep = torch.ones(len(batch), dtype=torch.bool)
-        stats: dict[str, float] = {"reward_mean": rewards.mean().item(), "samples": float(len(batch))}
-        advantages = torch.zeros(len(batch))
-        if c.algorithm == "grpo":
-            advantages = A.grpo_advantages(rewards, batch.samples_per_prompt, normalize_std=c.std_normalize)
-            if c.drop_uniform_groups:
-                keep = A.groups_with_signal(rewards, batch.samples_per_prompt)
-        kept = keep.nonzero().flatten().tolist()
-        stats["samples_trained"] = float(len(kept))
+        advantages, kept = self._advantages(batch)
+        stats: dict[str, float] = {"reward_mean": sum(batch.rewards) / len(batch), "samples": float(len(batch)),
+                                   "samples_trained": float(len(kept))}
         if not kept:
-            # Every group scored uniformly: nothing to learn, no step, same weights version.
+            # Every group scored uniformly: nothing to learn, no step, the weights unchanged.
             elapsed = time.perf_counter() - start
             stats.update(skipped=1.0, train_seconds=elapsed, compute_seconds=elapsed, lr=self.lr,
-                         loss=None, grad_norm=None, noise_scale=self.noise.value, version=float(self.version))
+                         loss=None, grad_norm=None, noise_scale=self.noise.value)
             return stats
 
-        # Every rank sees the whole batch and takes every world_size-th kept sample;
-        # the token-level mean is over the whole batch, so each rank divides by its total.
+        # The token-level mean is over the whole batch, so each rank divides by its total.
         total_tokens = sum(len(batch.response_ids[i]) for i in kept)
-        mine = kept[self.rank :: self.world_size]
-        n_micro = math.ceil(math.ceil(len(kept) / self.world_size) / c.micro_batch)
-        measure = c.measure_noise and c.zero_stage < 2 and len(kept) >= 2 * self.world_size
-        if measure and n_micro == 1:
-            # The noise scale compares a micro-batch with the whole share, so it needs two;
-            # halving one micro-batch costs about the same compute.
-            n_micro = 2
-        c_micro = math.ceil(math.ceil(len(kept) / self.world_size) / n_micro)
-        chunks = micro_batches(mine, c_micro, n_micro)
-
+        chunks, measure = self._my_micro_batches(kept)
         packed = [pack(batch, idx, advantages, self.device) for idx in chunks]
         if c.algorithm == "ppo":
             self._ppo_prepare(packed, batch)
-
-        sums = {"policy_loss": 0.0, "kl": 0.0, "entropy": 0.0, "clipfrac": 0.0, "value_loss": 0.0, "logprob_diff": 0.0}
-        g_small_sq = b_small = None
-        for k, mb in enumerate(packed):
-            out = self._micro_step(mb, total_tokens)
-            for key, value in out.items():
-                sums[key] = sums.get(key, 0.0) + value
-            if k == 0 and measure:
-                g_small_sq, b_small = self._local_grad_sq(), mb.num_samples
-        noise = None
-        self.noise.last = None
-        if g_small_sq is not None:
-            noise = self._update_noise(g_small_sq, b_small, len(mine), total_tokens, packed)
-        # This step's raw estimates: a reader averaging them over many steps gets a far
-        # steadier B_simple than any one step's (see rlscale.plan.calibration).
-        noise_g_sq, noise_trace = self.noise.last or (None, None)
-
+        sums, first = self._backward(packed, total_tokens, measure)
+        noise_scale, noise_g_sq, noise_trace = self._noise_estimates(first, packed, total_tokens)
         self.engine.step()
         if self.critic is not None:
             self.critic.step()
         self.steps += 1
-        self.version += 1
 
-        # Per-rank sums of token-weighted stats, normalised by the batch's token count.
-        reduced = torch.tensor([sums[k] for k in sorted(sums)], dtype=torch.float64)
-        if self.world_size > 1:
-            dist.all_reduce(reduced, group=self._control)
-        for key, value in zip(sorted(sums), reduced.tolist(), strict=True):
-            stats[key] = value / total_tokens
+        stats.update(self._reduce(sums, total_tokens))
         grad_norm = self.engine.get_global_grad_norm()
         stats.update(
             lr=self._current_lr(),
             tokens=float(total_tokens),
             grad_norm=float(grad_norm) if grad_norm is not None else None,
-            noise_scale=float(noise) if noise is not None else self.noise.value,
+            noise_scale=noise_scale,
+            # This step's raw estimates: a reader averaging them over many steps gets a far
+            # steadier B_simple than any one step's (see rlscale.plan.calibration).
             noise_grad_sq=noise_g_sq,
             noise_trace=noise_trace,
-            version=float(self.version),
             skipped=0.0,
         )
         stats["loss"] = stats["policy_loss"] + c.kl_coef * stats["kl"] * (c.algorithm == "grpo")
         stats["train_seconds"] = stats["compute_seconds"] = time.perf_counter() - start
         return stats
+
+    def _advantages(self, batch: RolloutBatch) -> tuple[torch.Tensor, list[int]]:
+        """GRPO's group advantages (PPO's come later, from the critic) and the samples worth training on."""
+        c = self.config
+        if c.algorithm != "grpo":
+            return torch.zeros(len(batch)), list(range(len(batch)))
+        rewards = torch.tensor(batch.rewards, dtype=torch.float32)
+        advantages = A.grpo_advantages(rewards, batch.samples_per_prompt, normalize_std=c.std_normalize)
+        keep = (A.groups_with_signal(rewards, batch.samples_per_prompt) if c.drop_uniform_groups
+                else torch.ones(len(batch), dtype=torch.bool))
+        return advantages, keep.nonzero().flatten().tolist()
+
+    def _my_micro_batches(self, kept: list[int]) -> tuple[list[list[int]], bool]:
+        """This rank's share (every world_size-th kept sample) in micro-batches, and whether this
+        step measures the noise scale. Every rank gets the same count (see pack)."""
+        c = self.config
+        per_rank = math.ceil(len(kept) / self.world_size)
+        n_micro = math.ceil(per_rank / c.micro_batch)
+        measure = c.measure_noise and c.zero_stage < 2 and len(kept) >= 2 * self.world_size
+        if measure and n_micro == 1:
+            # The noise scale compares a micro-batch with the whole share, so it needs two;
+            # halving one micro-batch costs about the same compute.
+            n_micro = 2
+        return micro_batches(kept[self.rank :: self.world_size], math.ceil(per_rank / n_micro), n_micro), measure
+
+    def _backward(self, packed: list, total_tokens: int, measure: bool) -> tuple[dict[str, float], tuple | None]:
+        """Backward over every micro-batch; returns the summed token-weighted stats and, when
+        measuring, (|g|^2, samples) after the first micro-batch."""
+        sums = dict.fromkeys(("policy_loss", "kl", "entropy", "clipfrac", "value_loss", "logprob_diff"), 0.0)
+        first = None
+        for k, mb in enumerate(packed):
+            for key, value in self._micro_step(mb, total_tokens).items():
+                sums[key] = sums.get(key, 0.0) + value
+            if k == 0 and measure:
+                first = (self._local_grad_sq(), mb.num_samples)
+        return sums, first
+
+    def _reduce(self, sums: dict[str, float], total_tokens: int) -> dict[str, float]:
+        """Per-rank sums of token-weighted stats, summed over ranks, per token of the batch."""
+        keys = sorted(sums)
+        reduced = torch.tensor([sums[k] for k in keys], dtype=torch.float64)
+        if self.world_size > 1:
+            dist.all_reduce(reduced, group=self._control)
+        return {k: v / total_tokens for k, v in zip(keys, reduced.tolist(), strict=True)}
 
     def _current_lr(self) -> float:
         return float(self.engine.optimizer.param_groups[0]["lr"])
@@ -360,7 +367,7 @@ class Learner:
         logprobs, resp_logits = self._forward_logprobs(self.engine, mb)
         # One optimiser step per batch: the parameters that sampled (up to engine
         # numerics) are the current ones, so the old policy is the current one, detached.
-        old = mb.old_logprobs if mb.old_logprobs is not None else logprobs.detach()
+        old = logprobs.detach()
         denom = total_tokens / self.world_size  # DeepSpeed averages over ranks
         loss, pstats = A.policy_loss(
             logprobs, old, mb.advantages, mb.mask, clip_low=c.clip_ratio, clip_high=c.clip_ratio_high, denom=denom
@@ -412,12 +419,9 @@ class Learner:
             mb.advantages, mb.returns = A.gae(rewards, mb.old_values, mb.mask, gamma=c.gamma, lam=c.lam)
             all_adv.append((mb.advantages, mb.mask))
         # Whiten over this rank's share of the batch (the usual PPO normalisation).
-        adv = torch.cat([a.flatten() for a, _ in all_adv])
-        mask = torch.cat([m.flatten() for _, m in all_adv])
-        mean = A.masked_mean(adv, mask)
-        std = A.masked_mean((adv - mean) ** 2, mask).sqrt()
-        for mb in packed:
-            mb.advantages = (mb.advantages - mean) / (std + 1e-8) * mb.mask
+        white = A.whiten(torch.cat([a.flatten() for a, _ in all_adv]), torch.cat([m.flatten() for _, m in all_adv]))
+        for mb, part in zip(packed, white.split([mb.advantages.numel() for mb in packed]), strict=True):
+            mb.advantages = part.view_as(mb.advantages)
 
     # --- gradient noise scale --------------------------------------------------------
 
@@ -431,10 +435,20 @@ class Learner:
                 total += p.grad.float().pow(2).sum().item()
         return total
 
+    def _noise_estimates(self, first: tuple | None, packed: list, total_tokens: int):
+        """(noise scale, this step's raw |G|^2, its tr(Sigma)); the raw pair is None when not measured."""
+        self.noise.last = None
+        noise = None
+        if first is not None and first[0] is not None:
+            b_big = sum(mb.num_samples for mb in packed)
+            noise = self._update_noise(first[0], first[1], b_big, total_tokens, packed)
+        g_sq, trace = self.noise.last or (None, None)
+        return (float(noise) if noise is not None else self.noise.value), g_sq, trace
+
     def _update_noise(self, g_small_sq, b_small, b_big, total_tokens, packed) -> float | None:
         """B_simple from the first micro-batch vs this rank's whole share, in samples."""
         g_big_sq = self._local_grad_sq()
-        if g_small_sq is None or g_big_sq is None:
+        if g_big_sq is None:
             return None
         # The accumulated losses were divided by the batch's token count / world size;
         # rescale both gradients to their own token means so the norms are comparable.
@@ -521,7 +535,7 @@ class Learner:
         self._barrier()  # every rank's shards are on disk before the rename makes them visible
         result = None
         if owner:
-            learner_state = {"steps": self.steps, "version": self.version, "lr": self.lr, "noise": self.noise.state_dict()}
+            learner_state = {"steps": self.steps, "lr": self.lr, "noise": self.noise.state_dict()}
             result = checkpoint.finish(tmp, final, {"run": state, "learner": learner_state}, keep)
         self._barrier()
         return result if self.rank == 0 else None
@@ -535,7 +549,7 @@ class Learner:
                 raise RuntimeError(f"learner: checkpoint {path} has no DeepSpeed state {tag!r}; delete it to start afresh")
         saved = checkpoint.read_state(Path(path))
         ls = saved["learner"]
-        self.steps, self.version, self.lr = ls["steps"], ls["version"], ls["lr"]
+        self.steps, self.lr = ls["steps"], ls["lr"]
         self.noise.load_state_dict(ls["noise"])
         return saved["run"]
 
