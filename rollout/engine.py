@@ -179,28 +179,20 @@ class RolloutEngine:
         if not prompt_token_ids:
             return []
         stops = self.stop_token_ids if stop_token_ids is None else list(stop_token_ids)
-        if seed is None or isinstance(seed, int):
-            # vLLM gives child j of a prompt seed+j; spacing prompts by n keeps every
-            # sample of the batch on its own stream.
-            seeds = [None if seed is None else seed + i * samples_per_prompt for i in range(len(prompt_token_ids))]
-        else:
-            seeds = list(seed)
-            if len(seeds) != len(prompt_token_ids):
-                raise ValueError(f"seed: {len(seeds)} seeds for {len(prompt_token_ids)} prompts; give one per prompt")
+        seeds = prompt_seeds(seed, len(prompt_token_ids), samples_per_prompt)
         # vLLM refuses n > 1 with greedy decoding: send each greedy copy on its own.
         copies = samples_per_prompt if temperature == 0 else 1
-        n = samples_per_prompt // copies
-        params, prompts = [], []
-        for i, p in enumerate(prompt_token_ids):
+        prompts, params = [], []
+        for p, s in zip(prompt_token_ids, seeds, strict=True):
             prompts += [TokensPrompt(prompt_token_ids=list(map(int, p))) for _ in range(copies)]
             # One SamplingParams per request: vLLM updates them in place.
             params += [
                 SamplingParams(
-                    n=n,
+                    n=samples_per_prompt // copies,
                     temperature=temperature,
                     top_p=top_p,
                     max_tokens=max_new_tokens,
-                    seed=seeds[i],
+                    seed=s,
                     logprobs=0,  # just the sampled token's logprob
                     stop_token_ids=[] if ignore_eos else stops,
                     ignore_eos=ignore_eos,  # fixed lengths, for benchmarks
@@ -211,25 +203,7 @@ class RolloutEngine:
         with self._lock:
             outputs = self.llm.generate(prompts, params, use_tqdm=False)
             version = self.version
-        result: list[list[Sample]] = []
-        for i in range(len(prompt_token_ids)):
-            samples = []
-            group = outputs[i * copies : (i + 1) * copies]
-            for comp in (c for out in group for c in sorted(out.outputs, key=lambda c: c.index)):
-                ids = list(comp.token_ids)
-                lps = comp.logprobs or []
-                # logprobs=0 returns one entry per position: the sampled token's.
-                flat = [float(pos[t].logprob) for pos, t in zip(lps, ids, strict=True)]
-                samples.append(
-                    Sample(
-                        token_ids=ids,
-                        logprobs=flat,
-                        finish_reason=str(comp.finish_reason),
-                        weights_version=version,
-                    )
-                )
-            result.append(samples)
-        return result
+        return group_samples(outputs, len(prompt_token_ids), copies, version)
 
     def load_weights(
         self,
@@ -304,6 +278,34 @@ class RolloutWorkerExtension:
                 module.quant_method.process_weights_after_loading(module)
                 n += 1
         return n
+
+
+def prompt_seeds(seed: int | Sequence[int] | None, prompts: int, samples_per_prompt: int) -> list[int | None]:
+    """One seed per prompt, from a base seed for the batch or one seed per prompt (None: unseeded)."""
+    if seed is None or isinstance(seed, int):
+        # vLLM gives child j of a prompt seed+j; spacing prompts by n keeps every
+        # sample of the batch on its own stream.
+        return [None if seed is None else seed + i * samples_per_prompt for i in range(prompts)]
+    seeds = list(seed)
+    if len(seeds) != prompts:
+        raise ValueError(f"seed: {len(seeds)} seeds for {prompts} prompts; give one per prompt")
+    return seeds
+
+
+def group_samples(outputs: Sequence[Any], prompts: int, copies: int, version: int) -> list[list[Sample]]:
+    """vLLM's outputs (`copies` requests per prompt, in order) as each prompt's samples."""
+    result: list[list[Sample]] = []
+    for i in range(prompts):
+        group = outputs[i * copies : (i + 1) * copies]
+        samples = []
+        for comp in (c for out in group for c in sorted(out.outputs, key=lambda c: c.index)):
+            ids = list(comp.token_ids)
+            # logprobs=0 returns one entry per position: the sampled token's.
+            flat = [float(pos[t].logprob) for pos, t in zip(comp.logprobs or [], ids, strict=True)]
+            samples.append(Sample(token_ids=ids, logprobs=flat, finish_reason=str(comp.finish_reason),
+                                  weights_version=version))
+        result.append(samples)
+    return result
 
 
 def _detached(items: Iterable[tuple[str, torch.Tensor]]):
