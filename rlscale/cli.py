@@ -91,7 +91,8 @@ def validate(files: list[Path] = typer.Argument(..., help="RLRun YAML files.", s
 
         note = (f"; {s.task.dataset} is on the pods' volume: its rows are checked when the run starts"
                 if dataset_on_cluster(s) else "")
-        out.print(f"[green]ok[/] {f}: RLRun {r.name} ({s.algorithm.name}, {s.model.path}, {s.hardware.accelerator}){note}",
+        out.print(f"[green]ok[/] {f}: RLRun {r.name} ({s.algorithm.name}, {s.model.path}, "
+                  f"{s.hardware.accelerator}){note}",
                   highlight=False, soft_wrap=True)
     raise typer.Exit(1 if bad else 0)
 
@@ -117,7 +118,8 @@ def _plan_table(rlrun, d: dict) -> Table:
     t = Table(title=f"Plan for RLRun {rlrun.name}", show_header=False, title_justify="left")
     t.add_column(style="bold")
     t.add_column()
-    t.add_row("batch", f"{d['prompts']} prompts x {d['samplesPerPrompt']} samples = {d['prompts'] * d['samplesPerPrompt']}")
+    t.add_row("batch", f"{d['prompts']} prompts x {d['samplesPerPrompt']} samples = "
+              f"{d['prompts'] * d['samplesPerPrompt']}")
     t.add_row("learning rate", f"{fmt_lr(d['learningRate'])} ({opt.scaling} rule from {fmt_lr(opt.lr)} "
                                f"at {opt.reference_batch} samples)")
     t.add_row("replicas", f"rollout {d['rolloutReplicas']}, learner {d['learnerReplicas']}")
@@ -213,7 +215,8 @@ def prepare_model(config: Path | None = ConfigOpt) -> None:
 
 @app.command(hidden=True)
 def operator(
-    namespace: list[str] | None = typer.Option(None, "--namespace", "-n", help="Watch these namespaces (default: all)."),
+    namespace: list[str] | None = typer.Option(None, "--namespace", "-n",
+                                               help="Watch these namespaces (default: all)."),
     metrics_port: int = typer.Option(OPERATOR_METRICS_PORT, "--metrics-port", help="Operator /metrics port."),
 ) -> None:
     """Run the Kubernetes operator (kopf) that reconciles RLRuns."""

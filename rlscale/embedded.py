@@ -257,20 +257,23 @@ def progress_view(rec: dict[str, Any] | None, target: float, metric: str, budget
     ph = rec.get("phases", {})
     split = "  ".join(f"{k} {v:.2f}s" for k, v in ph.items())
     tm = rec.get("target_metric")
-    t.add_row("step", f"{rec['step']}  (batch {rec.get('prompts')}x{rec.get('samples_per_prompt')}, lr {fmt_lr(rec.get('lr', 0))})")
+    t.add_row("step", f"{rec['step']}  (batch {rec.get('prompts')}x{rec.get('samples_per_prompt')}, lr "
+              f"{fmt_lr(rec.get('lr', 0))})")
     t.add_row("samples", f"{rec['samples']:,} of at most {budget_samples:,}")
     t.add_row("reward", f"{rec.get('reward_mean', 0):.3f}")
     t.add_row(metric, f"{tm:.3f} / {target}" if tm is not None else f"- / {target}")
     t.add_row("samples/s", f"{rec.get('samples_per_second', 0):.1f}")
     t.add_row("last step", f"{rec.get('step_seconds', 0):.2f}s = {split}")
     if rec.get("time_to_target_seconds") is not None:
-        t.add_row("time to target", f"[bold green]{fmt_duration(rec['time_to_target_seconds'])}[/]  ({rec.get('samples_to_target'):,} samples)")
+        t.add_row("time to target", f"[bold green]{fmt_duration(rec['time_to_target_seconds'])}[/]  "
+                  f"({rec.get('samples_to_target'):,} samples)")
     else:
         t.add_row("ETA to target", fmt_duration(rec.get("eta_seconds")))
     return Group(bar, t)
 
 
-def prepare_run(rlrun: RLRun, runs_dir: Path, metrics_port: int, fresh: bool, linger: float = 0.0) -> tuple[RunConfig, Path, Any]:
+def prepare_run(rlrun: RLRun, runs_dir: Path, metrics_port: int, fresh: bool,
+                linger: float = 0.0) -> tuple[RunConfig, Path, Any]:
     """Plan, resolve the model and write run.json + plan.json into runs/<name>/."""
     spec = rlrun.spec
     plan = make_plan(spec)
@@ -286,9 +289,10 @@ def prepare_run(rlrun: RLRun, runs_dir: Path, metrics_port: int, fresh: bool, li
     from rlscale.trainer.data import check_before_start
 
     task = check_before_start(spec, model_dir)  # a bad row or reward stops here, before any process starts
+    dropped = sum(task.dropped.values())
     console.print(f"task: {task.name}, {len(task.train)} train and {len(task.eval)} held-out prompts"
                   f"{' (chat template)' if task.chat else ''}"
-                  + (f", {sum(task.dropped.values())} longer than maxLength - maxNewTokens dropped" if any(task.dropped.values()) else ""),
+                  + (f", {dropped} longer than maxLength - maxNewTokens dropped" if dropped else ""),
                   highlight=False)
     port = metrics_port or free_port()
     cores = max(1, os.cpu_count() or 1)
@@ -307,8 +311,8 @@ def prepare_run(rlrun: RLRun, runs_dir: Path, metrics_port: int, fresh: bool, li
     return cfg, run_dir, plan
 
 
-def run_embedded(rlrun: RLRun, *, metrics_port: int = DEFAULT_METRICS_PORT, runs_dir: Path = Path("runs"), fresh: bool = False,
-                 linger: float = 0.0) -> int:
+def run_embedded(rlrun: RLRun, *, metrics_port: int = DEFAULT_METRICS_PORT, runs_dir: Path = Path("runs"),
+                 fresh: bool = False, linger: float = 0.0) -> int:
     """Run the RLRun on this machine; returns the driver's exit code."""
     spec = rlrun.spec
     console.rule(f"[bold]rlscale run[/] {rlrun.name}")
@@ -333,7 +337,8 @@ def run_embedded(rlrun: RLRun, *, metrics_port: int = DEFAULT_METRICS_PORT, runs
     try:
         head = local.start(Role("ray-head", exe + ["ray-head"], local.role_env(), run_dir / "logs/ray-head.log"))
         _wait_port(host, int(port), head, timeout=120)
-        rollouts = [local.start(Role(f"rollout-{i}", exe + ["rollout"], local.role_env(), run_dir / f"logs/rollout-{i}.log"))
+        rollouts = [local.start(Role(f"rollout-{i}", exe + ["rollout"], local.role_env(), run_dir /
+                                     f"logs/rollout-{i}.log"))
                     for i in range(int(plan.rollout_replicas))]
         world = int(plan.learner_replicas)
         master_port = str(free_port())
@@ -355,7 +360,8 @@ def run_embedded(rlrun: RLRun, *, metrics_port: int = DEFAULT_METRICS_PORT, runs
     elif code == EXIT_BUDGET:
         console.print(f"[yellow]budget spent before the target[/] — report: {summary}", highlight=False)
     elif code == EXIT_INTERRUPTED:
-        console.print(f"[yellow]stopped; checkpoint kept[/] — run the same command again to resume. Report: {summary}", highlight=False)
+        console.print(f"[yellow]stopped; checkpoint kept[/] — run the same command again to resume. Report: {summary}",
+                      highlight=False)
     else:
         console.print(f"[red]the driver failed (exit {code})[/]; see {run_dir / 'logs'}", highlight=False)
     if summary.exists() and code in (EXIT_TARGET, EXIT_BUDGET):
@@ -385,7 +391,8 @@ def _watch(local: LocalRun, driver: Role, rollouts: list[Role], run_dir: Path, s
                     r.restarts += 1
                     r.start()
             for other in local.roles:
-                if other.name.startswith("learner") and other is not driver and not other.alive() and other.proc.returncode:
+                if (other.name.startswith("learner") and other is not driver and not other.alive()
+                        and other.proc.returncode):
                     console.print(f"[red]{other.name} exited with {other.proc.returncode}[/]; stopping the run")
                     driver.send(signal.SIGTERM)
             live.update(progress_view(last, spec.target.value, spec.target.metric, spec.budget.max_samples, bar))

@@ -80,7 +80,8 @@ def ray_node_env(environ=None) -> dict[str, str]:
     return env
 
 
-def ray_head_command(ray_address: str | None, num_cpus: int | None = None, object_store_bytes: int | None = None) -> list[str]:
+def ray_head_command(ray_address: str | None, num_cpus: int | None = None,
+                     object_store_bytes: int | None = None) -> list[str]:
     """`ray start --head` for the run: no dashboard, no usage stats, blocking so the process is the role."""
     host, port = split_address(ray_address)
     cmd = [ray_executable(), "start", "--head", f"--port={port}", "--block", "--disable-usage-stats",

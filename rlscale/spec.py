@@ -101,10 +101,14 @@ class ModelSpec(_Model):
 class AlgorithmSpec(_Model):
     """The RL algorithm and its loss coefficients."""
 
-    name: Literal["grpo", "ppo"] = Field("grpo", description="grpo (group-normalised advantages, no critic) or ppo (critic + GAE).")
-    clip_ratio: float = Field(0.2, gt=0, le=10, description="PPO-style ratio clip epsilon (lower side, and upper unless clipRatioHigh is set).")
-    clip_ratio_high: float | None = Field(None, gt=0, le=10, description="Upper clip epsilon for asymmetric clipping; defaults to clipRatio.")
-    kl_coef: float = Field(0.0, ge=0, description="Coefficient of the KL penalty to the frozen reference policy; 0 disables the reference model.")
+    name: Literal["grpo", "ppo"] = Field("grpo", description="grpo (group-normalised advantages, no critic) or ppo "
+                                         "(critic + GAE).")
+    clip_ratio: float = Field(0.2, gt=0, le=10, description="PPO-style ratio clip epsilon (lower side, and upper "
+                              "unless clipRatioHigh is set).")
+    clip_ratio_high: float | None = Field(None, gt=0, le=10, description="Upper clip epsilon for asymmetric clipping; "
+                                          "defaults to clipRatio.")
+    kl_coef: float = Field(0.0, ge=0, description="Coefficient of the KL penalty to the frozen reference policy; 0 "
+                           "disables the reference model.")
     gamma: float = Field(1.0, ge=0, le=1, description="Discount factor (PPO GAE).")
     lambda_: float = Field(0.95, ge=0, le=1, alias="lambda", description="GAE lambda (PPO).")
     value_coef: float = Field(0.5, ge=0, description="Weight of the value loss (PPO).")
@@ -114,26 +118,55 @@ class AlgorithmSpec(_Model):
 class TaskSpec(_Model):
     """Prompts and the verifiable reward."""
 
-    name: str | None = Field(None, min_length=1, max_length=256, description="builtin:arithmetic (generated in code; the default without task.dataset), or with task.dataset a label for it (default: the file's name).")
-    dataset: str | None = Field(None, min_length=1, max_length=1024, description="Prompts and answers: a JSONL, Parquet or CSV file, a `datasets` save_to_disk directory, or a hub dataset id in the HF_HOME cache. A relative path is read from the spec file's folder; on Kubernetes, a path on a volume every pod mounts (e.g. under /models on model.volume).")
-    prompt_field: str | None = Field(None, min_length=1, max_length=256, description="Column holding the prompt text (default: prompt).")
-    messages_field: str | None = Field(None, min_length=1, max_length=256, description="Column holding the prompt as chat messages [{role, content}, ...], instead of promptField.")
-    answer_field: str = Field("answer", min_length=1, max_length=256, description="Column holding the reference answer (a string or a number; GSM8K's '... #### 42' works as it is).")
-    extra_fields: list[Annotated[str, Field(min_length=1, max_length=256)]] | None = Field(None, max_length=64, description="Columns handed to the reward as `extra` (each required in every row); unset: the whole row.")
-    train_split: str = Field("train", min_length=1, max_length=64, description="Split to train on (a single file is the split train).")
-    eval_split: str | None = Field(None, min_length=1, max_length=64, description="Held-out split; unset: task.evalFraction of the train split is held out.")
-    eval_fraction: float = Field(0.1, gt=0, lt=1, description="Share of the train split held out when evalSplit is unset.")
+    name: str | None = Field(None, min_length=1, max_length=256, description="builtin:arithmetic (generated in code; "
+                             "the default without task.dataset), or with task.dataset a label for it (default: the "
+                             "file's name).")
+    dataset: str | None = Field(None, min_length=1, max_length=1024,
+                                description="Prompts and answers: a JSONL, Parquet or CSV file, a `datasets` "
+                                "save_to_disk directory, or a hub dataset id in the HF_HOME cache. A relative path is "
+                                "read from the spec file's folder; on Kubernetes, a path on a volume every pod mounts "
+                                "(e.g. under /models on model.volume).")
+    prompt_field: str | None = Field(None, min_length=1, max_length=256,
+                                     description="Column holding the prompt text (default: prompt).")
+    messages_field: str | None = Field(None, min_length=1, max_length=256,
+                                       description="Column holding the prompt as chat messages [{role, content}, ...], "
+                                       "instead of promptField.")
+    answer_field: str = Field("answer", min_length=1, max_length=256,
+                              description="Column holding the reference answer (a string or a number; GSM8K's '... "
+                              "#### 42' works as it is).")
+    extra_fields: list[Annotated[str, Field(min_length=1, max_length=256)]] | None = Field(None, max_length=64,
+        description="Columns handed to the reward as `extra` (each required in every row); unset: the whole row.")
+    train_split: str = Field("train", min_length=1, max_length=64,
+                             description="Split to train on (a single file is the split train).")
+    eval_split: str | None = Field(None, min_length=1, max_length=64,
+                                   description="Held-out split; unset: task.evalFraction of the train split is held "
+                                   "out.")
+    eval_fraction: float = Field(0.1, gt=0, lt=1, description="Share of the train split held out when evalSplit is "
+                                 "unset.")
     eval_size: PosInt | None = Field(None, description="Evaluate on at most this many held-out prompts (default: all).")
     seed: int = Field(0, ge=0, description="Seed of the held-out split.")
-    system_prompt: str | None = Field(None, min_length=1, max_length=8192, description="A system message put before every prompt (with the chat template; plain text before the prompt without one).")
-    chat: bool | None = Field(None, description="true: render prompts with the model's chat template (an error if it has none); false: plain text; unset: the template when the model has one.")
-    reward: str = Field("exact-match", min_length=1, max_length=256, description="exact-match (answer extracted after ####, from \\boxed{}, else the last number), math (math-verify: 1/2 equals 0.5), format (task.formatPattern), a plug-in module:function called as fn(prompt, completion, answer, extra) -> float, or a weighted sum such as 0.9*math + 0.1*format.")
-    format_pattern: str = Field("-?[0-9]+", min_length=1, max_length=1024, description="Regular expression the whole stripped completion must match for the format reward.")
-    reward_timeout: float = Field(10.0, gt=0, le=3600, description="Seconds one reward call may take; a longer one stops the run naming the prompt and completion.")
-    difficulty: int = Field(1, ge=0, le=3, description="builtin:arithmetic level: 0 one-digit addition, 1 two-digit addition (calibrated), 2 two-digit addition and subtraction, 3 three-digit addition.")
+    system_prompt: str | None = Field(None, min_length=1, max_length=8192,
+                                      description="A system message put before every prompt (with the chat template; "
+                                      "plain text before the prompt without one).")
+    chat: bool | None = Field(None, description="true: render prompts with the model's chat template (an error if it "
+                              "has none); false: plain text; unset: the template when the model has one.")
+    reward: str = Field("exact-match", min_length=1, max_length=256,
+                        description="exact-match (answer extracted after ####, from \\boxed{}, else the last number), "
+                        "math (math-verify: 1/2 equals 0.5), format (task.formatPattern), a plug-in module:function "
+                        "called as fn(prompt, completion, answer, extra) -> float, or a weighted sum such as 0.9*math "
+                        "+ 0.1*format.")
+    format_pattern: str = Field("-?[0-9]+", min_length=1, max_length=1024,
+                                description="Regular expression the whole stripped completion must match for the "
+                                "format reward.")
+    reward_timeout: float = Field(10.0, gt=0, le=3600, description="Seconds one reward call may take; a longer one "
+                                  "stops the run naming the prompt and completion.")
+    difficulty: int = Field(1, ge=0, le=3, description="builtin:arithmetic level: 0 one-digit addition, 1 two-digit "
+                            "addition (calibrated), 2 two-digit addition and subtraction, 3 three-digit addition.")
     max_new_tokens: PosInt = Field(8, description="Longest response in tokens.")
-    expected_prompt_tokens: PosInt = Field(16, description="Planning hint: mean prompt length in tokens (measured values replace it).")
-    expected_response_tokens: PosInt = Field(4, description="Planning hint: mean response length in tokens (measured values replace it).")
+    expected_prompt_tokens: PosInt = Field(16, description="Planning hint: mean prompt length in tokens (measured "
+                                           "values replace it).")
+    expected_response_tokens: PosInt = Field(4, description="Planning hint: mean response length in tokens (measured "
+                                             "values replace it).")
 
     @field_validator("chat", mode="before")
     @classmethod
@@ -144,49 +177,62 @@ class TaskSpec(_Model):
 
     @model_validator(mode="after")
     def _default_name(self) -> TaskSpec:
-        if self.name is None:
-            self.name = BUILTIN_TASKS[0] if self.dataset is None else Path(self.dataset.rstrip("/")).stem or self.dataset
+        if self.name is None and self.dataset is None:
+            self.name = BUILTIN_TASKS[0]
+        elif self.name is None:
+            self.name = Path(self.dataset.rstrip("/")).stem or self.dataset
         return self
 
 
 class TargetSpec(_Model):
     """When the run is done."""
 
-    metric: Literal["eval/accuracy", "eval/reward"] = Field("eval/accuracy", description="Measured on the held-out split with greedy decoding: eval/accuracy, the share of prompts whose reward is 1 or more; eval/reward, the mean reward.")
+    metric: Literal["eval/accuracy", "eval/reward"] = Field("eval/accuracy",
+                                                            description="Measured on the held-out split with greedy "
+                                                            "decoding: eval/accuracy, the share of prompts whose "
+                                                            "reward is 1 or more; eval/reward, the mean reward.")
     value: float = Field(0.8, description="Target value; accuracy targets lie in (0, 1].")
     eval_every: PosInt = Field(5, description="Evaluate every this many steps.")
     window: PosInt = Field(3, description="Target reached when the moving average of this many evals reaches value.")
-    expected_samples: float | None = Field(None, gt=0, description="Samples to reach the target at optimizer.referenceBatch, if known from earlier runs; sets the absolute time-to-target (only ratios decide the plan).")
+    expected_samples: float | None = Field(None, gt=0, description="Samples to reach the target at "
+                                           "optimizer.referenceBatch, if known from earlier runs; sets the absolute "
+                                           "time-to-target (only ratios decide the plan).")
 
 
 class BatchSpec(_Model):
     """Samples per optimiser step: prompts x samplesPerPrompt."""
 
-    prompts: Auto | PosInt = Field("auto", description='Prompts per step, or "auto" to let the planner choose within [minPrompts, maxPrompts].')
+    prompts: Auto | PosInt = Field("auto", description='Prompts per step, or "auto" to let the planner choose within '
+                                   '[minPrompts, maxPrompts].')
     samples_per_prompt: PosInt = Field(8, description="Samples generated per prompt (the GRPO group size).")
     min_prompts: PosInt = Field(4, description="Smallest prompts per step the planner may choose.")
     max_prompts: PosInt = Field(256, description="Largest prompts per step the planner may choose.")
-    micro_batch: PosInt = Field(32, description="Sequences per learner forward/backward; gradients accumulate to the whole batch.")
+    micro_batch: PosInt = Field(32, description="Sequences per learner forward/backward; gradients accumulate to the "
+                                "whole batch.")
 
 
 class OptimizerSpec(_Model):
     """Adam(W) and the learning-rate scaling rule."""
 
     lr: float = Field(1.0e-5, gt=0, le=1, description="Learning rate tuned at referenceBatch samples per step.")
-    reference_batch: PosInt = Field(64, description="Samples per step (prompts x samplesPerPrompt) at which lr was tuned.")
-    scaling: Literal["sqrt", "linear", "none"] = Field("sqrt", description="How lr follows the batch: sqrt (Adam, Malladi et al. 2022), linear (SGD, Goyal et al. 2017) or none.")
+    reference_batch: PosInt = Field(64, description="Samples per step (prompts x samplesPerPrompt) at which lr was "
+                                    "tuned.")
+    scaling: Literal["sqrt", "linear", "none"] = Field("sqrt", description="How lr follows the batch: sqrt (Adam, "
+                                                       "Malladi et al. 2022), linear (SGD, Goyal et al. 2017) or none.")
     betas: tuple[float, float] = Field((0.9, 0.999), description="Adam beta1 and beta2, each in [0, 1).")
     eps: float = Field(1.0e-8, gt=0, description="Adam epsilon.")
     weight_decay: float = Field(0.0, ge=0, description="Decoupled weight decay.")
     warmup_steps: int = Field(0, ge=0, description="Linear warm-up steps.")
     grad_clip: float = Field(1.0, ge=0, description="Global gradient-norm clip; 0 disables it.")
-    noise_scale: float | None = Field(None, gt=0, description="Gradient noise scale B_noise in samples, if known; the run measures it, else 4 x referenceBatch.")
+    noise_scale: float | None = Field(None, gt=0, description="Gradient noise scale B_noise in samples, if known; the "
+                                      "run measures it, else 4 x referenceBatch.")
 
 
 class BudgetSpec(_Model):
     """What the run may spend."""
 
-    gpus: int = Field(8, ge=0, description="GPUs for rollout and learner replicas together (ignored on accelerator cpu).")
+    gpus: int = Field(8, ge=0, description="GPUs for rollout and learner replicas together (ignored on accelerator "
+                      "cpu).")
     max_samples: PosInt = Field(200000, description="Stop after this many samples if the target is not reached.")
     max_steps: PosInt = Field(1000, description="Stop after this many optimiser steps.")
 
@@ -205,7 +251,8 @@ class EnvVar(_Model):
 
     name: str = Field(min_length=1, max_length=253, pattern=ENV_NAME_RE, description="Variable name.")
     value: str | None = Field(None, description="Literal value.")
-    value_from: dict[str, Any] | None = Field(None, description="secretKeyRef, configMapKeyRef or fieldRef, as in a pod spec.")
+    value_from: dict[str, Any] | None = Field(None, description="secretKeyRef, configMapKeyRef or fieldRef, as in a "
+                                              "pod spec.")
 
 
 class ExtraVolume(_Model):
@@ -230,17 +277,27 @@ class PodOverrides(_Model):
     # Merged into what the operator builds; the operator's own env names, volumes and mounts
     # cannot be replaced (RESERVED_* above, checked by the rules below).
 
-    labels: dict[str, str] = Field(default_factory=dict, description="Extra pod labels (the operator's own rlscale.dev/* labels win).")
+    labels: dict[str, str] = Field(default_factory=dict, description="Extra pod labels (the operator's own "
+                                   "rlscale.dev/* labels win).")
     annotations: dict[str, str] = Field(default_factory=dict, description="Extra pod annotations.")
-    node_selector: dict[str, str] = Field(default_factory=dict, description="Node labels the pods require, e.g. {nvidia.com/gpu.product: NVIDIA-H100-80GB-HBM3}.")
-    tolerations: list[dict[str, Any]] = Field(default_factory=list, max_length=32, description="Pod tolerations, e.g. [{key: nvidia.com/gpu, operator: Exists, effect: NoSchedule}].")
-    affinity: dict[str, Any] = Field(default_factory=dict, description="Pod affinity (nodeAffinity, podAffinity, podAntiAffinity).")
-    priority_class_name: str | None = Field(None, max_length=253, description="PriorityClass of the pods; overrides scheduling.priorityClassName.")
-    image_pull_secrets: list[Annotated[str, Field(max_length=253)]] = Field(default_factory=list, max_length=8, description="Names of Secrets to pull the image with.")
+    node_selector: dict[str, str] = Field(default_factory=dict, description="Node labels the pods require, e.g. "
+                                          "{nvidia.com/gpu.product: NVIDIA-H100-80GB-HBM3}.")
+    tolerations: list[dict[str, Any]] = Field(default_factory=list, max_length=32,
+                                              description="Pod tolerations, e.g. "
+                                              "[{key: nvidia.com/gpu, operator: Exists, effect: NoSchedule}].")
+    affinity: dict[str, Any] = Field(default_factory=dict, description="Pod affinity (nodeAffinity, podAffinity, "
+                                     "podAntiAffinity).")
+    priority_class_name: str | None = Field(None, max_length=253, description="PriorityClass of the pods; overrides "
+                                            "scheduling.priorityClassName.")
+    image_pull_secrets: list[Annotated[str, Field(max_length=253)]] = Field(
+        default_factory=list, max_length=8, description="Names of Secrets to pull the image with.")
     runtime_class_name: str | None = Field(None, max_length=253, description="RuntimeClass, e.g. nvidia.")
-    env: list[EnvVar] = Field(default_factory=list, max_length=64, description="Extra container env entries (name with value or valueFrom).")
-    volumes: list[ExtraVolume] = Field(default_factory=list, max_length=16, description="Extra pod volumes (each a name and one source).")
-    volume_mounts: list[VolumeMount] = Field(default_factory=list, max_length=16, description="Mounts of those volumes in the role's container.")
+    env: list[EnvVar] = Field(default_factory=list, max_length=64,
+                              description="Extra container env entries (name with value or valueFrom).")
+    volumes: list[ExtraVolume] = Field(default_factory=list, max_length=16,
+                                       description="Extra pod volumes (each a name and one source).")
+    volume_mounts: list[VolumeMount] = Field(default_factory=list, max_length=16,
+                                             description="Mounts of those volumes in the role's container.")
 
 
 class _RoleSpec(_Model):
@@ -248,7 +305,8 @@ class _RoleSpec(_Model):
     max_replicas: PosInt = Field(8, description="Most replicas the planner may choose.")
     gpus_per_replica: int = Field(1, ge=0, description="GPUs per replica (ignored on accelerator cpu).")
     image: str | None = Field(None, max_length=512, description="Container image; the chart's default when unset.")
-    resources: dict[str, Any] = Field(default_factory=dict, description="Kubernetes resource requirements (requests, limits) for each replica's container.")
+    resources: dict[str, Any] = Field(default_factory=dict, description="Kubernetes resource requirements (requests, "
+                                      "limits) for each replica's container.")
     pod: PodOverrides = Field(default_factory=PodOverrides, description=PodOverrides.__doc__)
 
 
@@ -268,34 +326,46 @@ class LearnerSpec(_RoleSpec):
 class HardwareSpec(_Model):
     """Accelerator profile; explicit numbers override the profile's."""
 
-    accelerator: Literal["cpu", "A100-80GB", "H100", "H200", "L4"] = Field("H100", description="Accelerator profile for the planner.")
-    memory_bandwidth: float | None = Field(None, gt=0, description="Device memory bandwidth in bytes/s (e.g. 3.35e12 for an H100 SXM).")
-    peak_flops: float | None = Field(None, gt=0, description="Dense peak FLOP/s in the model dtype (e.g. 9.89e14 bf16 on an H100 SXM).")
+    accelerator: Literal["cpu", "A100-80GB", "H100", "H200", "L4"] = Field(
+        "H100", description="Accelerator profile for the planner.")
+    memory_bandwidth: float | None = Field(None, gt=0, description="Device memory bandwidth in bytes/s (e.g. 3.35e12 "
+                                           "for an H100 SXM).")
+    peak_flops: float | None = Field(None, gt=0, description="Dense peak FLOP/s in the model dtype (e.g. 9.89e14 bf16 "
+                                     "on an H100 SXM).")
     memory: float | None = Field(None, gt=0, description="Device memory in bytes.")
-    interconnect_bandwidth: float | None = Field(None, gt=0, description="Learner-to-rollout weight-sync bandwidth in bytes/s.")
+    interconnect_bandwidth: float | None = Field(None, gt=0, description="Learner-to-rollout weight-sync bandwidth in "
+                                                 "bytes/s.")
 
 
 class CheckpointSpec(_Model):
     """Checkpointing."""
 
     every: PosInt = Field(50, description="Checkpoint every this many steps.")
-    path: str = Field("/checkpoints", min_length=1, max_length=1024, description="Directory (or volume mount) for checkpoints; the run report goes to its report/ folder.")
-    volume: VolumeSource | None = Field(None, description="Kubernetes: the volume for checkpoints and the report, as a volume source (e.g. {persistentVolumeClaim: {claimName: ckpt}}), mounted at path on every learner rank (ReadWriteMany when there are several). Unset: one claim per rank of the chart's checkpointStorage, or emptyDir.")
+    path: str = Field("/checkpoints", min_length=1, max_length=1024,
+                      description="Directory (or volume mount) for checkpoints; the run report goes to its report/ "
+                      "folder.")
+    volume: VolumeSource | None = Field(None, description="Kubernetes: the volume for checkpoints and the report, as a "
+                                        "volume source (e.g. {persistentVolumeClaim: {claimName: ckpt}}), mounted at "
+                                        "path on every learner rank (ReadWriteMany when there are several). Unset: one "
+                                        "claim per rank of the chart's checkpointStorage, or emptyDir.")
     keep: PosInt = Field(2, description="How many checkpoints to keep.")
 
 
 class SchedulingSpec(_Model):
     """Kubernetes: how the run's pods are queued and scheduled (every role, the Ray head too)."""
 
-    queue_name: str | None = Field(None, max_length=63, description="Kueue LocalQueue: sets the kueue.x-k8s.io/queue-name label on the rollout and learner workloads.")
-    scheduler_name: str | None = Field(None, max_length=253, description="A scheduler other than the default (e.g. a gang scheduler such as volcano).")
+    queue_name: str | None = Field(None, max_length=63, description="Kueue LocalQueue: sets the "
+                                   "kueue.x-k8s.io/queue-name label on the rollout and learner workloads.")
+    scheduler_name: str | None = Field(None, max_length=253, description="A scheduler other than the default (e.g. a "
+                                       "gang scheduler such as volcano).")
     priority_class_name: str | None = Field(None, max_length=253, description="PriorityClass of every pod of the run.")
 
 
 class FailurePolicySpec(_Model):
     """Kubernetes: when a run stops retrying."""
 
-    backoff_limit: int = Field(4, ge=0, le=100, description="Container restarts of the run's pods (summed over a role) after which the run is Failed and its workloads go to zero.")
+    backoff_limit: int = Field(4, ge=0, le=100, description="Container restarts of the run's pods (summed over a role) "
+                               "after which the run is Failed and its workloads go to zero.")
 
 
 class RLRunSpec(_Model):
@@ -415,7 +485,8 @@ def _err(path: str, value: Any, problem: str, fix: str) -> FieldError:
 
 def _rule_grpo_group(s: RLRunSpec):
     if s.algorithm.name == "grpo" and s.batch.samples_per_prompt < 2:
-        return _err("batch.samplesPerPrompt", s.batch.samples_per_prompt, "is too small for GRPO, whose advantages compare samples within a group",
+        return _err("batch.samplesPerPrompt", s.batch.samples_per_prompt, "is too small for GRPO, whose advantages "
+                    "compare samples within a group",
                     "use 2 or more (8 is typical), or algorithm.name: ppo")
 
 
@@ -428,13 +499,15 @@ def _rule_prompt_bounds(s: RLRunSpec):
 def _rule_fixed_prompts(s: RLRunSpec):
     p = s.batch.prompts
     if p != "auto" and not (s.batch.min_prompts <= p <= s.batch.max_prompts):
-        return _err("batch.prompts", p, f"lies outside [batch.minPrompts, batch.maxPrompts] = [{s.batch.min_prompts}, {s.batch.max_prompts}]",
+        return _err("batch.prompts", p, f"lies outside [batch.minPrompts, batch.maxPrompts] = [{s.batch.min_prompts}, "
+                    f"{s.batch.max_prompts}]",
                     "change prompts, or widen minPrompts/maxPrompts")
 
 
 def _rule_new_tokens(s: RLRunSpec):
     if s.task.max_new_tokens >= s.model.max_length:
-        return _err("task.maxNewTokens", s.task.max_new_tokens, f"leaves no room for the prompt within model.maxLength ({s.model.max_length})",
+        return _err("task.maxNewTokens", s.task.max_new_tokens, "leaves no room for the prompt within model.maxLength "
+                    f"({s.model.max_length})",
                     "make maxNewTokens smaller than model.maxLength")
 
 
@@ -447,7 +520,8 @@ def _gpu_need(s: RLRunSpec) -> int:
 def _rule_gpu_budget(s: RLRunSpec):
     if s.hardware.accelerator != "cpu" and s.budget.gpus < _gpu_need(s):
         return _err("budget.gpus", s.budget.gpus,
-                    f"does not cover the rollout and learner replicas ({_gpu_need(s)} GPUs: replicas x gpusPerReplica, one each when auto)",
+                    f"does not cover the rollout and learner replicas ({_gpu_need(s)} GPUs: replicas x gpusPerReplica, "
+                    "one each when auto)",
                     f"raise budget.gpus to at least {_gpu_need(s)}, or lower the replicas")
 
 
@@ -500,8 +574,9 @@ def _rule_betas(s: RLRunSpec):
 
 def _rule_model_named(s: RLRunSpec):
     if s.model.path is None:
-        return FieldError("spec.model.path", _MISSING, f"is required on accelerator {s.hardware.accelerator} (only a CPU run "
-                          "defaults to the 3.4M-parameter builtin:tiny-arith)",
+        return FieldError("spec.model.path", _MISSING,
+                          f"is required on accelerator {s.hardware.accelerator} "
+                          "(only a CPU run defaults to the 3.4M-parameter builtin:tiny-arith)",
                           "name the model to train: a hub id in the model volume's Hugging Face cache such as "
                           "Qwen/Qwen2.5-7B-Instruct, or a directory in Hugging Face format")
 
@@ -509,15 +584,17 @@ def _rule_model_named(s: RLRunSpec):
 def _rule_builtin_model(s: RLRunSpec):
     p = s.model.path
     if p is not None and p.startswith("builtin:") and p not in BUILTIN_MODELS:
-        return _err("model.path", p, "is not a builtin model", f"use one of {', '.join(BUILTIN_MODELS)}, a hub id or a local directory")
+        return _err("model.path", p, "is not a builtin model", f"use one of {', '.join(BUILTIN_MODELS)}, a hub id or a "
+                    "local directory")
 
 
 def _rule_builtin_task(s: RLRunSpec):
     t = s.task
     if t.dataset is None and t.name not in BUILTIN_TASKS:
-        problem = "is not a builtin task" if t.name.startswith("builtin:") else "is not a builtin task, and task.dataset is unset"
+        problem = "is not a builtin task" + ("" if t.name.startswith("builtin:") else ", and task.dataset is unset")
         return _err("task.name", t.name, problem,
-                    f"use {' or '.join(BUILTIN_TASKS)}, or set task.dataset to a JSONL/Parquet/CSV file of prompts and answers")
+                    f"use {' or '.join(BUILTIN_TASKS)}, or set task.dataset to a JSONL/Parquet/CSV file of prompts and "
+                    "answers")
     if t.dataset is not None and t.name.startswith("builtin:"):
         return _err("task.name", t.name, "names a builtin task, but task.dataset is set",
                     "name the dataset task (e.g. name: my-data) or leave name unset; or remove task.dataset")
@@ -527,8 +604,8 @@ def _rule_reward(s: RLRunSpec):
     r = s.task.reward
     if not re.match(REWARD_EXPRESSION_RE, r):
         return _err("task.reward", r, "is not a reward expression",
-                    f"use {', '.join(BUILTIN_REWARDS)}, a plug-in module:function such as mypkg.rewards:score, or a weighted sum "
-                    "such as 0.9*math + 0.1*format")
+                    f"use {', '.join(BUILTIN_REWARDS)}, a plug-in module:function such as mypkg.rewards:score, "
+                    "or a weighted sum such as 0.9*math + 0.1*format")
 
 
 def _rule_prompt_source(s: RLRunSpec):
@@ -587,7 +664,8 @@ def _rule_pod_volumes(role: str):
                 return _err(f"{role}.pod.volumes[{i}].name", v.name, "is a volume the operator mounts itself",
                             "choose another name (taken: " + ", ".join(RESERVED_VOLUMES) + ")")
             if len(v.model_extra or {}) != 1:
-                return _err(f"{role}.pod.volumes[{i}]", v.model_dump(by_alias=True), "must name exactly one volume source",
+                return _err(f"{role}.pod.volumes[{i}]", v.model_dump(by_alias=True),
+                            "must name exactly one volume source",
                             "e.g. {name: data, persistentVolumeClaim: {claimName: data}}")
     return check
 
@@ -601,7 +679,8 @@ def _rule_pod_mounts(role: str):
                 return _err(f"{role}.pod.volumeMounts[{i}].name", m.name, f"is not a volume in {role}.pod.volumes",
                             "add the volume there, or mount one of: " + (", ".join(sorted(names)) or "(none declared)"))
             if m.mount_path.rstrip("/") in RESERVED_MOUNTS:
-                return _err(f"{role}.pod.volumeMounts[{i}].mountPath", m.mount_path, "is a path the operator mounts itself",
+                return _err(f"{role}.pod.volumeMounts[{i}].mountPath", m.mount_path,
+                            "is a path the operator mounts itself",
                             "mount it elsewhere (taken: " + ", ".join(RESERVED_MOUNTS) + ")")
     return check
 
@@ -633,7 +712,8 @@ RULES: list[Rule] = [
     Rule("batch.minPrompts", "self.batch.minPrompts <= self.batch.maxPrompts",
          "batch.minPrompts must be <= batch.maxPrompts", _rule_prompt_bounds),
     Rule("batch.prompts",
-         "type(self.batch.prompts) == string || (int(self.batch.prompts) >= self.batch.minPrompts && int(self.batch.prompts) <= self.batch.maxPrompts)",
+         "type(self.batch.prompts) == string || (int(self.batch.prompts) >= self.batch.minPrompts && "
+         "int(self.batch.prompts) <= self.batch.maxPrompts)",
          "batch.prompts must lie within [batch.minPrompts, batch.maxPrompts]", _rule_fixed_prompts),
     Rule("task.maxNewTokens", "self.task.maxNewTokens < self.model.maxLength",
          "task.maxNewTokens must be smaller than model.maxLength", _rule_new_tokens),
@@ -649,22 +729,28 @@ RULES: list[Rule] = [
     Rule("rollout.gpusPerReplica",
          "self.hardware.accelerator == 'cpu' || (self.rollout.gpusPerReplica > 0 && self.learner.gpusPerReplica > 0)",
          "gpusPerReplica must be >= 1 unless hardware.accelerator is cpu", _rule_gpus_per_replica),
-    Rule("rollout.replicas", "type(self.rollout.replicas) == string || int(self.rollout.replicas) <= self.rollout.maxReplicas",
+    Rule("rollout.replicas", "type(self.rollout.replicas) == string || int(self.rollout.replicas) <= "
+         "self.rollout.maxReplicas",
          "rollout.replicas must be <= rollout.maxReplicas", _rule_replica_bounds("rollout")),
-    Rule("learner.replicas", "type(self.learner.replicas) == string || int(self.learner.replicas) <= self.learner.maxReplicas",
+    Rule("learner.replicas", "type(self.learner.replicas) == string || int(self.learner.replicas) <= "
+         "self.learner.maxReplicas",
          "learner.replicas must be <= learner.maxReplicas", _rule_replica_bounds("learner")),
-    Rule("target.value", "!self.target.metric.endsWith('accuracy') || (self.target.value > 0.0 && self.target.value <= 1.0)",
+    Rule("target.value",
+         "!self.target.metric.endsWith('accuracy') || (self.target.value > 0.0 && self.target.value <= 1.0)",
          "target.value of an accuracy metric must lie in (0, 1]", _rule_accuracy_target),
     Rule("budget.maxSamples",
-         "type(self.batch.prompts) == string || int(self.batch.prompts) * self.batch.samplesPerPrompt <= self.budget.maxSamples",
+         "type(self.batch.prompts) == string || int(self.batch.prompts) * self.batch.samplesPerPrompt <= "
+         "self.budget.maxSamples",
          "budget.maxSamples must hold at least one step's batch", _rule_batch_within_budget),
-    Rule("algorithm.clipRatioHigh", "!has(self.algorithm.clipRatioHigh) || self.algorithm.clipRatioHigh >= self.algorithm.clipRatio",
+    Rule("algorithm.clipRatioHigh", "!has(self.algorithm.clipRatioHigh) || self.algorithm.clipRatioHigh >= "
+         "self.algorithm.clipRatio",
          "algorithm.clipRatioHigh must be >= algorithm.clipRatio", _rule_clip_high),
     Rule("optimizer.betas", "self.optimizer.betas.all(b, b >= 0.0 && b < 1.0)",
          "optimizer.betas must each lie in [0, 1)", _rule_betas),
     Rule("model.path", "self.hardware.accelerator == 'cpu' || has(self.model.path)",
          "model.path is required unless hardware.accelerator is cpu", _rule_model_named),
-    Rule("model.path", "!has(self.model.path) || !self.model.path.startsWith('builtin:') || self.model.path in " + repr(list(BUILTIN_MODELS)).replace('"', "'"),
+    Rule("model.path", "!has(self.model.path) || !self.model.path.startsWith('builtin:') || self.model.path in "
+         + repr(list(BUILTIN_MODELS)).replace('"', "'"),
          "model.path names an unknown builtin model", _rule_builtin_model),
     Rule("task.name",
          "has(self.task.dataset) ? (!has(self.task.name) || !self.task.name.startsWith('builtin:')) : "
@@ -739,7 +825,8 @@ def _translate(exc: ValidationError, model: type[BaseModel], root: str) -> list[
         if typ == "extra_forbidden":
             known = _known_fields(model, e["loc"])
             guess = difflib.get_close_matches(str(e["loc"][-1]), known, n=1)
-            fix = f"did you mean {guess[0]!r}?" if guess else (f"known fields: {', '.join(known)}" if known else "remove it")
+            fix = (f"did you mean {guess[0]!r}?" if guess
+                   else f"known fields: {', '.join(known)}" if known else "remove it")
             err = FieldError(path, _MISSING, "is not a known field", fix)
         elif typ == "missing":
             err = FieldError(path, _MISSING, "is required", "add it")
@@ -749,11 +836,13 @@ def _translate(exc: ValidationError, model: type[BaseModel], root: str) -> list[
             continue  # a union reports one error per branch; the first says enough
         else:
             msg = e["msg"][0].lower() + e["msg"][1:]
-            msg = msg.replace("input should be", "must be").replace("should be", "must be").removeprefix("value error, ")
+            msg = msg.replace("input should be", "must be").replace("should be", "must be")
+            msg = msg.removeprefix("value error, ")
             fix = _FIX_BY_TYPE.get(typ, "")
             if typ == "string_pattern_mismatch" and path.endswith("metadata.name"):
                 msg, fix = ("is not a valid RLRun name (its Services are named after it)",
-                            "use lowercase letters, digits and '-', starting with a letter and ending with a letter or digit")
+                            "use lowercase letters, digits and '-', starting with a letter and ending with a letter or "
+                            "digit")
             elif typ == "string_too_long" and path.endswith("metadata.name"):
                 msg, fix = (f"is longer than {RLRUN_NAME_MAX} characters (the name is a label value on every pod)",
                             f"use at most {RLRUN_NAME_MAX} characters")
@@ -761,7 +850,8 @@ def _translate(exc: ValidationError, model: type[BaseModel], root: str) -> list[
                 msg, fix = "must be a mapping", "see examples/quickstart.yaml for its fields"
             elif typ in ("too_short", "too_long") and path.endswith(".volume"):
                 msg, fix = "must name exactly one volume source", "e.g. {persistentVolumeClaim: {claimName: models}}"
-            if typ.startswith(("int_", "greater_than")) and path.endswith(("prompts", "replicas")) and "auto" in str(e["loc"]):
+            if typ.startswith(("int_", "greater_than")) and path.endswith(("prompts", "replicas")) and "auto" in str(e[
+                "loc"]):
                 fix = 'use a positive integer or "auto"'
             err = FieldError(path, value, msg, fix)
         seen.add(path)
@@ -776,7 +866,8 @@ def _union_fix(errors: list[FieldError]) -> list[FieldError]:
         if e.path.endswith((".prompts", ".replicas")) and e.value is not _MISSING:
             e = FieldError(e.path, e.value, "is not allowed", 'use a positive integer or "auto"')
             if e.value == 0 and e.path.endswith(".replicas"):
-                e = FieldError(e.path, 0, "is not allowed", 'use a positive integer or "auto" (suspend: true scales to zero)')
+                e = FieldError(e.path, 0, "is not allowed", 'use a positive integer or "auto" (suspend: true scales to '
+                               'zero)')
         fixed.append(e)
     return fixed
 
@@ -801,12 +892,16 @@ def parse_rlrun(data: Any) -> RLRun:
     """Validate a whole RLRun object (already parsed from YAML); raises SpecError."""
     if not isinstance(data, dict):
         kind = "empty" if data is None else f"a {type(data).__name__}, not a mapping"
-        raise SpecError([FieldError("(document)", _MISSING, f"is {kind}", f"write an RLRun object: apiVersion: {FULL_API_VERSION}, kind: {KIND}, metadata, spec")])
+        raise SpecError([FieldError("(document)", _MISSING, f"is {kind}", "write an RLRun object: apiVersion: "
+                                    f"{FULL_API_VERSION}, kind: {KIND}, metadata, spec")])
     head: list[FieldError] = []
     if data.get("apiVersion") != FULL_API_VERSION:
-        head.append(FieldError("apiVersion", data.get("apiVersion", _MISSING), "is not supported" if "apiVersion" in data else "is required", f"use apiVersion: {FULL_API_VERSION}"))
+        head.append(FieldError("apiVersion", data.get("apiVersion", _MISSING),
+                               "is not supported" if "apiVersion" in data else "is required",
+                               f"use apiVersion: {FULL_API_VERSION}"))
     if data.get("kind") != KIND:
-        head.append(FieldError("kind", data.get("kind", _MISSING), "is not an RLRun" if "kind" in data else "is required", f"use kind: {KIND}"))
+        head.append(FieldError("kind", data.get("kind", _MISSING), "is not an RLRun" if "kind" in data else
+                               "is required", f"use kind: {KIND}"))
     if head:
         raise SpecError(head)
     spec_errors: list[FieldError] = []
@@ -831,18 +926,22 @@ def load_rlrun(path: str | Path) -> RLRun:
     try:
         text = p.read_text(encoding="utf-8")
     except FileNotFoundError:
-        raise SpecError([FieldError(str(p), _MISSING, "does not exist", "give the path of an RLRun YAML file")]) from None
+        missing = FieldError(str(p), _MISSING, "does not exist", "give the path of an RLRun YAML file")
+        raise SpecError([missing]) from None
     except (IsADirectoryError, PermissionError, UnicodeDecodeError) as exc:
-        raise SpecError([FieldError(str(p), _MISSING, f"cannot be read ({exc.__class__.__name__})", "give a readable UTF-8 YAML file")]) from None
+        raise SpecError([FieldError(str(p), _MISSING, f"cannot be read ({exc.__class__.__name__})",
+                                    "give a readable UTF-8 YAML file")]) from None
     try:
         docs = [d for d in yaml.safe_load_all(text) if d is not None]
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
         problem = getattr(exc, "problem", None) or "is not valid YAML"
-        raise SpecError([FieldError(str(p), _MISSING, f"is not valid YAML{where}: {problem}", "fix the YAML syntax")]) from None
+        invalid = FieldError(str(p), _MISSING, f"is not valid YAML{where}: {problem}", "fix the YAML syntax")
+        raise SpecError([invalid]) from None
     if not docs:
-        raise SpecError([FieldError(str(p), _MISSING, "is empty", f"write an RLRun object (apiVersion: {FULL_API_VERSION}, kind: {KIND})")])
+        raise SpecError([FieldError(str(p), _MISSING, "is empty", "write an RLRun object (apiVersion: "
+                                    f"{FULL_API_VERSION}, kind: {KIND})")])
     if len(docs) > 1:
         raise SpecError([FieldError(str(p), _MISSING, f"holds {len(docs)} YAML documents", "put one RLRun per file")])
     return parse_rlrun(docs[0])

@@ -165,7 +165,8 @@ class Driver:
         plans = self._read_plans()
         if plans:
             self.plan = {k: v for k, v in plans[-1].items() if k not in ("atStep", "why")}
-        log.info("resumed from step %d (%d samples, weights v%d)", self.state.step, self.state.samples, self.state.version)
+        log.info("resumed from step %d (%d samples, weights v%d)",
+                 self.state.step, self.state.samples, self.state.version)
         return True
 
     def checkpoint(self) -> None:
@@ -376,13 +377,15 @@ class Driver:
             log.info("re-plan: %dx%d looks %.0f%% faster at step %d; applied if the next re-plan agrees",
                      best["prompts"], best["samplesPerPrompt"], 100 * (1 - best_t / cur_t), st.step)
         if confirmed:
-            new = {**new, **{k: best[k] for k in ("prompts", "samplesPerPrompt", "batch", "rolloutReplicas", "learnerReplicas",
-                                                   "learningRate", "predicted")}}
-            why = (f"calibrated at step {st.step}: {new['prompts']}x{new['samplesPerPrompt']} with {new['rolloutReplicas']} rollout "
-                   f"{'measured' if (best['prompts'], best['rolloutReplicas']) in measured else 'predicted'} at {best_t:.0f}s "
+            chosen = ("prompts", "samplesPerPrompt", "batch", "rolloutReplicas", "learnerReplicas", "learningRate",
+                      "predicted")
+            new = {**new, **{k: best[k] for k in chosen}}
+            basis = "measured" if (best["prompts"], best["rolloutReplicas"]) in measured else "predicted"
+            why = (f"calibrated at step {st.step}: {new['prompts']}x{new['samplesPerPrompt']} with "
+                   f"{new['rolloutReplicas']} rollout {basis} at {best_t:.0f}s "
                    f"to target vs {cur_t:.0f}s for {st.prompts}x{new['samplesPerPrompt']}, "
-                   f"in {REPLAN_CONFIRM} re-plans in a row; noise scale {cal.noise_scale or 0:.0f} samples over the last "
-                   f"{min(NOISE_WINDOW, len(recent))} steps")
+                   f"in {REPLAN_CONFIRM} re-plans in a row; noise scale {cal.noise_scale or 0:.0f} samples over the "
+                   f"last {min(NOISE_WINDOW, len(recent))} steps")
             log.info("re-plan: %s", why)
             self._apply_plan(new, why)
         elif cur is not None:
@@ -416,7 +419,8 @@ class Driver:
             log.warning("run config re-read failed: %s", exc)
             return
         st = self.state
-        if (new["prompts"], new["rolloutReplicas"], new["learningRate"]) == (st.prompts, st.rollout_replicas, st.learning_rate):
+        if (new["prompts"], new["rolloutReplicas"], new["learningRate"]) == \
+                (st.prompts, st.rollout_replicas, st.learning_rate):
             return
         self._apply_plan(new, "the operator re-planned")
         log.info("following the operator's plan from step %d: %s", st.step, new.get("reason", ""))

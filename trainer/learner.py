@@ -100,7 +100,8 @@ def init_distributed() -> tuple[int, int]:
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
     if "MASTER_PORT" not in os.environ:
         if os.environ["WORLD_SIZE"] != "1":
-            raise RuntimeError("learner: WORLD_SIZE > 1 needs MASTER_ADDR and MASTER_PORT of rank 0; set them in the environment")
+            raise RuntimeError("learner: WORLD_SIZE > 1 needs MASTER_ADDR and MASTER_PORT of rank 0; set them in the "
+                               "environment")
         import socket
 
         with socket.socket() as s:
@@ -146,19 +147,22 @@ class Learner:
         self._released = False  # rank 0 has told the followers to stop
         self.dtype = getattr(torch, config.dtype)
         policy = AutoModelForCausalLM.from_pretrained(config.model_path, dtype=self.dtype, local_files_only=True)
-        self.engine, *_ = deepspeed.initialize(model=policy, model_parameters=policy.parameters(), config=self._ds_config())
+        self.engine, *_ = deepspeed.initialize(model=policy, model_parameters=policy.parameters(),
+                                               config=self._ds_config())
         # DeepSpeed has placed the model on this rank's device (LOCAL_RANK's GPU, or the CPU).
         self.device = self.engine.device
         self.critic = None
         if config.algorithm == "ppo":
             critic = ValueModel(config.model_path, self.dtype)
-            self.critic, *_ = deepspeed.initialize(model=critic, model_parameters=critic.parameters(), config=self._ds_config())
+            self.critic, *_ = deepspeed.initialize(model=critic, model_parameters=critic.parameters(),
+                                                   config=self._ds_config())
         elif config.algorithm != "grpo":
             raise ValueError(f"spec.algorithm.name: {config.algorithm!r} is not supported; use 'grpo' or 'ppo'")
         self.reference = None
         if config.kl_coef > 0:
             # Frozen copy of the starting policy; kept whole on each rank (small next to the engines).
-            self.reference = AutoModelForCausalLM.from_pretrained(config.model_path, dtype=self.dtype, local_files_only=True)
+            self.reference = AutoModelForCausalLM.from_pretrained(config.model_path, dtype=self.dtype,
+                                                                  local_files_only=True)
             self.reference.to(self.device).eval().requires_grad_(False)
         self.lr = config.lr
         self.steps = 0  # optimiser steps applied (the driver numbers the weights it publishes)
@@ -186,7 +190,8 @@ class Learner:
             "optimizer": {
                 "type": "AdamW",
                 # torch's AdamW: DeepSpeed's own CPU FusedAdam costs a ~55 s compile.
-                "params": {"lr": c.lr, "betas": list(c.betas), "eps": c.eps, "weight_decay": c.weight_decay, "torch_adam": True},
+                "params": {"lr": c.lr, "betas": list(c.betas), "eps": c.eps, "weight_decay": c.weight_decay,
+                           "torch_adam": True},
             },
             "zero_optimization": {"stage": c.zero_stage},
             "bf16": {"enabled": c.dtype == "bfloat16"},
@@ -391,7 +396,8 @@ class Learner:
         self.engine.backward(loss, scale_wrt_gas=False)
         if self.critic is not None:
             values = self._values(self.critic, mb)
-            vloss = c.value_coef * A.value_loss(values, mb.old_values, mb.returns, mb.mask, clip=c.value_clip, denom=denom)
+            vloss = c.value_coef * A.value_loss(values, mb.old_values, mb.returns, mb.mask, clip=c.value_clip,
+                                                denom=denom)
             self.critic.backward(vloss, scale_wrt_gas=False)
             out["value_loss"] = vloss.item() * denom / max(c.value_coef, 1e-12)
         return out
@@ -546,7 +552,8 @@ class Learner:
         for engine, tag in self._engines():
             loaded, _ = engine.load_checkpoint(path, tag=tag)
             if loaded is None:
-                raise RuntimeError(f"learner: checkpoint {path} has no DeepSpeed state {tag!r}; delete it to start afresh")
+                raise RuntimeError(f"learner: checkpoint {path} has no DeepSpeed state {tag!r}; delete it to start "
+                                   "afresh")
         saved = checkpoint.read_state(Path(path))
         ls = saved["learner"]
         self.steps, self.lr = ls["steps"], ls["lr"]

@@ -57,7 +57,8 @@ class Calibration:
         return None
 
     @classmethod
-    def from_steps(cls, records: Iterable[Mapping[str, Any]], last: int = 10, noise_last: int | None = None) -> Calibration:
+    def from_steps(cls, records: Iterable[Mapping[str, Any]], last: int = 10,
+                   noise_last: int | None = None) -> Calibration:
         """Median over the last `last` step records that ran the latest configuration (robust to slow outliers).
 
         Records are the driver's, as in metrics.jsonl (snake_case). The noise scale comes from

@@ -171,7 +171,8 @@ def calibrate(model: SystemModel, calibration: Calibration) -> SystemModel:
     return replace(model, scale=Phases(**factors))
 
 
-def eval_seconds_per_step(spec: Any, model: SystemModel, cal: Calibration, splits: list[tuple[int, int]]) -> dict[int, float]:
+def eval_seconds_per_step(spec: Any, model: SystemModel, cal: Calibration,
+                          splits: list[tuple[int, int]]) -> dict[int, float]:
     """Per rollout replica count, one held-out eval's seconds / evalEvery.
 
     An eval is greedy generation of EVAL_PROMPTS prompts, one sample each, on the rollout
@@ -372,7 +373,8 @@ def _penalty_text(big: Candidate, small: Candidate, scaling: str, digits: int = 
     text = f"samples penalty {_x(_penalty(big, small), digits)}"
     lr_share = big.lr_penalty / small.lr_penalty
     if abs(lr_share - 1) > 0.005:
-        why = "from no lr retune, scaling: none" if scaling == "none" else f"from the {scaling} rule's lr off the sqrt rule"
+        why = ("from no lr retune, scaling: none" if scaling == "none"
+               else f"from the {scaling} rule's lr off the sqrt rule")
         text += f" ({_x(lr_share)} of it {why})"
     return text
 
@@ -409,9 +411,11 @@ def explain(spec: Any, win: Candidate, per_batch: list[Candidate], cal: Calibrat
     if spec.hardware.accelerator == "cpu":
         split = f"{win.rollout_replicas} rollout + {win.learner_replicas} learner on one cpu host"
     else:
-        split = f"{win.rollout_replicas} rollout + {win.learner_replicas} learner replicas on {win.gpus} of {spec.budget.gpus} GPUs"
+        split = (f"{win.rollout_replicas} rollout + {win.learner_replicas} learner replicas "
+                 f"on {win.gpus} of {spec.budget.gpus} GPUs")
     lr = f"lr {fmt_lr(win.learning_rate)} " + (f"by the {scaling} rule" if scaling != "none" else "(scaling: none)")
-    gen = f"generation {win.predicted.generate / win.predicted.step_seconds:.0%} of the step, {win.bound}-bound at {win.concurrency} sequences/replica"
+    share = win.predicted.generate / win.predicted.step_seconds
+    gen = f"generation {share:.0%} of the step, {win.bound}-bound at {win.concurrency} sequences/replica"
     if cal.has_phases:
         basis = f"calibrated from {cal.steps or 1} measured step(s)"
     else:

@@ -85,7 +85,8 @@ def shape_from_config(cfg: dict[str, Any], source: str) -> ModelShape:
     )
 
 
-def _cfg(model_type: str, h: int, inter: int, layers: int, heads: int, kv: int, hd: int, vocab: int, tied: bool) -> dict:
+def _cfg(model_type: str, h: int, inter: int, layers: int, heads: int, kv: int, hd: int, vocab: int,
+         tied: bool) -> dict:
     return {"model_type": model_type, "hidden_size": h, "intermediate_size": inter, "num_hidden_layers": layers,
             "num_attention_heads": heads, "num_key_value_heads": kv, "head_dim": hd, "vocab_size": vocab,
             "tie_word_embeddings": tied}
@@ -137,7 +138,8 @@ def _table_key(path: str) -> str | None:
     return key if key in KNOWN_CONFIGS else None
 
 
-_FIX = "add model.shape {params, layers, hiddenSize, kvHeads, headDim, vocabSize} (the numbers are in the model's config.json)"
+_FIX = ("add model.shape {params, layers, hiddenSize, kvHeads, headDim, vocabSize} "
+        "(the numbers are in the model's config.json)")
 
 
 def model_shape_for(model: Any) -> ModelShape:
@@ -157,7 +159,8 @@ def model_shape_for(model: Any) -> ModelShape:
     if local.is_dir():
         cfg_file = local / "config.json"
         if not cfg_file.is_file():
-            raise PlanError(f"spec.model.shape: required for model.path {path!r}, a directory without config.json; {_FIX}")
+            raise PlanError(f"spec.model.shape: required for model.path {path!r}, a directory without config.json; "
+                            f"{_FIX}")
         try:
             cfg = json.loads(cfg_file.read_text(encoding="utf-8"))
             return shape_from_config(cfg, "config.json")
@@ -165,4 +168,5 @@ def model_shape_for(model: Any) -> ModelShape:
             raise PlanError(f"spec.model.shape: required for model.path {path!r}: its config.json is unreadable "
                             f"or lacks {exc}; {_FIX}") from None
     raise PlanError(f"spec.model.shape: required for model.path {path!r}, which is not a builtin model, not a hub id "
-                    f"in rlscale's table and not a local directory with a config.json (nothing is downloaded to plan); {_FIX}")
+                    "in rlscale's table and not a local directory with a config.json (nothing is downloaded to plan); "
+                    f"{_FIX}")

@@ -107,12 +107,14 @@ class SystemModel:
         memory = p.memory * p.memory_utilization * k
         if p.shared_host:
             memory = max(0.0, p.memory * p.memory_utilization - self.learner_memory(1)) * k
-        return (p.memory_bandwidth * p.bandwidth_efficiency * k, p.flops(self.dtype) * p.decode_flops_efficiency * k, memory)
+        bandwidth = p.memory_bandwidth * p.bandwidth_efficiency * k
+        return bandwidth, p.flops(self.dtype) * p.decode_flops_efficiency * k, memory
 
     # ----------------------------------------------------------------- phases
 
     def generation(self, prompts: int, samples_per_prompt: int, replicas: int) -> Generation:
-        """Prefill (compute-bound, one per prompt thanks to prefix caching) plus decode iterations at the KV-capped concurrency."""
+        """Prefill (compute-bound, one per prompt thanks to prefix caching) plus decode iterations
+        at the KV-capped concurrency."""
         bw, fl, mem = self.rollout_device(replicas)
         cap = max_concurrency(mem, self.weight_bytes, self.kv_bytes, self.prompt_tokens + self.max_new_tokens)
         prompts_r = math.ceil(prompts / replicas)  # a group stays on one replica
@@ -153,7 +155,8 @@ class SystemModel:
         grad_bytes = self.shape.params * DTYPE_BYTES[self.dtype] * models
         allreduce = 2.0 * (world - 1) / world * grad_bytes / p.collective_bandwidth if world > 1 else 0.0
         shards = world if (self.zero_stage >= 1 and not p.shared_host) else 1
-        optimizer = OPTIMIZER_BYTES_PER_PARAM * self.shape.params * models / (p.memory_bandwidth * p.bandwidth_efficiency * shards)
+        optimizer_bytes = OPTIMIZER_BYTES_PER_PARAM * self.shape.params * models
+        optimizer = optimizer_bytes / (p.memory_bandwidth * p.bandwidth_efficiency * shards)
         return compute + micro + allreduce + optimizer
 
     def sync_seconds(self) -> float:
@@ -195,15 +198,16 @@ class SystemModel:
             need = self.learner_memory(learner) * max(self.learner_gpus, 1)
             if need > limit:
                 zero = "raise learner.zeroStage, " if self.zero_stage < 3 else ""
-                return (f"learner.replicas: {learner} learner replica(s) need {need / gb:.0f} GB of training state each, "
-                        f"above {limit / gb:.0f} GB usable; {zero}raise learner.gpusPerReplica, or allow more learner "
-                        "replicas (learner.maxReplicas, budget.gpus)")
+                return (f"learner.replicas: {learner} learner replica(s) need {need / gb:.0f} GB of training state "
+                        f"each, above {limit / gb:.0f} GB usable; {zero}raise learner.gpusPerReplica, or allow more "
+                        "learner replicas (learner.maxReplicas, budget.gpus)")
         elif self.learner_memory(learner) > p.memory * p.memory_utilization:
-            return (f"hardware.memory: {p.memory / gb:.0f} GB cannot hold {self.learner_memory(learner) / gb:.1f} GB of "
-                    "training state; use a smaller model or set hardware.memory")
+            return (f"hardware.memory: {p.memory / gb:.0f} GB cannot hold {self.learner_memory(learner) / gb:.1f} GB "
+                    "of training state; use a smaller model or set hardware.memory")
         _, _, mem = self.rollout_device(rollout)
         cap = max_concurrency(mem, self.weight_bytes, self.kv_bytes, self.prompt_tokens + self.max_new_tokens)
         if cap < 1:
-            return (f"rollout.gpusPerReplica: {self.rollout_gpus} GPU(s) per replica leave no room for a sequence's KV cache "
-                    f"beside {self.weight_bytes / gb:.1f} GB of weights ({mem / gb:.0f} GB usable); use more GPUs per replica")
+            return (f"rollout.gpusPerReplica: {self.rollout_gpus} GPU(s) per replica leave no room for a sequence's "
+                    f"KV cache beside {self.weight_bytes / gb:.1f} GB of weights ({mem / gb:.0f} GB usable); "
+                    "use more GPUs per replica")
         return None

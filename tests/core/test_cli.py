@@ -87,7 +87,8 @@ def test_validate_names_the_file_once_and_shows_yaml_values(tmp_path):
     r = cli("validate", str(broken))
     assert r.returncode == 1 and r.stderr.count(str(broken)) == 1, r.stderr
     f = tmp_path / "bool.yaml"
-    f.write_text("apiVersion: rlscale.dev/v1alpha1\nkind: RLRun\nmetadata: {name: b}\nspec:\n  rollout: {replicas: true}\n")
+    f.write_text("apiVersion: rlscale.dev/v1alpha1\nkind: RLRun\nmetadata: {name: b}\nspec:\n  rollout: "
+                 "{replicas: true}\n")
     r = cli("validate", str(f))
     assert "spec.rollout.replicas: true is not allowed" in r.stderr, r.stderr
 

@@ -64,4 +64,5 @@ def test_readme_spec_reference_is_generated():
     start, end = "<!-- spec-reference:start -->\n", "<!-- spec-reference:end -->"
     assert start in text and end in text
     table = text.split(start, 1)[1].split(end, 1)[0]
-    assert table == spec_reference_markdown(), "README's spec table is stale: regenerate it from rlscale.crd.spec_reference_markdown()"
+    assert table == spec_reference_markdown(), \
+        "README's spec table is stale: regenerate it from rlscale.crd.spec_reference_markdown()"

@@ -57,7 +57,8 @@ def _records(n: int = 30) -> list[dict]:
     for i in range(1, n + 1):
         ev = 0.4 + 0.5 * i / n if i % 5 == 0 else None
         recs.append({
-            "step": i, "samples": 128 * i, "batch_samples": 128, "wall_seconds": 0.5 * i, "prompts": 16, "samples_per_prompt": 8,
+            "step": i, "samples": 128 * i, "batch_samples": 128, "wall_seconds": 0.5 * i, "prompts": 16,
+            "samples_per_prompt": 8,
             "phases": {"generate": 0.2, "reward": 0.01, "train": 0.25, "sync": 0.04}, "step_seconds": 0.5,
             "samples_per_second": 256.0, "reward_mean": 0.3 + 0.01 * i, "eval": ev, "target_metric": ev,
             "predicted_step_seconds": 0.45, "generated_tokens": 400, "trained_tokens": 1300, "weights_version": i,
@@ -70,8 +71,10 @@ def _records(n: int = 30) -> list[dict]:
 def test_report_files(tmp_path: Path):
     recs = _records()
     (tmp_path / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in recs) + "\n{\"step\": 31, \"trunc")
-    (tmp_path / "plan.json").write_text(json.dumps({"plans": [{"atStep": 0, "prompts": 16, "samplesPerPrompt": 8, "learningRate": 1e-4,
-                                                              "rolloutReplicas": 1, "learnerReplicas": 1, "reason": "N=128 kept"}]}))
+    (tmp_path / "plan.json").write_text(json.dumps({"plans": [{"atStep": 0, "prompts": 16, "samplesPerPrompt": 8,
+                                                               "learningRate": 1e-4,
+                                                              "rolloutReplicas": 1, "learnerReplicas": 1, "reason":
+                                                               "N=128 kept"}]}))
     assert len(read_jsonl(tmp_path / "metrics.jsonl")) == 30  # the cut-off last line is dropped
     summary = write_report(tmp_path, 0.8, "eval/accuracy", "t").read_text()
     assert "time to target**: 15.0 s" in summary and "samples to target**: 3,840" in summary
@@ -89,7 +92,9 @@ def test_run_metrics_expose_every_name_and_pass_promtool(tmp_path: Path):
     for r in _records(30)[:3]:
         m.observe_step(r)
     text = generate_latest(m.registry).decode()
-    for n in [v for k, v in vars(names).items() if k.isupper() and isinstance(v, str) and v.startswith("rlscale_") and not v.endswith("_")]:
+    metric_names = [v for k, v in vars(names).items()
+                     if k.isupper() and isinstance(v, str) and v.startswith("rlscale_") and not v.endswith("_")]
+    for n in metric_names:
         assert f"\n{n}" in "\n" + text or f"{n}_bucket" in text, n
     assert 'rlscale_step_phase_seconds_count{phase="train"} 3.0' in text
     assert "rlscale_time_to_target_seconds 15.0" not in text  # not reached within 3 records

@@ -47,7 +47,8 @@ CROSS_FIELD = [
     ({"task": {"expectedPromptTokens": 100, "maxNewTokens": 60}}, "spec.model.maxLength", "at least 160"),
     ({"task": {"expectedResponseTokens": 9, "maxNewTokens": 8}}, "spec.task.expectedResponseTokens", "maxNewTokens"),
     ({"budget": {"gpus": 1}}, "spec.budget.gpus", "at least 2"),
-    ({"budget": {"gpus": 8}, "rollout": {"replicas": 6}, "learner": {"replicas": 4}}, "spec.budget.gpus", "at least 10"),
+    ({"budget": {"gpus": 8}, "rollout": {"replicas": 6}, "learner": {"replicas": 4}}, "spec.budget.gpus",
+     "at least 10"),
     ({"rollout": {"gpusPerReplica": 0}}, "spec.rollout.gpusPerReplica", "accelerator: cpu"),
     ({"rollout": {"replicas": 9}}, "spec.rollout.replicas", "maxReplicas"),
     ({"learner": {"replicas": 9, "maxReplicas": 4}, "budget": {"gpus": 64}}, "spec.learner.replicas", "maxReplicas"),
@@ -64,9 +65,12 @@ CROSS_FIELD = [
     ({"task": {"dataset": "d.jsonl", "promptField": "q", "messagesField": "m"}}, "spec.task.promptField", "keep one"),
     ({"task": {"dataset": "d.jsonl", "messagesField": "m", "chat": False}}, "spec.task.chat", "leave chat unset"),
     ({"task": {"evalSplit": "test"}}, "spec.task.evalSplit", "set task.dataset"),
-    ({"learner": {"pod": {"env": [{"name": "WORLD_SIZE", "value": "3"}]}}}, "spec.learner.pod.env", "choose another name"),
-    ({"rollout": {"pod": {"env": [{"name": "RAY_AUTH_TOKEN", "value": "x"}]}}}, "spec.rollout.pod.env", "choose another name"),
-    ({"learner": {"pod": {"volumes": [{"name": "shm", "emptyDir": {}}]}}}, "spec.learner.pod.volumes", "taken: run-config"),
+    ({"learner": {"pod": {"env": [{"name": "WORLD_SIZE", "value": "3"}]}}}, "spec.learner.pod.env",
+     "choose another name"),
+    ({"rollout": {"pod": {"env": [{"name": "RAY_AUTH_TOKEN", "value": "x"}]}}}, "spec.rollout.pod.env",
+     "choose another name"),
+    ({"learner": {"pod": {"volumes": [{"name": "shm", "emptyDir": {}}]}}}, "spec.learner.pod.volumes",
+     "taken: run-config"),
     ({"rollout": {"pod": {"volumes": [{"name": "data", "emptyDir": {}}],
                           "volumeMounts": [{"name": "datta", "mountPath": "/data"}]}}},
      "spec.rollout.pod.volumeMounts", "mount one of: data"),
@@ -162,20 +166,24 @@ def test_missing_file(tmp_path):
 
 
 def test_round_trip_through_yaml_keeps_the_spec():
-    r = parse_rlrun(rlrun_dict({"model": {"path": "Qwen/Qwen2.5-7B"}, "batch": {"prompts": 16}, "algorithm": {"lambda": 0.9}}))
+    r = parse_rlrun(rlrun_dict({"model": {"path": "Qwen/Qwen2.5-7B"}, "batch": {"prompts": 16},
+                                "algorithm": {"lambda": 0.9}}))
     again = parse_rlrun(yaml.safe_load(yaml.safe_dump(r.to_dict())))
     assert again.spec == r.spec and again.to_dict()["spec"]["algorithm"]["lambda"] == 0.9
 
 
-yaml_scalars = st.one_of(st.none(), st.booleans(), st.integers(-10**6, 10**6), st.floats(allow_nan=False), st.text(max_size=8))
+yaml_scalars = st.one_of(st.none(), st.booleans(), st.integers(-10**6, 10**6), st.floats(allow_nan=False),
+                         st.text(max_size=8))
 yaml_values = st.recursive(
     yaml_scalars,
-    lambda children: st.one_of(st.lists(children, max_size=4), st.dictionaries(st.text(max_size=12), children, max_size=5)),
+    lambda children: st.one_of(st.lists(children, max_size=4),
+                               st.dictionaries(st.text(max_size=12), children, max_size=5)),
     max_leaves=20,
 )
 spec_keys = st.sampled_from(["model", "algorithm", "task", "target", "batch", "optimizer", "budget", "rollout",
                              "learner", "hardware", "checkpoint", "suspend", "prompts", "samplesPerPrompt", "lr"])
-spec_like = st.dictionaries(spec_keys, st.one_of(yaml_values, st.dictionaries(spec_keys, yaml_values, max_size=4)), max_size=6)
+spec_like = st.dictionaries(spec_keys, st.one_of(yaml_values, st.dictionaries(spec_keys, yaml_values, max_size=4)),
+                            max_size=6)
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])

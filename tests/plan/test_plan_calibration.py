@@ -1,4 +1,5 @@
-"""Calibration: measured phases move the predictions onto the measurements; a measured noise scale replaces the default."""
+"""Calibration: measured phases move the predictions onto the measurements; a measured noise
+scale replaces the default."""
 
 from __future__ import annotations
 
@@ -131,7 +132,8 @@ def test_noise_scale_from_the_spec_unless_measured():
 
 
 def _noisy(g, t, prompts=16):
-    return [{**_step(prompts, 1.0, noise=1e6), "noise_grad_sq": gi, "noise_trace": ti} for gi, ti in zip(g, t, strict=True)]
+    return [{**_step(prompts, 1.0, noise=1e6), "noise_grad_sq": gi, "noise_trace": ti}
+            for gi, ti in zip(g, t, strict=True)]
 
 
 def test_noise_scale_is_the_ratio_of_mean_estimates_when_steps_carry_them():
@@ -141,7 +143,8 @@ def test_noise_scale_is_the_ratio_of_mean_estimates_when_steps_carry_them():
     # noise_last bounds the window: older steps (here at another configuration) drop out.
     old = _noisy([1.0] * 10, [50.0] * 10, prompts=8)
     assert Calibration.from_steps(old + recs, last=3, noise_last=6).noise_scale == pytest.approx(500.0)
-    assert Calibration.from_steps(old + recs, last=3, noise_last=16).noise_scale == pytest.approx((500 + 3000) / (10 + 6))
+    both = Calibration.from_steps(old + recs, last=3, noise_last=16)
+    assert both.noise_scale == pytest.approx((500 + 3000) / (10 + 6))
 
 
 def test_a_gradient_lost_in_its_noise_gives_no_noise_scale():

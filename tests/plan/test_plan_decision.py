@@ -16,7 +16,8 @@ from rlscale.plan.decision import (
 from rlscale.plan.throughput import Phases
 from rlscale.spec import parse_spec
 
-SPEC = parse_spec({"model": {"path": "builtin:tiny-arith"}, "optimizer": {"referenceBatch": 64}, "batch": {"samplesPerPrompt": 8}, "budget": {"gpus": 8}})
+SPEC = parse_spec({"model": {"path": "builtin:tiny-arith"}, "optimizer": {"referenceBatch": 64}, "batch": {
+    "samplesPerPrompt": 8}, "budget": {"gpus": 8}})
 
 
 def cand(prompts: int, x: float, e: float, gpus: int = 2) -> Candidate:
@@ -66,7 +67,8 @@ def test_ratios_print_apart_when_they_are_close():
 GEN_BOUND = {"model": {"path": "Qwen/Qwen2.5-1.5B", "maxLength": 4096},
              "task": {"maxNewTokens": 2048, "expectedPromptTokens": 128, "expectedResponseTokens": 1024},
              "batch": {"samplesPerPrompt": 8, "minPrompts": 4, "maxPrompts": 256},
-             "optimizer": {"referenceBatch": 64, "lr": 1e-6}, "budget": {"gpus": 8}, "hardware": {"accelerator": "H100"}}
+             "optimizer": {"referenceBatch": 64, "lr": 1e-6}, "budget": {"gpus": 8},
+             "hardware": {"accelerator": "H100"}}
 
 
 def _spec(scaling: str = "sqrt", **over):
@@ -115,7 +117,8 @@ def test_candidates_are_sorted_and_the_winner_is_first():
     times = [c.predicted.time_to_target_seconds for c in p.candidates]
     assert times == sorted(times)
     first = p.candidates[0]
-    assert (first.prompts, first.rollout_replicas, first.learner_replicas) == (p.prompts, p.rollout_replicas, p.learner_replicas)
+    assert (first.prompts, first.rollout_replicas, first.learner_replicas) == \
+        (p.prompts, p.rollout_replicas, p.learner_replicas)
     assert {c.prompts for c in p.candidates} == set(prompt_candidates(_spec()))
 
 
@@ -128,13 +131,15 @@ def test_fixed_prompts_and_replicas_are_kept():
 
 
 def test_prompt_candidates_powers_of_two_bounds_and_reference():
-    s = parse_spec({"model": {"path": "builtin:tiny-arith"}, "batch": {"minPrompts": 3, "maxPrompts": 100, "samplesPerPrompt": 4},
+    s = parse_spec({"model": {"path": "builtin:tiny-arith"}, "batch": {"minPrompts": 3, "maxPrompts": 100,
+                                                                       "samplesPerPrompt": 4},
                     "optimizer": {"referenceBatch": 48}})
     assert prompt_candidates(s) == [3, 4, 8, 12, 16, 32, 64, 100]
 
 
 def test_replica_splits_respect_the_gpu_budget():
-    s = parse_spec({"model": {"path": "builtin:tiny-arith"}, "budget": {"gpus": 6}, "rollout": {"maxReplicas": 8, "gpusPerReplica": 2},
+    s = parse_spec({"model": {"path": "builtin:tiny-arith"}, "budget": {"gpus": 6}, "rollout": {"maxReplicas": 8,
+        "gpusPerReplica": 2},
                     "learner": {"maxReplicas": 8, "gpusPerReplica": 1}})
     splits = replica_splits(s)
     assert (2, 2) in splits and (1, 4) in splits and (3, 1) not in splits
@@ -153,7 +158,8 @@ def test_cpu_quickstart_plans_one_rollout_and_one_learner(root):
     from rlscale.spec import load_rlrun
 
     spec = load_rlrun(root / "examples" / "quickstart.yaml").spec
-    auto = parse_spec({**spec.model_dump(by_alias=True), "rollout": {"replicas": "auto", "maxReplicas": 4, "gpusPerReplica": 0},
+    auto = parse_spec({**spec.model_dump(by_alias=True), "rollout": {"replicas": "auto", "maxReplicas": 4,
+                                                                     "gpusPerReplica": 0},
                        "learner": {"replicas": "auto", "maxReplicas": 4, "gpusPerReplica": 0, "zeroStage": 0}})
     p = make_plan(auto)
     assert (p.rollout_replicas, p.learner_replicas) == (1, 1)

@@ -12,7 +12,8 @@ from rlscale.plan import PlanError, make_plan
 from rlscale.plan.decision import TIE
 from rlscale.spec import SpecError, parse_spec
 
-MODELS = ["builtin:tiny-arith", "builtin:tiny-arith", "Qwen/Qwen2.5-0.5B", "Qwen/Qwen3-1.7B", "meta-llama/Llama-3.1-8B", "Qwen/Qwen2.5-7B"]
+MODELS = ["builtin:tiny-arith", "builtin:tiny-arith", "Qwen/Qwen2.5-0.5B", "Qwen/Qwen3-1.7B", "meta-llama/Llama-3.1-8B",
+          "Qwen/Qwen2.5-7B"]
 
 
 @st.composite

@@ -152,7 +152,8 @@ def test_cpu_replicas_share_the_host():
 
 
 def test_spec_overrides_profile_numbers():
-    s = parse_spec({"model": {"path": "builtin:tiny-arith"}, "hardware": {"accelerator": "H100", "memoryBandwidth": 1e12, "peakFlops": 5e14, "memory": 40e9}})
+    s = parse_spec({"model": {"path": "builtin:tiny-arith"},
+                    "hardware": {"accelerator": "H100", "memoryBandwidth": 1e12, "peakFlops": 5e14, "memory": 40e9}})
     p = accelerator_profile(s.hardware, s.model.dtype)
     assert (p.memory_bandwidth, p.flops("bfloat16"), p.memory) == (1e12, 5e14, 40e9)
     assert p.flops("float32") == 67e12  # the override is for the model dtype only

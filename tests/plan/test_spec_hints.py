@@ -3,7 +3,8 @@
 from rlscale.plan import make_plan
 from rlscale.spec import parse_spec
 
-BASE = {"hardware": {"accelerator": "H100"}, "budget": {"gpus": 16}, "model": {"path": "Qwen/Qwen2.5-7B", "maxLength": 2048},
+BASE = {"hardware": {"accelerator": "H100"}, "budget": {"gpus": 16},
+        "model": {"path": "Qwen/Qwen2.5-7B", "maxLength": 2048},
         "task": {"maxNewTokens": 1024, "expectedPromptTokens": 256, "expectedResponseTokens": 512}}
 
 

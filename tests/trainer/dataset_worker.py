@@ -40,7 +40,8 @@ def main(args: dict) -> None:
                         [p.answer for p in problems for _ in range(n)], [o.finished for o in outs],
                         [p.extra for p in problems for _ in range(n)])
         seen += rewards
-        stats.append(learner.step(RolloutBatch([o.prompt_ids for o in outs], [o.response_ids for o in outs], rewards, n)))
+        batch = RolloutBatch([o.prompt_ids for o in outs], [o.response_ids for o in outs], rewards, n)
+        stats.append(learner.step(batch))
     after = learner.engine.module.state_dict()
     moved = max((after[k].float() - before[k].float()).abs().max().item() for k in before)
     print("RESULT " + json.dumps({"rewards": seen, "moved": moved, "critic": learner.critic is not None,

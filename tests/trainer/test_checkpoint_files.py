@@ -86,7 +86,7 @@ def test_a_run_never_resumes_from_another_runs_checkpoints(tmp_path):
     ck.check_identity(path, "team-a/alpha")
     with pytest.raises(ck.CheckpointError) as e:
         ck.check_identity(path, "team-b/beta")
-    assert "spec.checkpoint.path" in str(e.value) and "team-a/alpha" in str(e.value) and "a path of its own" in str(e.value)
+    assert all(s in str(e.value) for s in ("spec.checkpoint.path", "team-a/alpha", "a path of its own"))
     # Checkpoints from before run identities existed are accepted.
     old = tmp_path / "step-00000010" / ck.STATE_FILE
     old.write_text(json.dumps({"run": {"step": 10}}))

@@ -6,7 +6,8 @@ from rlscale.trainer.driver import ReplanGate, choose_config
 
 
 def cand(prompts: int, e: float, t: float, rollout: int = 1) -> dict:
-    return {"prompts": prompts, "rolloutReplicas": rollout, "predicted": {"samplesToTarget": e, "timeToTargetSeconds": t}}
+    return {"prompts": prompts, "rolloutReplicas": rollout,
+            "predicted": {"samplesToTarget": e, "timeToTargetSeconds": t}}
 
 
 def test_unmeasured_configurations_are_judged_by_the_model():

@@ -52,7 +52,8 @@ def chat_tok(tmp_path_factory):
     from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
     words = ["<pad>", "<unk>", "<|end|>", "<|user|>", "<|system|>", "<|assistant|>"]
-    vocab = {w: i for i, w in enumerate(words + [str(i) for i in range(200)] + ["What", "is", "+", "?", "Be", "brief."])}
+    plain = [str(i) for i in range(200)] + ["What", "is", "+", "?", "Be", "brief."]
+    vocab = {w: i for i, w in enumerate(words + plain)}
     tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
     fast = PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", unk_token="<unk>", eos_token="<|end|>",
@@ -102,7 +103,8 @@ def test_parquet_splits_from_a_folder_and_csv_and_save_to_disk(tmp_path):
     train, held = read_rows(t)
     assert [r.prompt for r in train] == [f"q{i}" for i in range(20)]
     assert [r.prompt for r in held] == ["q20", "q21", "q22", "q23"]
-    with pytest.raises(SpecError, match=r"spec.task.evalSplit: 'validation' is not a split .*it has: (train, test|test, train)"):
+    with pytest.raises(SpecError, match=r"spec.task.evalSplit: 'validation' is not a split .*it has: (train, "
+                       r"test|test, train)"):
         read_rows(spec({"dataset": str(folder), "promptField": "question", "evalSplit": "validation"}).task)
 
     csv = tmp_path / "sums.csv"
@@ -111,8 +113,8 @@ def test_parquet_splits_from_a_folder_and_csv_and_save_to_disk(tmp_path):
     assert len(train) == 2 and len(held) == 1 and {r.answer for r in train + held} == {"2", "4", "6"}
 
     saved = tmp_path / "saved"
-    datasets.DatasetDict({"train": datasets.Dataset.from_list(gsm[:10]), "dev": datasets.Dataset.from_list(gsm[10:14])}) \
-        .save_to_disk(str(saved))
+    splits = {"train": datasets.Dataset.from_list(gsm[:10]), "dev": datasets.Dataset.from_list(gsm[10:14])}
+    datasets.DatasetDict(splits).save_to_disk(str(saved))
     train, held = read_rows(spec({"dataset": str(saved), "promptField": "question", "evalSplit": "dev"}).task)
     assert len(train) == 10 and [r.prompt for r in held] == ["q10", "q11", "q12", "q13"]
 
@@ -136,7 +138,8 @@ def test_bad_rows_are_refused_naming_file_row_and_field(tmp_path, rows, field, p
 
 def test_a_missing_column_names_the_mapping_field_and_the_columns(tmp_path):
     f = write_jsonl(tmp_path / "q.jsonl", ROWS[:5])
-    with pytest.raises(SpecError, match=r"spec.task.promptField: 'prompt' is not a column of .*columns: question, solution, level"):
+    with pytest.raises(SpecError, match=r"spec.task.promptField: 'prompt' is not a column of .*columns: question, "
+                       r"solution, level"):
         read_rows(spec({"dataset": str(f), "answerField": "solution"}).task)
     with pytest.raises(SpecError, match=r"spec.task.extraFields: 'difficulty' is not a column"):
         read_rows(spec({"dataset": str(f), "promptField": "question", "answerField": "solution",
@@ -158,7 +161,8 @@ def test_chat_template_rendering_is_the_tokenizers_own(tmp_path, chat_tok, char_
     question = p.extra["question"]
     msgs = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": question}]
     assert p.prompt == chat_tok.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)
-    assert list(p.prompt_ids) == chat_tok.apply_chat_template(msgs, tokenize=True, add_generation_prompt=True)["input_ids"]
+    assert list(p.prompt_ids) == chat_tok.apply_chat_template(msgs, tokenize=True, add_generation_prompt=True)[
+        "input_ids"]
     assert p.prompt == f"<|system|>Be brief.<|end|><|user|>{question}<|end|><|assistant|>"
 
     # chat: false gives the plain text; a template-less model with chat unset, too.
@@ -169,14 +173,17 @@ def test_chat_template_rendering_is_the_tokenizers_own(tmp_path, chat_tok, char_
 
 
 def test_messages_field_goes_through_the_template(tmp_path, chat_tok, char_tok):
-    rows = [{"messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": f"What is {i} + 1 ?"}],
+    rows = [{"messages": [{"role": "system", "content": "Be brief."},
+                          {"role": "user", "content": f"What is {i} + 1 ?"}],
              "answer": str(i + 1)} for i in range(10)]
     f = write_jsonl(tmp_path / "chat.jsonl", rows)
     s = spec({"dataset": str(f), "messagesField": "messages", "systemPrompt": "ignored: the row has its own"})
     task = build_task(s, chat_tok)
     p = next(q for q in task.train + task.eval if q.answer == "4")
-    assert list(p.prompt_ids) == chat_tok.apply_chat_template(rows[3]["messages"], add_generation_prompt=True)["input_ids"]
-    with pytest.raises(SpecError, match="spec.task.messagesField: 'messages' holds chat messages, but the model has no chat template"):
+    assert list(p.prompt_ids) == chat_tok.apply_chat_template(rows[3]["messages"], add_generation_prompt=True)[
+        "input_ids"]
+    with pytest.raises(SpecError, match="spec.task.messagesField: 'messages' holds chat messages, but the model has no "
+                       "chat template"):
         build_task(s, char_tok)
     rows[4]["messages"][1]["role"] = "narrator"
     with pytest.raises(SpecError, match=r"row 5: field 'messages\[1\]' is dict .*each message needs a role"):
@@ -268,17 +275,20 @@ def test_plugins_get_prompt_completion_answer_and_extra(tmp_path, monkeypatch):
     monkeypatch.syspath_prepend(str(tmp_path))
     assert score(resolve_reward("wl_rewards:by_level"), ["p", "p"], ["3", "4"], ["3", "3"], [True, True],
                  [{"level": 2}, {"level": 2}]) == [3.0, 0.0]
-    assert score(resolve_reward("wl_rewards:finished_only"), ["p", "p"], ["x", "y"], ["", ""], [True, False]) == [1.0, 0.0]
+    finished_only = resolve_reward("wl_rewards:finished_only")
+    assert score(finished_only, ["p", "p"], ["x", "y"], ["", ""], [True, False]) == [1.0, 0.0]
     assert resolve_reward("2*wl_rewards:by_level + exact-match")("p", "3", "3", {"level": 0}) == 3.0
     with pytest.raises(RewardError, match=r"is nan \(not finite\) for prompt 'What is 2\+2\?' and completion '5'"):
         score(resolve_reward("wl_rewards:nan"), ["What is 2+2?"], ["5"], ["4"], [True], [{}])
     with pytest.raises(RewardError, match=r"raised KeyError: 'level' for prompt 'p' and completion 'c'"):
         score(resolve_reward("wl_rewards:boom"), ["p"], ["c"], ["a"], [True], [{}])
     t0 = time.monotonic()
-    with pytest.raises(RewardError, match=r"took more than 0.5 s \(task.rewardTimeout\) on prompt 'p' and completion 'slow'"):
+    with pytest.raises(RewardError, match=r"took more than 0.5 s \(task.rewardTimeout\) on prompt 'p' and completion "
+                       r"'slow'"):
         score(resolve_reward("wl_rewards:slow", timeout_s=0.5), ["p"], ["slow"], ["a"], [True], [{}])
     assert time.monotonic() - t0 < 5
-    with pytest.raises(ValueError, match="takes 2 positional parameters; define fn\\(prompt, completion, answer, extra\\)"):
+    with pytest.raises(ValueError, match="takes 2 positional parameters; define fn\\(prompt, completion, answer, "
+                       "extra\\)"):
         resolve_reward("wl_rewards:two")
     for name in ("wl_rewards",):
         sys.modules.pop(name, None)
@@ -307,7 +317,8 @@ def test_rlscale_validate_names_the_row_and_field(tmp_path):
     out = subprocess.run([sys.executable, "-m", "rlscale.cli", "validate", str(tmp_path / "run.yaml")],
                          capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert out.returncode == 1, out.stdout + out.stderr
-    assert f"spec.task.dataset: '{data / 'q.jsonl'}' train row 4: field 'answer' is missing" in " ".join(out.stderr.split())
+    said = " ".join(out.stderr.split())
+    assert f"spec.task.dataset: '{data / 'q.jsonl'}' train row 4: field 'answer' is missing" in said
 
 
 def test_spec_refuses_what_the_code_cannot_run():
@@ -320,9 +331,11 @@ def test_spec_refuses_what_the_code_cannot_run():
     assert "spec.target.metric: 'eval/f1' is not allowed" in errors(target={"metric": "eval/f1"})
     assert "spec.task.reward: 'exact match' is not a reward expression" in errors({"reward": "exact match"})
     assert "spec.task.promptField" in errors({"dataset": "x.jsonl", "promptField": "q", "messagesField": "m"})
-    assert "spec.task.chat: false turns the chat template off" in errors({"dataset": "x.jsonl", "messagesField": "m", "chat": False})
+    assert "spec.task.chat: false turns the chat template off" in errors({"dataset": "x.jsonl", "messagesField": "m",
+                                                                          "chat": False})
     assert "leave task.chat unset for auto" in errors({"chat": "auto"})
-    assert math.isclose(parse_spec({"hardware": {"accelerator": "cpu"}, "task": {"reward": "0.9*math + 0.1*format"}}).task.reward_timeout, 10.0)
+    weighted = parse_spec({"hardware": {"accelerator": "cpu"}, "task": {"reward": "0.9*math + 0.1*format"}})
+    assert math.isclose(weighted.task.reward_timeout, 10.0)
 
 
 def test_render_keeps_row_extras(char_tok):
@@ -357,7 +370,8 @@ def test_ppo_on_a_dataset_task_with_a_plugin_reward(small_model, tmp_path):
         "budget": {"gpus": 0}, "hardware": {"accelerator": "cpu"}}}
     (tmp_path / "args.json").write_text(json.dumps(args))
     env = {**os.environ, "PYTHONPATH": f"{tmp_path}:{ROOT}", "WORLD_SIZE": "1", "RANK": "0", "LOCAL_RANK": "0"}
-    out = subprocess.run([sys.executable, str(Path(__file__).with_name("dataset_worker.py")), str(tmp_path / "args.json")],
+    worker = Path(__file__).with_name("dataset_worker.py")
+    out = subprocess.run([sys.executable, str(worker), str(tmp_path / "args.json")],
                          capture_output=True, text=True, timeout=600, env=env, cwd=tmp_path)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     res = json.loads(next(ln for ln in out.stdout.splitlines() if ln.startswith("RESULT "))[7:])
