@@ -11,7 +11,7 @@ export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 PYTEST_ARGS ?=
 
-.PHONY: run test venv k8s prometheus cluster cluster-down lint crd bench clean
+.PHONY: run test unit venv k8s prometheus cluster cluster-down lint crd bench clean
 
 venv:
 	@bash hack/setup-venv.sh
@@ -41,6 +41,12 @@ run: venv
 test: venv k8s prometheus images
 	$(VENV)/bin/ruff check .
 	$(PY) -m pytest $(PYTEST_ARGS)
+
+## make unit: the fast tests only (no cluster, no vLLM, no training; 45 s of CPU); run it
+## before every commit, with `make lint`. `make test` runs these and everything else.
+UNIT_TESTS := tests/core tests/plan tests/trainer tests/rollout
+unit: venv
+	$(PY) -m pytest -m "not slow and not cluster" -q $(UNIT_TESTS) $(PYTEST_ARGS)
 
 ## make cluster: a real control plane (etcd, apiserver, controller-manager, scheduler, kwok
 ## with fake GPU nodes) with the RLRun CRD installed, plus a real node that runs containers
