@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+from rlscale.crd import PLURAL  # noqa: F401  (named once, where the CRD is generated)
+from rlscale.metrics_names import DEFAULT_METRICS_PORT
 from rlscale.spec import API_GROUP, API_VERSION, KIND
 
 GROUP = API_GROUP
 VERSION = API_VERSION
-PLURAL = "rlruns"
 RLRUN_KIND = KIND
 FIELD_MANAGER = "rlscale-operator"
 
@@ -80,7 +81,7 @@ SHM_MOUNT = "/dev/shm"
 RUN_AS_USER = 1000
 HOME_MOUNT = "/home/rlscale"
 REPORT_DIR = "report"  # under spec.checkpoint.path, on the checkpoint volume
-METRICS_PORT = 9400
+METRICS_PORT = DEFAULT_METRICS_PORT
 RAY_GCS_PORT = 6379
 RAY_CLIENT_PORT = 10001
 MASTER_PORT = 29500
