@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from prometheus_client import generate_latest
 
-from rlscale.progress import TargetTracker
+from rlscale.progress import TargetTracker, fmt_duration, fmt_lr
 from rlscale.report import read_jsonl, write_report
 from rlscale.run_metrics import RunMetrics
 
@@ -125,3 +125,11 @@ def test_tail_follows_appends_and_a_rewrite(tmp_path):
     tmp.write_text('{"step": 1}\n')  # a resume rewrites the log shorter, atomically
     os.replace(tmp, p)
     assert [r["step"] for r in t.read()] == [1]
+
+
+def test_one_duration_and_lr_format_for_every_reader():
+    # A step time keeps its hundredths; longer spans read as the operator's printer columns do.
+    assert [fmt_duration(s) for s in (None, 0.734, 9.994, 45, 252, 599.6, 3 * 3600 + 5 * 60)] == \
+        ["-", "0.73s", "9.99s", "45s", "4m12s", "10m00s", "3h05m"]
+    assert fmt_duration(-1) == "0.00s"
+    assert fmt_lr(1e-4 * 2**0.5) == "1.41e-04"
