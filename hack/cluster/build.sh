@@ -18,7 +18,9 @@
 # with another engineer's tests, `GOCACHE=<empty dir> RLSCALE_K8S_BIN=<empty dir>
 # /usr/bin/time -v nice -n 19 bash hack/cluster/build.sh`: this recipe 845 s wall, 1034 s
 # CPU (user+sys), 4.9 GB of GOCACHE, 1-min load average 3.6-9.2 (mean 6.0); the recipe
-# before it 1912 s wall, 1523 s CPU, 6.9 GB, load 4.6-11.0 (mean 7.5).
+# before it 1912 s wall, 1523 s CPU, 6.9 GB, load 4.6-11.0 (mean 7.5). An empty module
+# cache downloads 282 MB (348 module zips, 26 s here) instead of 444 MB (480, 50 s)
+# (`go list -deps` of the same packages with GOMODCACHE and GOCACHE empty).
 # etcd stays in its own module, go/etcd: kube-apiserver v1.37 requires etcd's client
 # modules at v3.7, and etcd's server v3.6.16 must link its own api/client v3.6.16 (its
 # --version comes from go.etcd.io/etcd/api/v3/version). Its other dependencies are pinned
