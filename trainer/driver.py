@@ -554,7 +554,10 @@ def wait_for_termination() -> None:
     """Block until SIGTERM or SIGINT (the kubelet's stop)."""
     import threading
 
+    from rlscale.trainer.gang import stop_head_watches
+
     log.info("run finished; waiting to be scaled to zero")
+    stop_head_watches()
     done = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: done.set())

@@ -83,6 +83,7 @@ def _main(config_path: str | None) -> int:
         # The driver reaches Ray through a node of its own (its object store holds the weights it
         # publishes); a process on a host without a Ray node cannot join the cluster.
         start_ray_node(cfg)
+        watch_ray_head(cfg)
     # Rank 0 deploys the rollout replicas (Serve, vLLM's load) while DeepSpeed starts: one
     # after the other they took 28 s and 45 s of the quickstart's start-up.
     rollout = _Background(_connect_rollout, cfg) if rank == 0 else None
@@ -166,6 +167,15 @@ def start_ray_node(cfg) -> None:
             raise RuntimeError(f"could not join the run's Ray head at {cfg.ray_address} within 300 s "
                                f"(`ray start` exit {done.returncode}); is the ray-head pod running?")
         time.sleep(5)
+
+
+def watch_ray_head(cfg) -> None:
+    """Exit for a restart when the run's Ray head is replaced (rlscale.trainer.gang.HeadWatch)."""
+    from rlscale.roles import ray_auth_env
+    from rlscale.trainer.gang import HeadWatch
+
+    os.environ.update(ray_auth_env())
+    HeadWatch.for_address(cfg.ray_address).start()
 
 
 def _connect_rollout(cfg):

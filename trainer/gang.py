@@ -104,3 +104,69 @@ class GangWatch:
                     seen[r] = (n, now)
                 elif now - last[1] > self.patience:
                     return self._gone(f"rank {r} stopped its heartbeat {now - last[1]:.0f} s ago")
+
+
+_HEAD_WATCHES: list[HeadWatch] = []
+
+
+def stop_head_watches() -> None:
+    """The run has ended: the head going away (scaled to zero with the rest) is expected now."""
+    for w in _HEAD_WATCHES:
+        w.stop()
+
+
+class HeadWatch:
+    """Rank 0 in a pod watches the run's Ray head, and exits with EXIT_GANG when it is gone.
+
+    A Ray head that is killed comes back as a new pod behind the same Service: a new cluster,
+    with a new cluster id. The driver does not notice (measured on the real node: its calls to
+    the replicas hang, its raylet stays up, no step for minutes), so this watch asks the head's
+    GCS for its cluster id every `interval` seconds; a different id, or no answer for
+    `patience` seconds, ends the process, and the restarted pod joins the new head and resumes
+    from the last checkpoint (`tests/node/test_faults_k8s.py`). `probe` returns the id (hex)."""
+
+    def __init__(self, probe, interval: float = 10.0, patience: float = 120.0, exit_fn=None):
+        self.probe, self.interval, self.patience = probe, interval, patience
+        self._exit = exit_fn or os._exit
+        self._stop = threading.Event()
+        self.cluster = ""
+        self._thread: threading.Thread | None = None
+
+    @classmethod
+    def for_address(cls, address: str, **kw) -> HeadWatch:
+        """A watch of the GCS at host:port (the token comes from RAY_AUTH_TOKEN, as for ray.init)."""
+        def probe() -> str:
+            from ray._raylet import GcsClient
+
+            return GcsClient(address=address).cluster_id.hex()
+        return cls(probe, **kw)
+
+    def start(self) -> None:
+        self.cluster = self.probe()
+        _HEAD_WATCHES.append(self)
+        self._thread = threading.Thread(target=self._watch, name="ray-head-watch", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def _gone(self, why: str) -> None:
+        if self._stop.is_set():
+            return
+        log.error("%s; exiting (%d) so this pod joins the new head and resumes from the last checkpoint",
+                  why, EXIT_GANG)
+        self._exit(EXIT_GANG)
+
+    def _watch(self) -> None:
+        answered = time.monotonic()
+        while not self._stop.wait(self.interval):
+            try:
+                now = self.probe()
+            except Exception as exc:  # the head is restarting, or gone
+                if time.monotonic() - answered > self.patience:
+                    return self._gone(f"the run's Ray head has not answered for {self.patience:.0f} s "
+                                      f"({type(exc).__name__})")
+                continue
+            answered = time.monotonic()
+            if now != self.cluster:
+                return self._gone(f"the run's Ray head was replaced (cluster {self.cluster[:12]} -> {now[:12]})")
