@@ -28,6 +28,8 @@ def _load(name: str, path: Path):
 
 cp = sys.modules.get("rlscale_controlplane") or _load("rlscale_controlplane", REPO / "hack" / "cluster" / "controlplane.py")
 ni = cp._nodeimages()
+# hack/cluster/quickstart.py: the README's Kubernetes path (images, chart, claims) as functions.
+qs = sys.modules.get("rlscale_quickstart") or _load("rlscale_quickstart", REPO / "hack" / "cluster" / "quickstart.py")
 
 
 def pytest_configure(config):
@@ -131,3 +133,9 @@ def node(node_cluster, tmp_path_factory) -> Node:
     digest = ni.build_busybox(archive, ref=IMAGE, extra={"bin/probe": (probe, 0o755)})
     ni.import_archive(Path(node_cluster.containerd_socket), archive, IMAGE, digest)
     return Node(node_cluster)
+
+
+@pytest.fixture(scope="session")
+def images(node_cluster) -> dict[str, str]:
+    """The operator, trainer and rollout images built here and in the node's runtime."""
+    return qs.build_and_load_images(node_cluster.containerd_socket)
