@@ -4,12 +4,27 @@ from __future__ import annotations
 
 import copy
 import sys
+import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = ROOT / "examples"
+
+
+def wait_for(what: str, fn: Callable[[], Any], timeout: float = 30.0, interval: float = 0.25) -> Any:
+    """Poll fn until it returns something truthy; fail naming what never happened."""
+    deadline = time.monotonic() + timeout
+    last: Any = None
+    while time.monotonic() < deadline:
+        last = fn()
+        if last:
+            return last
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what} (last: {last!r})")
 
 
 def rlrun_dict(spec: dict | None = None, name: str = "t") -> dict:

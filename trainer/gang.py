@@ -28,16 +28,33 @@ EXIT_GANG = 75  # EX_TEMPFAIL: restart me, the gang is broken
 _PREFIX = "rlscale/gang/"
 
 
-class GangWatch:
+class _Watch:
+    """A daemon thread that ends the process with EXIT_GANG when what it watches is gone."""
+
+    def __init__(self, interval: float, patience: float, exit_fn=None):
+        self.interval, self.patience = interval, patience
+        self._exit = exit_fn or os._exit
+        self._stop = threading.Event()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def _leave(self, message: str) -> None:
+        """Log why and exit, unless the watch was stopped (an end on purpose)."""
+        if self._stop.is_set():
+            return
+        log.error("%s; exiting (%d) to restart and resume from the last checkpoint", message, EXIT_GANG)
+        self._exit(EXIT_GANG)
+
+
+class GangWatch(_Watch):
     """Start with start(); stop() ends the watch (a clean shutdown of the whole gang)."""
 
     def __init__(self, rank: int, world_size: int, host: str, port: int, interval: float = 5.0,
                  patience: float = 30.0, exit_fn=None):
+        super().__init__(interval, patience, exit_fn)
         self.rank, self.world_size = rank, world_size
         self.host, self.port = host, port
-        self.interval, self.patience = interval, patience
-        self._exit = exit_fn or os._exit
-        self._stop = threading.Event()
         self._store = None
         self.boot = ""
         self._thread: threading.Thread | None = None
@@ -64,15 +81,8 @@ class GangWatch:
         self._thread = threading.Thread(target=target, name="gang-watch", daemon=True)
         self._thread.start()
 
-    def stop(self) -> None:
-        self._stop.set()
-
     def _gone(self, why: str) -> None:
-        if self._stop.is_set():
-            return
-        log.error("rank %d: %s; exiting (%d) so every rank restarts and resumes from the last checkpoint",
-                  self.rank, why, EXIT_GANG)
-        self._exit(EXIT_GANG)
+        self._leave(f"rank {self.rank}: {why}; every rank restarts")
 
     def _watch_rank0(self) -> None:
         failures = 0
@@ -115,7 +125,7 @@ def stop_head_watches() -> None:
         w.stop()
 
 
-class HeadWatch:
+class HeadWatch(_Watch):
     """Rank 0 in a pod watches the run's Ray head, and exits with EXIT_GANG when it is gone.
 
     A Ray head that is killed comes back as a new pod behind the same Service: a new cluster,
@@ -126,9 +136,8 @@ class HeadWatch:
     from the last checkpoint (`tests/node/test_faults_k8s.py`). `probe` returns the id (hex)."""
 
     def __init__(self, probe, interval: float = 10.0, patience: float = 120.0, exit_fn=None):
-        self.probe, self.interval, self.patience = probe, interval, patience
-        self._exit = exit_fn or os._exit
-        self._stop = threading.Event()
+        super().__init__(interval, patience, exit_fn)
+        self.probe = probe
         self.cluster = ""
         self._thread: threading.Thread | None = None
 
@@ -147,15 +156,8 @@ class HeadWatch:
         self._thread = threading.Thread(target=self._watch, name="ray-head-watch", daemon=True)
         self._thread.start()
 
-    def stop(self) -> None:
-        self._stop.set()
-
     def _gone(self, why: str) -> None:
-        if self._stop.is_set():
-            return
-        log.error("%s; exiting (%d) so this pod joins the new head and resumes from the last checkpoint",
-                  why, EXIT_GANG)
-        self._exit(EXIT_GANG)
+        self._leave(f"{why}; this pod joins the new head")
 
     def _watch(self) -> None:
         answered = time.monotonic()

@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import wait_for
+
 REPO = Path(__file__).resolve().parents[2]
 IMAGE = "rlscale.local/nodetest:1"
 
@@ -59,15 +61,9 @@ class Node:
         out = self.kubectl("get", kind, name, "-o", "json", *(["-n", ns] if ns else []), check=False)
         return json.loads(out.stdout) if out.returncode == 0 else None
 
-    def wait_for(self, what: str, fn, timeout: float = 60, interval: float = 0.5):
-        deadline = time.monotonic() + timeout
-        last = None
-        while time.monotonic() < deadline:
-            last = fn()
-            if last:
-                return last
-            time.sleep(interval)
-        raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what} (last: {last!r})")
+    @staticmethod
+    def wait_for(what: str, fn, timeout: float = 60, interval: float = 0.5):
+        return wait_for(what, fn, timeout, interval)
 
     def namespace(self, name: str) -> str:
         self.apply({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}})

@@ -4,22 +4,10 @@ pods and report through kubectl and its checkpoint claim (a hostPath on this mac
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 
 from rlscale.operator import constants as C
-
-
-def wait(what: str, fn, timeout: float, interval: float = 1.0):
-    """fn()'s first truthy value, polled every `interval` s; AssertionError naming `what` after `timeout` s."""
-    deadline = time.monotonic() + timeout
-    last = None
-    while time.monotonic() < deadline:
-        last = fn()
-        if last:
-            return last
-        time.sleep(interval)
-    raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what} (last: {last!r})")
+from tests.conftest import wait_for as wait  # noqa: F401  (the node tests' name for it)
 
 
 def read_jsonl(path: Path) -> list[dict]:

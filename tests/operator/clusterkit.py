@@ -8,13 +8,13 @@ import os
 import signal
 import subprocess
 import sys
-import time
 import urllib.request
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import yaml
+
+from tests.conftest import wait_for
 
 REPO = Path(__file__).resolve().parents[2]
 OPERATOR_NS = "rlscale-system"
@@ -31,18 +31,6 @@ def _load_controlplane():
 
 cp = _load_controlplane()
 K8S_VERSION = cp.versions()["K8S_VERSION"]
-
-
-def wait_for(what: str, fn: Callable[[], Any], timeout: float = 30.0, interval: float = 0.25) -> Any:
-    """Poll fn until it returns something truthy; fail naming what never happened."""
-    deadline = time.monotonic() + timeout
-    last: Any = None
-    while time.monotonic() < deadline:
-        last = fn()
-        if last:
-            return last
-        time.sleep(interval)
-    raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what} (last: {last!r})")
 
 
 class Kube:
