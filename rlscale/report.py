@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import json
-import statistics
 from pathlib import Path
 from typing import Any
+
+from rlscale.metrics_names import PHASES
+from rlscale.plan.calibration import median_present
 
 
 def read_jsonl(path: Path) -> list[dict[str, Any]]:
@@ -58,7 +60,7 @@ def plot_curves(records: list[dict[str, Any]], target: float, metric: str, out: 
     steps = [r["step"] for r in records]
     bottom = [0.0] * len(records)
     a = ax[1][0]
-    for phase in ("generate", "reward", "train", "sync"):
+    for phase in PHASES:
         vals = [r.get("phases", {}).get(phase, 0.0) for r in records]
         a.bar(steps, vals, bottom=bottom, width=1.0, label=phase)
         bottom = [b + v for b, v in zip(bottom, vals, strict=True)]
@@ -82,11 +84,6 @@ def plot_curves(records: list[dict[str, Any]], target: float, metric: str, out: 
     return out
 
 
-def _median(xs: list[float]) -> float | None:
-    xs = [x for x in xs if x is not None]
-    return statistics.median(xs) if xs else None
-
-
 def summarize(records: list[dict[str, Any]], plans: list[dict[str, Any]], target: float, metric: str, name: str) -> str:
     """summary.md: time- and samples-to-target, throughput, and the plan's predicted vs measured step time."""
     lines = [f"# RLRun {name}", ""]
@@ -107,22 +104,22 @@ def summarize(records: list[dict[str, Any]], plans: list[dict[str, Any]], target
         lines.append(f"- held-out {metric}: {start[metric]:.3f} before training, {evals[-1]['eval']:.3f} at the last eval "
                      f"(step {evals[-1]['step']}), best {max(r['eval'] for r in evals):.3f}")
     tail = records[len(records) // 2:] or records  # skip the warm-up half when summarising speed
-    sps = _median([r.get("samples_per_second") for r in tail])
-    step_s = _median([r.get("step_seconds") for r in tail])
-    pred = _median([r.get("predicted_step_seconds") for r in tail])
+    sps = median_present([r.get("samples_per_second") for r in tail])
+    step_s = median_present([r.get("step_seconds") for r in tail])
+    pred = median_present([r.get("predicted_step_seconds") for r in tail])
     if sps:
         lines.append(f"- measured throughput: {sps:.1f} samples/s (median over the second half)")
     if step_s:
         ratio = f" (measured/predicted = {step_s / pred:.2f})" if pred else ""
         lines.append(f"- step time: measured {step_s:.3f} s, planned {pred:.3f} s{ratio}" if pred else f"- step time: measured {step_s:.3f} s")
-    phases = {p: _median([r.get("phases", {}).get(p) for r in tail]) for p in ("generate", "reward", "train", "sync")}
+    phases = {p: median_present([r.get("phases", {}).get(p) for r in tail]) for p in PHASES}
     if any(phases.values()):
         total = sum(v for v in phases.values() if v) or 1.0
         lines += ["", "| phase | median seconds | share |", "|---|---:|---:|"]
         for p, v in phases.items():
             if v is not None:
                 lines.append(f"| {p} | {v:.4f} | {100 * v / total:.0f}% |")
-    over = _median([r.get("overhead_seconds") for r in tail])
+    over = median_present([r.get("overhead_seconds") for r in tail])
     if over is not None and step_s:
         lines.append(f"\nLoop overhead (step time not spent in generation or training compute): {over:.3f} s per step, {100 * over / step_s:.0f}% of the step.")
     if plans:

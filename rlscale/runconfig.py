@@ -8,6 +8,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from rlscale.metrics_names import DEFAULT_METRICS_PORT
 from rlscale.spec import RLRun, RLRunSpec, SpecError, parse_spec
 
 RUNCONFIG_KIND = "RLRunConfig"
@@ -23,7 +24,7 @@ class RunConfig:
     plan: dict[str, Any]
     namespace: str | None = None
     ray_address: str | None = None  # host:port of the run's Ray head (GCS)
-    metrics_port: int = 9400
+    metrics_port: int = DEFAULT_METRICS_PORT
     checkpoint_dir: str | None = None
     report_dir: str | None = None
     model_dir: str | None = None  # resolved local model directory, when known

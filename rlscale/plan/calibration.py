@@ -69,7 +69,7 @@ class Calibration:
             return cls()
         key = _config(recs[-1])
         same = [r for r in recs if _config(r) == key][-last:]
-        phases = {p: _median(_get(r.get("phases") or {}, p) for r in same) for p in PHASES}
+        phases = {p: median_present(_get(r.get("phases") or {}, p) for r in same) for p in PHASES}
         window = noise_last or last
         # An eval runs on the rollout replicas only: any batch at the same replica count will do.
         evals = [r for r in recs if _config(r)[2] == key[2]]
@@ -77,11 +77,11 @@ class Calibration:
         return cls(
             prompts=prompts, samples_per_prompt=spp, rollout_replicas=rollout or 1, learner_replicas=learner or 1,
             generate_s=phases["generate"], reward_s=phases["reward"], train_s=phases["train"], sync_s=phases["sync"],
-            prompt_tokens=_median(_get(r, "prompt_tokens") for r in same),
-            response_tokens=_median(_get(r, "response_tokens") for r in same),
-            tokens_per_sample=_median(_tokens_per_sample(r) for r in same),
+            prompt_tokens=median_present(_get(r, "prompt_tokens") for r in same),
+            response_tokens=median_present(_get(r, "response_tokens") for r in same),
+            tokens_per_sample=median_present(_tokens_per_sample(r) for r in same),
             noise_scale=noise_from_steps(recs[-window:]),
-            eval_s=_median(_get(r, "eval_seconds") for r in evals[-window:]),
+            eval_s=median_present(_get(r, "eval_seconds") for r in evals[-window:]),
             steps=len(same),
         )
 
@@ -106,7 +106,7 @@ def noise_from_steps(records: list[Mapping[str, Any]], min_pairs: int = 5, z: fl
             return None
         trace = sum(t for _, t in pairs) / len(pairs)
         return max(trace, 0.0) / g_sq
-    return _median(_get(r, "noise_scale") for r in records)
+    return median_present(_get(r, "noise_scale") for r in records)
 
 
 def _finite(v: Any) -> bool:
@@ -126,7 +126,8 @@ def _tokens_per_sample(r: Mapping[str, Any]) -> float | None:
     return tokens / samples if tokens is not None and samples is not None else None
 
 
-def _median(values: Iterable[float | None]) -> float | None:
+def median_present(values: Iterable[float | None]) -> float | None:
+    """The median of the values that are there (None where a record lacks one), or None."""
     vs = [v for v in values if v is not None]
     return median(vs) if vs else None
 
