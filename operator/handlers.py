@@ -9,8 +9,9 @@ from collections.abc import Mapping
 from typing import Any
 
 import kopf
+from kubernetes.client.exceptions import ApiException
 
-from rlscale.spec import SpecError, parse_spec
+from rlscale.spec import RLRunSpec, SpecError, parse_spec
 
 from . import builders as B
 from . import constants as C
@@ -24,6 +25,9 @@ log = logging.getLogger("rlscale.operator")
 IMAGES = B.Images.from_env()
 # Seconds between progress reads (and drift checks) per run.
 PROGRESS_INTERVAL = float(os.environ.get("RLSCALE_PROGRESS_INTERVAL", "10"))
+# API answers that say "try again" (conflicts past update_status's own retries, throttling,
+# the API server or etcd briefly away): kopf.TemporaryError, not a crash of the handler.
+TRANSIENT_API_STATUS = (409, 429, 500, 503, 504)
 # Fault injection for the restart test: a pause between child applies widens the window in
 # which the operator can be killed mid-reconcile. Zero in production.
 STEP_DELAY = float(os.environ.get("RLSCALE_OPERATOR_STEP_DELAY", "0"))
@@ -337,6 +341,42 @@ def repair(namespace: str, run: str) -> None:
 # ---------------------------------------------------------------- progress and drift
 
 
+def _fold_progress(rl: dict[str, Any], st: dict[str, Any], raw: str, prog: dict[str, Any],
+                   spec_m: RLRunSpec) -> dict[str, Any] | None:
+    """The RLRun's status with the driver's report `prog` (the annotation `raw`) folded in:
+    progress, TargetReached, Degraded on a failure report, the outcome conditions and phase.
+    None when the report is stale (removed by a retry, or from before the run ended)."""
+    gen = int(rl["metadata"].get("generation") or 0)
+    # The report as it is now: kopf's copy may predate a retry that removed it.
+    if (rl["metadata"].get("annotations") or {}).get(C.ANNOTATION_PROGRESS) != raw:
+        return None
+    if S.finished(st) and prog.get("failed"):
+        return None  # a report from before the run ended changes nothing
+    old = st.get("progress") or {}
+    # A failure report may carry no figures: the last step's stay.
+    merged = {**old, **prog} if prog.get("failed") else prog
+    st["progress"] = S.progress_status(merged, st.get("plan") or {}, spec_m.target.value,
+                                       spec_m.budget.max_samples)
+    conds = st.get("conditions")
+    if prog.get("failed") and prog.get("outcome") != C.COND_FAILED:
+        conds = S.set_condition(conds, C.COND_DEGRADED, True, "DriverError",
+                                f"the driver (learner rank 0) stopped: {prog.get('message', 'no message')}; "
+                                "the pod restarts from the last checkpoint", gen)
+    if prog.get("targetReached"):
+        conds = S.set_condition(conds, C.COND_TARGET_REACHED, True, "TargetReached",
+                                f"{spec_m.target.metric} reached {prog.get('targetMetric')} "
+                                f"(target {spec_m.target.value})", gen)
+    elif prog.get("targetMetric") is not None:
+        conds = S.set_condition(conds, C.COND_TARGET_REACHED, False, "Training",
+                                f"{spec_m.target.metric} = {prog.get('targetMetric')} "
+                                f"(target {spec_m.target.value})", gen)
+    conds = S.outcome_conditions(conds, prog, spec_m.target.metric, spec_m.target.value, gen)
+    st["conditions"] = conds
+    if not S.is_true(conds, C.COND_INVALID):
+        st["phase"] = S.phase(conds, spec_m.suspend)
+    return st
+
+
 @kopf.timer(*_RLRUN, interval=PROGRESS_INTERVAL, initial_delay=PROGRESS_INTERVAL)
 def progress_timer(name: str, namespace: str, uid: str, meta: Any, spec: Any, status: Any, **_: Any) -> None:
     """Fold the learner's progress report into status; re-plan when throughput drifts > 20%."""
@@ -353,39 +393,13 @@ def progress_timer(name: str, namespace: str, uid: str, meta: Any, spec: Any, st
     except SpecError:
         return
 
-    def mutate(rl: dict[str, Any], st: dict[str, Any]) -> dict[str, Any] | None:
-        gen = int(rl["metadata"].get("generation") or 0)
-        # The report as it is now: kopf's copy may predate a retry that removed it.
-        if (rl["metadata"].get("annotations") or {}).get(C.ANNOTATION_PROGRESS) != raw:
-            return None
-        if S.finished(st) and prog.get("failed"):
-            return None  # a report from before the run ended changes nothing
-        old = st.get("progress") or {}
-        # A failure report may carry no figures: the last step's stay.
-        merged = {**old, **prog} if prog.get("failed") else prog
-        st["progress"] = S.progress_status(merged, st.get("plan") or {}, spec_m.target.value,
-                                           spec_m.budget.max_samples)
-        conds = st.get("conditions")
-        if prog.get("failed") and prog.get("outcome") != C.COND_FAILED:
-            conds = S.set_condition(conds, C.COND_DEGRADED, True, "DriverError",
-                                    f"the driver (learner rank 0) stopped: {prog.get('message', 'no message')}; "
-                                    "the pod restarts from the last checkpoint", gen)
-        if prog.get("targetReached"):
-            conds = S.set_condition(conds, C.COND_TARGET_REACHED, True, "TargetReached",
-                                    f"{spec_m.target.metric} reached {prog.get('targetMetric')} "
-                                    f"(target {spec_m.target.value})", gen)
-        elif prog.get("targetMetric") is not None:
-            conds = S.set_condition(conds, C.COND_TARGET_REACHED, False, "Training",
-                                    f"{spec_m.target.metric} = {prog.get('targetMetric')} "
-                                    f"(target {spec_m.target.value})", gen)
-        conds = S.outcome_conditions(conds, prog, spec_m.target.metric, spec_m.target.value, gen)
-        st["conditions"] = conds
-        if not S.is_true(conds, C.COND_INVALID):
-            st["phase"] = S.phase(conds, spec_m.suspend)
-        return st
-
     was_finished = S.finished(status)
-    written = kube.update_status(namespace, name, mutate)
+    try:
+        written = kube.update_status(namespace, name, lambda rl, st: _fold_progress(rl, st, raw, prog, spec_m))
+    except ApiException as exc:
+        if exc.status in TRANSIENT_API_STATUS:  # kopf logs it and runs the timer again
+            raise kopf.TemporaryError(f"status update: {exc.status} {exc.reason}", delay=PROGRESS_INTERVAL) from exc
+        raise
     if prog.get("outcome") in C.OUTCOME_PHASES:
         if not was_finished and written is not None:
             # The run has ended: every workload (the Ray head too) to zero; status keeps the results.

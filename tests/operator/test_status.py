@@ -181,3 +181,26 @@ def test_a_container_that_just_exited_with_an_error_is_degraded_before_any_back_
     # Completed with 0 (the rollout pod at the end of a run) is fine.
     done = {"name": "rollout", "restartCount": 0, "state": {"terminated": {"exitCode": 0, "reason": "Completed"}}}
     assert S.pod_problems(pod("r-rollout-a", C.ROLE_ROLLOUT, [done])) == []
+
+
+def test_a_progress_report_is_folded_into_status_unless_it_is_stale():
+    import json
+
+    import yaml
+
+    from rlscale.operator.handlers import _fold_progress
+    from rlscale.spec import parse_spec
+    from tests.conftest import EXAMPLES
+
+    spec = parse_spec(yaml.safe_load((EXAMPLES / "quickstart-k8s.yaml").read_text())["spec"])
+    prog = {"step": 40, "samples": 5120, "targetMetric": 0.49, "targetReached": True, "elapsedSeconds": 39.0,
+            "samplesPerSecond": 130.0}
+    raw = json.dumps(prog)
+    rl = {"metadata": {"generation": 3, "annotations": {C.ANNOTATION_PROGRESS: raw}}}
+    st = _fold_progress(rl, {"plan": {"prompts": 16, "samplesPerPrompt": 8}}, raw, prog, spec)
+    assert st["progress"]["step"] == 40
+    reached = {c["type"]: c for c in st["conditions"]}[C.COND_TARGET_REACHED]
+    assert reached["status"] == "True" and "0.49" in reached["message"] and reached["observedGeneration"] == 3
+    # A retry removed the report meanwhile (the annotation differs): nothing to write.
+    stale = {"metadata": {"generation": 3, "annotations": {}}}
+    assert _fold_progress(stale, {}, raw, prog, spec) is None
