@@ -18,6 +18,7 @@ os.environ.setdefault("RAY_SERVE_QUEUE_LENGTH_RESPONSE_DEADLINE_S", "1.0")
 
 import ray  # noqa: E402
 from ray import serve  # noqa: E402
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy  # noqa: E402
 
 from rlscale.metrics_names import ROLLOUT_PREFIX  # noqa: E402
 from rlscale.rollout.engine import EngineConfig, Sample  # noqa: E402
@@ -277,8 +278,14 @@ class RolloutClient:
     ) -> RolloutClient:
         """Create the weight store and the Serve application (ray must be initialised)."""
         client = cls(engine_config, options)
+        # On the caller's own node: the store holds refs to weights the caller put in that node's
+        # object store, and Ray may otherwise place a num_cpus=0 actor on a replica's node, where
+        # losing that one rollout pod took the store, then the driver, down with it (seen on the
+        # real node: ActorDiedError "WeightStore ... its node has died" at the next publish).
+        here = NodeAffinitySchedulingStrategy(node_id=ray.get_runtime_context().get_node_id(), soft=False)
         client._store = WeightStore.options(
-            name=store_name(client.options.app_name), namespace=STORE_NAMESPACE, get_if_exists=True
+            name=store_name(client.options.app_name), namespace=STORE_NAMESPACE, get_if_exists=True,
+            scheduling_strategy=here,
         ).remote()
         client._published = ray.get(client._store.version.remote())
         serve.start(proxy_location="Disabled")
