@@ -9,6 +9,8 @@ export TORCH_EXTENSIONS_DIR ?= $(HOME)/.cache/rlscale/torch_extensions
 export RLSCALE_CACHE ?= $(HOME)/.cache/rlscale
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
+# Inductor's precompiled headers off for every process (rollout/engine.py says why).
+export TORCHINDUCTOR_CPP_CACHE_PRECOMPILE_HEADERS ?= 0
 PYTEST_ARGS ?=
 
 .PHONY: run test unit venv k8s prometheus cluster cluster-down lint crd bench clean

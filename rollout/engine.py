@@ -19,6 +19,12 @@ os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 os.environ.setdefault("VLLM_NO_USAGE_STATS", "1")
 os.environ.setdefault("VLLM_DO_NOT_TRACK", "1")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+# No precompiled header for inductor's CPU kernels. torch keeps a .gch it once wrote whatever
+# is in it: on this 2-core machine one came out 131 MB instead of 155 MB (twice, for one venv)
+# and every kernel compiled with it then failed ("'at::vec' has not been declared"), so vLLM
+# never started from that venv again until the file was deleted. Headers parsed per kernel cost
+# a few seconds per new kernel, once: compiled kernels are cached.
+os.environ.setdefault("TORCHINDUCTOR_CPP_CACHE_PRECOMPILE_HEADERS", "0")
 
 if TYPE_CHECKING:
     import torch
