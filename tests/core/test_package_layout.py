@@ -22,3 +22,14 @@ def test_python_started_in_the_checkout_finds_the_stdlib_operator(how):
     r = subprocess.run([sys.executable, *how], cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip().endswith("operator/__init__.py")
+
+
+def test_python_with_the_checkout_on_pythonpath_still_gets_the_stdlib_operator():
+    # PYTHONPATH puts the root on sys.path before site runs (the test workers start this way),
+    # so the folder is found first as `operator`: its __init__ must become the stdlib module.
+    import os
+
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    r = subprocess.run([sys.executable, "-c", "import collections, operator; print(operator.eq(1, 1))"],
+                       cwd="/", env=env, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0 and r.stdout.strip() == "True", r.stderr[-2000:]
