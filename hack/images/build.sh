@@ -63,16 +63,17 @@ start=$(date +%s)
 # import_base NAME: the pinned rootfs tarball as localhost/rlscale/NAME:<key>; prints the tag.
 import_base() {
   local tar tag
-  tar=$(bash "$HERE/base.sh" "$1")
+  tar=$(bash "$HERE/base.sh" "$1") || return 1
   tag="localhost/rlscale/$1:$(basename "$tar" .tar | sed "s/^$1-//")"
   if ! pod image exists "$tag"; then
     echo "[images] importing $tar as $tag" >&2
-    pod import --quiet --change 'CMD ["/bin/bash"]' "$tar" "$tag" >/dev/null
+    pod import --quiet --change 'CMD ["/bin/bash"]' "$tar" "$tag" >/dev/null || return 1
   fi
   echo "$tag"
 }
-BASE=$(import_base base)
-BASE_DEV=$(import_base base-dev)
+# (A failure inside $(...) does not stop the script by itself: say so and stop.)
+BASE=$(import_base base) || { echo "build.sh: the base image failed (above)" >&2; exit 1; }
+BASE_DEV=$(import_base base-dev) || { echo "build.sh: the base-dev image failed (above)" >&2; exit 1; }
 # Earlier bases (another lock, another recipe): their tarballs and tags go.
 for t in $(pod images --format '{{.Repository}}:{{.Tag}}' | grep -E '^localhost/rlscale/base(-dev)?:'); do
   [[ $t == "$BASE" || $t == "$BASE_DEV" ]] || pod rmi "$t" >/dev/null 2>&1 || true
