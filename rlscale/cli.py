@@ -87,10 +87,12 @@ def validate(files: list[Path] = typer.Argument(..., help="RLRun YAML files.", s
                 err.print(f"[bold red]error:[/] {where}{e}", highlight=False, soft_wrap=True)
             continue
         s = r.spec
-        from rlscale.trainer.data import dataset_on_cluster
+        from rlscale.trainer.data import dataset_on_cluster, plugins_on_cluster
 
         note = (f"; {s.task.dataset} is on the pods' volume: its rows are checked when the run starts"
                 if dataset_on_cluster(s) else "")
+        if plugins_on_cluster(s):
+            note += f"; the plug-in in {s.task.reward!r} comes from task.pluginVolume: it is tried when the run starts"
         out.print(f"[green]ok[/] {f}: RLRun {r.name} ({s.algorithm.name}, {s.model.path}, "
                   f"{s.hardware.accelerator}){note}",
                   highlight=False, soft_wrap=True)

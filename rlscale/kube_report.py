@@ -43,7 +43,8 @@ class KubeTarget:
         if not (host and name and namespace and (SA_DIR / "token").exists()):
             return None
         host = f"[{host}]" if ":" in host else host
-        return cls(f"https://{host}:{port}", (SA_DIR / "token").read_text().strip(), str(SA_DIR / "ca.crt"), namespace, name)
+        return cls(f"https://{host}:{port}", (SA_DIR / "token").read_text().strip(), str(SA_DIR / "ca.crt"),
+                   namespace, name)
 
 
 # How a run ends, in the driver's last report; the operator makes each a condition and phase.
@@ -82,7 +83,8 @@ def progress_body(rec: dict[str, Any], *, target_reached: bool, failed: bool = F
     """The report the operator reads, from one metrics.jsonl record; `outcome` on the last one."""
     body = {
         "step": rec["step"], "samples": rec["samples"], "reward": round(rec.get("reward_mean", 0.0), 6),
-        "targetMetric": rec.get("target_metric"), "samplesPerSecond": round(rec.get("samples_per_second_recent", rec.get("samples_per_second", 0.0)), 3),
+        "targetMetric": rec.get("target_metric"),
+        "samplesPerSecond": round(rec.get("samples_per_second_recent", rec.get("samples_per_second", 0.0)), 3),
         "elapsedSeconds": round(rec.get("wall_seconds", 0.0), 2),
         "phaseSeconds": {k: round(v, 4) for k, v in rec.get("phases", {}).items()},
         # The windowed estimate when the driver has one (None: not significant, keep the prior).

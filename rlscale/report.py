@@ -46,10 +46,13 @@ def plot_curves(records: list[dict[str, Any]], target: float, metric: str, out: 
     fig, ax = plt.subplots(2, 2, figsize=(12, 8))
     for a, key, label in ((ax[0][0], "samples", "samples"), (ax[0][1], "wall_seconds", "wall time (s)")):
         if evals:
-            a.plot([r[key] for r in evals], [r["eval"] for r in evals], "o", ms=3, alpha=0.5, label=f"{metric} (each eval)")
+            a.plot([r[key] for r in evals], [r["eval"] for r in evals], "o", ms=3, alpha=0.5,
+                   label=f"{metric} (each eval)")
             ma = [r for r in evals if r.get("target_metric") is not None]
-            a.plot([r[key] for r in ma], [r["target_metric"] for r in ma], "-", lw=2, label=f"{metric} (moving average)")
-        a.plot([r[key] for r in records], [r.get("reward_mean", 0) for r in records], "-", lw=0.8, alpha=0.6, label="reward (train batch)")
+            a.plot([r[key] for r in ma], [r["target_metric"] for r in ma], "-", lw=2,
+                   label=f"{metric} (moving average)")
+        a.plot([r[key] for r in records], [r.get("reward_mean", 0) for r in records], "-", lw=0.8, alpha=0.6,
+               label="reward (train batch)")
         a.axhline(target, color="k", ls="--", lw=1, label=f"target {target}")
         a.set_xlabel(label)
         a.set_ylim(0, 1.05 if target <= 1 else None)
@@ -92,16 +95,19 @@ def summarize(records: list[dict[str, Any]], plans: list[dict[str, Any]], target
     last = records[-1]
     reached = next((r for r in records if r.get("time_to_target_seconds") is not None), None)
     if reached:
-        lines.append(f"- **time to target**: {reached['time_to_target_seconds']:.1f} s ({metric} moving average >= {target})")
+        lines.append(f"- **time to target**: {reached['time_to_target_seconds']:.1f} s "
+                     f"({metric} moving average >= {target})")
         lines.append(f"- **samples to target**: {reached['samples_to_target']:,} (step {reached['step']})")
     else:
         best = max((r.get("target_metric") or 0.0) for r in records)
         lines.append(f"- target {metric} >= {target} **not reached**; best moving average {best:.3f}")
-    lines.append(f"- steps: {last['step']}, samples: {last['samples']:,}, wall time: {last.get('wall_seconds', 0):.1f} s")
+    lines.append(f"- steps: {last['step']}, samples: {last['samples']:,}, "
+                 f"wall time: {last.get('wall_seconds', 0):.1f} s")
     start = records[0].get("eval_at_start") or {}
     evals = [r for r in records if r.get("eval") is not None]
     if metric in start and evals:
-        lines.append(f"- held-out {metric}: {start[metric]:.3f} before training, {evals[-1]['eval']:.3f} at the last eval "
+        lines.append(f"- held-out {metric}: {start[metric]:.3f} before training, "
+                     f"{evals[-1]['eval']:.3f} at the last eval "
                      f"(step {evals[-1]['step']}), best {max(r['eval'] for r in evals):.3f}")
     tail = records[len(records) // 2:] or records  # skip the warm-up half when summarising speed
     sps = median_present([r.get("samples_per_second") for r in tail])
@@ -111,7 +117,8 @@ def summarize(records: list[dict[str, Any]], plans: list[dict[str, Any]], target
         lines.append(f"- measured throughput: {sps:.1f} samples/s (median over the second half)")
     if step_s:
         ratio = f" (measured/predicted = {step_s / pred:.2f})" if pred else ""
-        lines.append(f"- step time: measured {step_s:.3f} s, planned {pred:.3f} s{ratio}" if pred else f"- step time: measured {step_s:.3f} s")
+        lines.append(f"- step time: measured {step_s:.3f} s, planned {pred:.3f} s{ratio}" if pred
+                     else f"- step time: measured {step_s:.3f} s")
     phases = {p: median_present([r.get("phases", {}).get(p) for r in tail]) for p in PHASES}
     if any(phases.values()):
         total = sum(v for v in phases.values() if v) or 1.0
@@ -121,13 +128,15 @@ def summarize(records: list[dict[str, Any]], plans: list[dict[str, Any]], target
                 lines.append(f"| {p} | {v:.4f} | {100 * v / total:.0f}% |")
     over = median_present([r.get("overhead_seconds") for r in tail])
     if over is not None and step_s:
-        lines.append(f"\nLoop overhead (step time not spent in generation or training compute): {over:.3f} s per step, {100 * over / step_s:.0f}% of the step.")
+        lines.append("\nLoop overhead (step time not spent in generation or training compute): "
+                     f"{over:.3f} s per step, {100 * over / step_s:.0f}% of the step.")
     if plans:
         lines += ["", "## Plans", ""]
         for p in plans:
             at = p.get("atStep", 0)
-            lines.append(f"- step {at}: {p.get('prompts')}x{p.get('samplesPerPrompt')}, lr {p.get('learningRate', 0):.3g}, "
-                         f"rollout {p.get('rolloutReplicas')}, learner {p.get('learnerReplicas')} — {p.get('reason', '')}"
+            lines.append(f"- step {at}: {p.get('prompts')}x{p.get('samplesPerPrompt')}, "
+                         f"lr {p.get('learningRate', 0):.3g}, rollout {p.get('rolloutReplicas')}, "
+                         f"learner {p.get('learnerReplicas')} — {p.get('reason', '')}"
                          + (f" (re-planned: {p['why']})" if p.get("why") else ""))
     lines += ["", "![curves](curves.png)", ""]
     return "\n".join(lines)

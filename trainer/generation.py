@@ -44,7 +44,8 @@ def generate(
     if seed is not None:
         torch.manual_seed(seed)
     device = next(model.parameters()).device
-    kwargs = {"do_sample": False} if greedy else {"do_sample": True, "temperature": temperature, "top_k": 0, "top_p": 1.0}
+    kwargs = ({"do_sample": False} if greedy
+              else {"do_sample": True, "temperature": temperature, "top_k": 0, "top_p": 1.0})
     out = model.generate(
         input_ids=enc.input_ids.to(device),
         attention_mask=enc.attention_mask.to(device),

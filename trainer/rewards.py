@@ -33,8 +33,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rlscale.spec import BUILTIN_REWARDS as BUILTIN_NAMES
-from rlscale.spec import PLUGIN_REWARD_RE, REWARD_EXPRESSION_RE
+from rlscale.spec import PLUGIN_REWARD_RE, PLUGINS_ENV, REWARD_EXPRESSION_RE
 
+log = logging.getLogger(__name__)
 DEFAULT_FORMAT_PATTERN = "-?[0-9]+"  # the spec's default task.formatPattern
 DEFAULT_TIMEOUT_S = 10.0
 
@@ -93,13 +94,16 @@ def _normalize(ans: str) -> str:
 # --------------------------------------------------------------------------- builtin verifiers
 
 
-def exact_match(prompt: str, completion: str, answer: str, extra: Mapping | None = None, *, finished: bool = True) -> float:
+def exact_match(prompt: str, completion: str, answer: str, extra: Mapping | None = None,
+                *, finished: bool = True) -> float:
     """1 when the completion's extracted answer equals the reference's (numbers compared as numbers), else 0.
     The reference is taken after `####` or from `\\boxed{}` when it has them, else as it is."""
-    return 1.0 if _normalize(extract_answer(completion)) == _normalize(extract_answer(answer, last_number=False)) else 0.0
+    return (1.0 if _normalize(extract_answer(completion)) == _normalize(extract_answer(answer, last_number=False))
+            else 0.0)
 
 
-def math_equal(prompt: str, completion: str, answer: str, extra: Mapping | None = None, *, finished: bool = True) -> float:
+def math_equal(prompt: str, completion: str, answer: str, extra: Mapping | None = None,
+               *, finished: bool = True) -> float:
     """1 when math-verify finds the completion's answer equivalent to the reference, else 0.
 
     math-verify's own timeouts use signal.alarm, which works only in the main thread; the
@@ -129,7 +133,8 @@ def format_match(pattern: str) -> Callable[..., float]:
     return fmt
 
 
-def strict_match(prompt: str, completion: str, answer: str, extra: Mapping | None = None, *, finished: bool = True) -> float:
+def strict_match(prompt: str, completion: str, answer: str, extra: Mapping | None = None,
+                 *, finished: bool = True) -> float:
     """1 when the response is exactly the answer followed by EOS (the builtin model's warm start)."""
     return 1.0 if finished and completion == answer else 0.0
 
@@ -184,7 +189,8 @@ class Reward:
     def __call__(self, prompt: str, completion: str, answer: str, extra: Mapping | None = None,
                  *, finished: bool = True) -> float:
         return _check(self, prompt, completion,
-                      sum(t.weight * _as_float(t, t(prompt, completion, answer, extra or {}, finished), prompt, completion)
+                      sum(t.weight * _as_float(t, t(prompt, completion, answer, extra or {}, finished),
+                                               prompt, completion)
                           for t in self.terms))
 
 
@@ -194,8 +200,8 @@ def _shown(text: str, n: int = 160) -> str:
 
 def _as_float(term: Term, value: Any, prompt: str, completion: str) -> float:
     if not isinstance(value, (int, float)) and not hasattr(value, "__float__"):
-        raise RewardError(f"reward {term.name!r} returned {value!r} ({type(value).__name__}) for prompt {_shown(prompt)} "
-                          f"and completion {_shown(completion)}; it must return a float")
+        raise RewardError(f"reward {term.name!r} returned {value!r} ({type(value).__name__}) "
+                          f"for prompt {_shown(prompt)} and completion {_shown(completion)}; it must return a float")
     return float(value)
 
 
@@ -211,12 +217,17 @@ def _plugin(name: str) -> Term:
     module_name, _, attr = name.partition(":")
     if os.getcwd() not in sys.path and "" not in sys.path:
         sys.path.append(os.getcwd())  # as `python -m` does: a module beside the spec's user imports
+    # On Kubernetes, task.pluginVolume's files (the operator names their mount), searched first.
+    for folder in reversed([d for d in os.environ.get(PLUGINS_ENV, "").split(os.pathsep) if d]):
+        if folder not in sys.path:
+            sys.path.insert(0, folder)
     try:
         module = importlib.import_module(module_name)
     except Exception as exc:  # ImportError, or the module itself failing at import
         raise ValueError(
             f"spec.task.reward: {name!r}: module {module_name!r} cannot be imported ({exc.__class__.__name__}: {exc}); "
-            "install it, or run from the directory that holds it (or put it on PYTHONPATH)"
+            "install it, or run from the directory that holds it (or put it on PYTHONPATH); on Kubernetes, "
+            "ship its file in task.pluginVolume (e.g. a ConfigMap) or build it into learner.image"
         ) from exc
     fn = getattr(module, attr, None)
     if not callable(fn):
@@ -224,6 +235,7 @@ def _plugin(name: str) -> Term:
             f"spec.task.reward: {name!r}: {module_name} has no callable {attr!r}; "
             "define fn(prompt, completion, answer, extra) -> float"
         )
+    log.info("reward plug-in %s from %s", name, getattr(module, "__file__", None) or module_name)
     params = inspect.signature(fn).parameters.values()
     takes_finished = any(p.name == "finished" or p.kind == p.VAR_KEYWORD for p in params)
     positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) and p.name != "finished"]

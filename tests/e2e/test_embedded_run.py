@@ -64,7 +64,8 @@ def no_strays(run_json: Path, within: float = 30.0) -> bool:
 def start_run(spec: Path, runs: Path, port: int, log: Path) -> subprocess.Popen:
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "COLUMNS": "100"}
     return subprocess.Popen(
-        [sys.executable, "-m", "rlscale.cli", "run", str(spec), "--runs-dir", str(runs), "--metrics-port", str(port), "--linger", "4"],
+        [sys.executable, "-m", "rlscale.cli", "run", str(spec), "--runs-dir", str(runs), "--metrics-port", str(port),
+         "--linger", "4"],
         cwd=ROOT, env=env, stdout=open(log, "ab"), stderr=subprocess.STDOUT, start_new_session=True,
     )
 

@@ -54,7 +54,8 @@ def test_the_readme_example_runs_a_real_model_on_my_jsonl_with_mypkg_reward(tmp_
     out = subprocess.run(["bash", "-uo", "pipefail", "-c", script], cwd=work, env=env,
                          capture_output=True, text=True, timeout=1500)
     run_dir = work / "runs" / "byo"
-    logs = "\n".join(p.read_text()[-3000:] for p in sorted((run_dir / "logs").glob("*.log"))) if run_dir.exists() else ""
+    logs = ("\n".join(p.read_text()[-3000:] for p in sorted((run_dir / "logs").glob("*.log")))
+            if run_dir.exists() else "")
     assert out.returncode == 3, out.stdout[-3000:] + out.stderr[-3000:] + logs  # the 2-step budget ended it
     assert "ok byo.yaml" in out.stdout and "300 train and 8 held-out prompts (chat template)" in out.stdout
 

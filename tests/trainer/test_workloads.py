@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import os
 import subprocess
 import sys
 import textwrap
@@ -117,6 +118,54 @@ def test_parquet_splits_from_a_folder_and_csv_and_save_to_disk(tmp_path):
     datasets.DatasetDict(splits).save_to_disk(str(saved))
     train, held = read_rows(spec({"dataset": str(saved), "promptField": "question", "evalSplit": "dev"}).task)
     assert len(train) == 10 and [r.prompt for r in held] == ["q10", "q11", "q12", "q13"]
+
+
+# read_rows in a fresh interpreter (huggingface_hub reads HF_HOME when it is imported), for
+# each (task.dataset, model) case: one line per case.
+HUB_READ = """
+import json, sys
+from rlscale.spec import SpecError, parse_spec
+from rlscale.trainer.data import dataset_on_cluster, read_rows
+for dataset, model in json.loads(sys.argv[1]):
+    s = parse_spec({"model": {"maxLength": 128, **model}, "hardware": {"accelerator": "cpu"},
+                    "task": {"maxNewTokens": 8, "dataset": dataset, "promptField": "question", "evalSplit": "test"}})
+    try:
+        train, held = read_rows(s.task)
+        got = {"train": [r.prompt for r in train], "held": [r.prompt for r in held]}
+    except SpecError as exc:
+        got = {"error": str(exc)}
+    print("CASE", json.dumps({"on_cluster": dataset_on_cluster(s), **got}), flush=True)
+"""
+
+
+def test_a_hub_dataset_resolves_from_the_cache_with_its_folder(tmp_path):
+    """`hf download acme/gsm --repo-type dataset` leaves the files under HF_HOME's hub cache;
+    task.dataset names the dataset, or a folder of it (GSM8K keeps its configs as folders)."""
+    import datasets
+
+    snap = tmp_path / "hf" / "hub" / "datasets--acme--gsm" / "snapshots" / ("a" * 40)
+    for config in ("main", "socratic"):
+        (snap / config).mkdir(parents=True)
+        for split, rng in (("train", range(0, 12)), ("test", range(12, 16))):
+            rows = [{"question": f"{config} q{i}", "answer": f"#### {i}"} for i in rng]
+            datasets.Dataset.from_list(rows).to_parquet(str(snap / config / f"{split}-00000-of-00001.parquet"))
+    (snap.parent.parent / "refs").mkdir()
+    (snap.parent.parent / "refs" / "main").write_text("a" * 40)
+    volume = {"volume": {"persistentVolumeClaim": {"claimName": "models"}}}
+    cases = [("acme/gsm/main", {}), ("acme/gsm/mian", {}), ("acme/absent/main", {}), ("acme/absent/main", volume)]
+    env = {**os.environ, "HF_HOME": str(tmp_path / "hf"), "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1",
+           "HF_DATASETS_CACHE": str(tmp_path / "datasets-cache"), "PYTHONPATH": str(ROOT)}
+    out = subprocess.run([sys.executable, "-c", HUB_READ, json.dumps(cases)],
+                         capture_output=True, text=True, timeout=300, env=env, cwd=tmp_path)
+    assert out.returncode == 0, out.stderr[-3000:]
+    main, typo, absent, on_volume = [json.loads(ln[5:]) for ln in out.stdout.splitlines() if ln.startswith("CASE ")]
+    assert main["train"] == [f"main q{i}" for i in range(12)] and main["held"] == [f"main q{i}" for i in range(12, 16)]
+    assert not main["on_cluster"]
+    assert typo["error"].startswith("spec.task.dataset: 'acme/gsm/mian'") and "main, socratic" in typo["error"], typo
+    assert "is not in the Hugging Face cache" in absent["error"] and "hf download" in absent["error"], absent
+    assert not absent["on_cluster"]
+    # On a cluster the pods resolve it from the model volume's cache: `validate` leaves it to them.
+    assert on_volume["on_cluster"]
 
 
 @pytest.mark.parametrize("rows, field, problem", [
@@ -319,6 +368,25 @@ def test_rlscale_validate_names_the_row_and_field(tmp_path):
     assert out.returncode == 1, out.stdout + out.stderr
     said = " ".join(out.stderr.split())
     assert f"spec.task.dataset: '{data / 'q.jsonl'}' train row 4: field 'answer' is missing" in said
+
+
+def test_validate_leaves_a_plugin_shipped_in_the_plugin_volume_to_the_pods(tmp_path):
+    """A cluster spec whose plug-in comes in task.pluginVolume validates here (the rows are still
+    read) and says the plug-in is tried when the run starts; without the volume it is refused."""
+    write_jsonl(tmp_path / "q.jsonl", [{"prompt": "1+1=", "answer": "2"}] * 4)
+    task = {"dataset": "q.jsonl", "reward": "shipped_reward:score"}
+    for name, extra in (("shipped", {"pluginVolume": {"configMap": {"name": "r"}}}), ("local", {})):
+        doc = rlrun_dict({"hardware": {"accelerator": "cpu"}, "task": {**task, **extra}}, name=name)
+        (tmp_path / f"{name}.yaml").write_text(yaml.safe_dump(doc))
+    out = subprocess.run([sys.executable, "-m", "rlscale.cli", "validate", str(tmp_path / "shipped.yaml")],
+                         capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "comes from task.pluginVolume: it is tried when the run starts" in " ".join(out.stdout.split())
+    # Without the volume the plug-in must import here (in-process: the same check validate runs).
+    local = yaml.safe_load((tmp_path / "local.yaml").read_text())["spec"]
+    local["task"]["dataset"] = str(tmp_path / "q.jsonl")
+    (err,) = check_workload(parse_spec(local))
+    assert err.path == "spec.task.reward" and "module 'shipped_reward' cannot be imported" in str(err)
 
 
 def test_spec_refuses_what_the_code_cannot_run():
