@@ -44,7 +44,7 @@ test: venv k8s prometheus images
 	$(VENV)/bin/ruff check .
 	$(PY) -m pytest $(PYTEST_ARGS)
 
-## make unit: the fast tests only (no cluster, no vLLM, no training; 45 s of CPU); run it
+## make unit: the fast tests only (no cluster, no vLLM, no training; 53 s); run it
 ## before every commit, with `make lint`. `make test` runs these and everything else.
 UNIT_TESTS := tests/core tests/plan tests/trainer tests/rollout
 unit: venv

@@ -79,6 +79,8 @@ def names(run: str) -> dict[str, str]:
         C.ROLE_RUNNER: child_name(run, "runner"),
         C.ROLE_TOKEN: child_name(run, "ray-token"),
         C.ROLE_NETWORK: child_name(run, "network"),
+        C.ROLE_QUEUE: child_name(run, "queue"),
+        C.ROLE_GANG: child_name(run, "gang"),
     }
 
 
@@ -90,15 +92,27 @@ def plan_hash(plan: dict[str, Any]) -> str:
     return hashlib.sha256(json.dumps(plan, sort_keys=True).encode()).hexdigest()[:12]
 
 
-def desired_replicas(spec: RLRunSpec, plan: dict[str, Any], finished: bool = False) -> dict[str, int]:
+def desired_replicas(spec: RLRunSpec, plan: dict[str, Any], finished: bool = False,
+                     admitted: dict[str, int] | None = None, draining: int | None = None) -> dict[str, int]:
     """Replicas by role: the plan's, zero while suspended, and zero (the Ray head too) once
-    the run has ended, so its accelerators are free."""
+    the run has ended, so its accelerators are free. `admitted` (a run queued in Kueue): the
+    counts Kueue admitted by role, all zero until it has; no role runs more than that.
+    `draining`: learner pods are still stopping, so the rollout replicas (this many) and the
+    head stay until they are gone: rank 0's last step, and its checkpoint on SIGTERM, need
+    both (stopped together, the replicas could go first and the step never finish)."""
     if finished:
         return {C.ROLE_RAY_HEAD: 0, C.ROLE_ROLLOUT: 0, C.ROLE_LEARNER: 0}
     if spec.suspend:
-        return {C.ROLE_RAY_HEAD: 1, C.ROLE_ROLLOUT: 0, C.ROLE_LEARNER: 0}
-    return {C.ROLE_RAY_HEAD: 1, C.ROLE_ROLLOUT: int(plan["rolloutReplicas"]),
-            C.ROLE_LEARNER: int(plan["learnerReplicas"])}
+        out = {C.ROLE_RAY_HEAD: 1, C.ROLE_ROLLOUT: 0, C.ROLE_LEARNER: 0}
+    else:
+        out = {C.ROLE_RAY_HEAD: 1, C.ROLE_ROLLOUT: int(plan["rolloutReplicas"]),
+               C.ROLE_LEARNER: int(plan["learnerReplicas"])}
+    if admitted is not None:
+        out = {role: min(n, int(admitted.get(role, 0))) for role, n in out.items()}
+    if draining is not None and out[C.ROLE_LEARNER] == 0:
+        out[C.ROLE_ROLLOUT] = max(out[C.ROLE_ROLLOUT], draining)
+        out[C.ROLE_RAY_HEAD] = 1
+    return out
 
 
 def _meta(run: RunRef, name: str, role: str, annotations: dict[str, str] | None = None) -> dict[str, Any]:
@@ -299,8 +313,8 @@ def _overrides(spec: RLRunSpec, role: str) -> dict[str, Any]:
 
 def _template_meta(run: RunRef, spec: RLRunSpec, role: str) -> dict[str, Any]:
     """Pod template labels and annotations: the role's extras under the operator's own."""
-    meta: dict[str, Any] = {"labels": {**_role_extra(spec, role, "labels"), **_queue_label(spec, role),
-                                       **labels(run.name, role)}}
+    gang = {C.LABEL_POD_GROUP: names(run.name)[C.ROLE_GANG]} if spec.scheduling.pod_group else {}
+    meta: dict[str, Any] = {"labels": {**_role_extra(spec, role, "labels"), **gang, **labels(run.name, role)}}
     ann = _role_extra(spec, role, "annotations")
     if ann:
         meta["annotations"] = ann
@@ -311,13 +325,6 @@ def _role_extra(spec: RLRunSpec, role: str, what: str) -> dict[str, str]:
     if role not in (C.ROLE_ROLLOUT, C.ROLE_LEARNER):
         return {}
     return dict(getattr(getattr(spec, role).pod, what))
-
-
-def _queue_label(spec: RLRunSpec, role: str) -> dict[str, str]:
-    """Kueue's queue label on the rollout and learner workloads (the head asks for no accelerator)."""
-    if spec.scheduling.queue_name and role in (C.ROLE_ROLLOUT, C.ROLE_LEARNER):
-        return {C.LABEL_KUEUE_QUEUE: spec.scheduling.queue_name}
-    return {}
 
 
 def _ports(*pairs: tuple[str, int]) -> list[dict[str, Any]]:
@@ -335,7 +342,8 @@ def learner_grace_seconds(spec: RLRunSpec, world: int) -> int:
     return int(max(90, 60 + 2 * share / 100e6))
 
 
-def build_ray_head(run: RunRef, spec: RLRunSpec, images: Images, finished: bool = False) -> dict[str, Any]:
+def build_ray_head(run: RunRef, spec: RLRunSpec, images: Images, finished: bool = False,
+                   admitted: dict[str, int] | None = None, draining: int | None = None) -> dict[str, Any]:
     """The run's Ray head: a one-pod Deployment (CPU only) that stays up while the run is
     suspended and goes to zero once the run has ended."""
     n = names(run.name)
@@ -350,7 +358,8 @@ def build_ray_head(run: RunRef, spec: RLRunSpec, images: Images, finished: bool 
         "apiVersion": "apps/v1", "kind": "Deployment",
         "metadata": _meta(run, n[C.ROLE_RAY_HEAD], C.ROLE_RAY_HEAD),
         "spec": {
-            "replicas": 0 if finished else 1,
+            "replicas": desired_replicas(spec, {"rolloutReplicas": 0, "learnerReplicas": 0}, finished,
+                                         admitted, draining)[C.ROLE_RAY_HEAD],
             # Never two heads of one run: the old one goes before its replacement starts.
             "strategy": {"type": "Recreate"},
             "selector": {"matchLabels": {C.LABEL_RUN: run.name, C.LABEL_ROLE: C.ROLE_RAY_HEAD}},
@@ -369,11 +378,13 @@ def build_ray_head_service(run: RunRef) -> dict[str, Any]:
 
 
 def build_rollout_deployment(run: RunRef, spec: RLRunSpec, plan: dict[str, Any], images: Images,
-                             finished: bool = False) -> dict[str, Any]:
+                             finished: bool = False, admitted: dict[str, int] | None = None,
+                             draining: int | None = None) -> dict[str, Any]:
     """vLLM replicas; the count comes from the plan (zero while suspended or once ended)."""
     n = names(run.name)
     gpu = spec.hardware.accelerator != "cpu"
-    env = _env(run, spec, [{"name": "RAY_ADDRESS", "value": f"{n[C.ROLE_RAY_HEAD]}.{run.namespace}.svc:{C.RAY_GCS_PORT}"}])
+    env = _env(run, spec, [{"name": "RAY_ADDRESS",
+                            "value": f"{n[C.ROLE_RAY_HEAD]}.{run.namespace}.svc:{C.RAY_GCS_PORT}"}])
     # Replicas load the model from the path rank 0 names: the shared volume read-only, or
     # (no volume named) a copy this pod prepares itself.
     shared = spec.model.volume is not None
@@ -382,12 +393,11 @@ def build_rollout_deployment(run: RunRef, spec: RLRunSpec, plan: dict[str, Any],
                     _resources(spec.rollout, gpu), _ports(("metrics", C.METRICS_PORT)),
                     model="ro" if shared else "rw", init_model=not shared)
     meta = _meta(run, n[C.ROLE_ROLLOUT], C.ROLE_ROLLOUT, {C.ANNOTATION_PLAN_HASH: plan_hash(plan)})
-    meta["labels"].update(_queue_label(spec, C.ROLE_ROLLOUT))
     return {
         "apiVersion": "apps/v1", "kind": "Deployment",
         "metadata": meta,
         "spec": {
-            "replicas": desired_replicas(spec, plan, finished)[C.ROLE_ROLLOUT],
+            "replicas": desired_replicas(spec, plan, finished, admitted, draining)[C.ROLE_ROLLOUT],
             "selector": {"matchLabels": {C.LABEL_RUN: run.name, C.LABEL_ROLE: C.ROLE_ROLLOUT}},
             "template": {"metadata": _template_meta(run, spec, C.ROLE_ROLLOUT), "spec": pod},
         },
@@ -395,7 +405,7 @@ def build_rollout_deployment(run: RunRef, spec: RLRunSpec, plan: dict[str, Any],
 
 
 def build_learner_statefulset(run: RunRef, spec: RLRunSpec, plan: dict[str, Any], images: Images,
-                              finished: bool = False) -> dict[str, Any]:
+                              finished: bool = False, admitted: dict[str, int] | None = None) -> dict[str, Any]:
     """DeepSpeed ranks: RANK from the pod ordinal, rank 0 is MASTER_ADDR, the driver and a Ray node."""
     n = names(run.name)
     gpu = spec.hardware.accelerator != "cpu"
@@ -421,18 +431,22 @@ def build_learner_statefulset(run: RunRef, spec: RLRunSpec, plan: dict[str, Any]
                             "resources": {"requests": {"storage": images.checkpoint_storage}}}}]
     else:
         vols = [{"name": "checkpoints", "emptyDir": {}}]
+    if spec.task.plugin_volume:
+        # The reward plug-ins' files, read-only; rank 0's reward loader searches them first.
+        vols.append({"name": "plugins", **copy.deepcopy(spec.task.plugin_volume)})
+        mounts.append({"name": "plugins", "mountPath": C.PLUGINS_MOUNT, "readOnly": True})
+        env.append({"name": C.PLUGINS_ENV, "value": C.PLUGINS_MOUNT})
     pod = _pod_spec(run, spec, C.ROLE_LEARNER, spec.learner.image or images.trainer,
                     ["rlscale", "learner", "--config", C.CONFIG_PATH], env,
                     _resources(spec.learner, gpu), _ports(("master", C.MASTER_PORT), ("metrics", C.METRICS_PORT)),
                     vols, mounts, model="rw", init_model=True, token=True,
                     grace_seconds=learner_grace_seconds(spec, world))
     meta = _meta(run, n[C.ROLE_LEARNER], C.ROLE_LEARNER, {C.ANNOTATION_PLAN_HASH: plan_hash(plan)})
-    meta["labels"].update(_queue_label(spec, C.ROLE_LEARNER))
     sts: dict[str, Any] = {
         "apiVersion": "apps/v1", "kind": "StatefulSet",
         "metadata": meta,
         "spec": {
-            "replicas": desired_replicas(spec, plan, finished)[C.ROLE_LEARNER],
+            "replicas": desired_replicas(spec, plan, finished, admitted)[C.ROLE_LEARNER],
             "serviceName": n[C.ROLE_LEARNER],
             # Ranks rendezvous with each other: start them together, not one by one.
             "podManagementPolicy": "Parallel",
@@ -481,9 +495,11 @@ def build_runner_account(run: RunRef) -> list[dict[str, Any]]:
 
 
 def build_children(run: RunRef, spec: RLRunSpec, plan: dict[str, Any], images: Images | None = None,
-                   finished: bool = False) -> list[dict[str, Any]]:
+                   finished: bool = False, admitted: dict[str, int] | None = None,
+                   draining: int | None = None) -> list[dict[str, Any]]:
     """Everything the run owns; the ConfigMap and the pods' account first (pods need both).
-    `finished`: the run has ended, so every workload is at zero."""
+    `finished`: the run has ended, so every workload is at zero. `admitted`, `draining`: see
+    desired_replicas."""
     images = images or Images()
     return [
         build_configmap(run, spec, plan),
@@ -492,7 +508,54 @@ def build_children(run: RunRef, spec: RLRunSpec, plan: dict[str, Any], images: I
         build_ray_head_service(run),
         build_learner_service(run),
         build_metrics_service(run),
-        build_ray_head(run, spec, images, finished),
-        build_rollout_deployment(run, spec, plan, images, finished),
-        build_learner_statefulset(run, spec, plan, images, finished),
+        # Before any pod that names it.
+        *([build_pod_group(run, spec, plan)] if spec.scheduling.pod_group else []),
+        build_ray_head(run, spec, images, finished, admitted, draining),
+        build_rollout_deployment(run, spec, plan, images, finished, admitted, draining),
+        build_learner_statefulset(run, spec, plan, images, finished, admitted),
     ]
+
+
+# How long the Coscheduling plugin holds a partly placed group before it gives the nodes back
+# and retries.
+POD_GROUP_TIMEOUT_S = 300
+
+
+def build_pod_group(run: RunRef, spec: RLRunSpec, plan: dict[str, Any]) -> dict[str, Any]:
+    """The Coscheduling PodGroup every pod of the run belongs to (the label in
+    _template_meta): minMember is the planned pod count, so the scheduler binds all of them or
+    none, and a run never holds half its GPUs waiting for the rest."""
+    planned = desired_replicas(spec.model_copy(update={"suspend": False}), plan)
+    return {"apiVersion": C.POD_GROUP_API, "kind": "PodGroup",
+            "metadata": _meta(run, names(run.name)[C.ROLE_GANG], C.ROLE_GANG),
+            "spec": {"minMember": sum(planned.values()), "scheduleTimeoutSeconds": POD_GROUP_TIMEOUT_S}}
+
+
+# Kueue pod sets, in the order the Workload lists them.
+QUEUED_ROLES = (C.ROLE_RAY_HEAD, C.ROLE_ROLLOUT, C.ROLE_LEARNER)
+
+
+def build_workload(run: RunRef, spec: RLRunSpec, plan: dict[str, Any],
+                   children: list[dict[str, Any]]) -> dict[str, Any]:
+    """Kueue's Workload for a queued run (spec.scheduling.queueName): one pod set per role at
+    the planned count, with the pod templates the operator runs, so Kueue admits the whole run
+    or none of it. `active` follows spec.suspend (an inactive Workload gives its quota back)."""
+    counts = desired_replicas(spec.model_copy(update={"suspend": False}), plan)
+    templates = {m["metadata"]["labels"][C.LABEL_ROLE]: m["spec"]["template"]
+                 for m in children if m["kind"] in ("Deployment", "StatefulSet")}
+    pod_sets = [{"name": role, "count": counts[role], "template": copy.deepcopy(templates[role])}
+                for role in QUEUED_ROLES]
+    return {"apiVersion": C.KUEUE_API, "kind": "Workload",
+            "metadata": _meta(run, names(run.name)[C.ROLE_QUEUE], C.ROLE_QUEUE),
+            "spec": {"queueName": spec.scheduling.queue_name, "active": not spec.suspend, "podSets": pod_sets}}
+
+
+def admitted_counts(workload: dict[str, Any] | None) -> dict[str, int]:
+    """Pods per role Kueue admitted (status.admission), all zero until it has admitted the
+    Workload, or once it has evicted it."""
+    st = (workload or {}).get("status") or {}
+    conds = {c.get("type"): c.get("status") for c in st.get("conditions") or []}
+    if not st.get("admission") or conds.get("Admitted") != "True" or conds.get("Evicted") == "True":
+        return dict.fromkeys(QUEUED_ROLES, 0)
+    got = {a["name"]: int(a.get("count") or 0) for a in st["admission"].get("podSetAssignments") or []}
+    return {role: got.get(role, 0) for role in QUEUED_ROLES}

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from rlscale.crd import PLURAL  # noqa: F401  (named once, where the CRD is generated)
 from rlscale.metrics_names import DEFAULT_METRICS_PORT
-from rlscale.spec import API_GROUP, API_VERSION, KIND
+from rlscale.spec import API_GROUP, API_VERSION, KIND, PLUGINS_ENV, PLUGINS_MOUNT  # noqa: F401  (PLUGINS_*: below)
 
 GROUP = API_GROUP
 VERSION = API_VERSION
@@ -27,9 +27,16 @@ ROLE_METRICS = "metrics"
 ROLE_RUNNER = "runner"  # the ServiceAccount, Role and RoleBinding of the run's pods
 ROLE_TOKEN = "ray-token"  # the Secret with the run's Ray auth token
 ROLE_NETWORK = "network"  # the run's NetworkPolicy
+ROLE_QUEUE = "queue"  # the run's Kueue Workload (spec.scheduling.queueName)
+ROLE_GANG = "gang"  # the run's PodGroup (spec.scheduling.podGroup)
 TOKEN_KEY = "token"
 # Kueue admits a workload that carries its LocalQueue's name in this label.
 LABEL_KUEUE_QUEUE = "kueue.x-k8s.io/queue-name"
+# Kueue's Workload API: the operator creates one per queued run and waits for its admission.
+KUEUE_API = "kueue.x-k8s.io/v1beta2"
+# scheduler-plugins' Coscheduling: the PodGroup API and the label that puts a pod in a group.
+POD_GROUP_API = "scheduling.x-k8s.io/v1alpha1"
+LABEL_POD_GROUP = "scheduling.x-k8s.io/pod-group"
 
 # The learner (rank 0) reports progress here as JSON; the operator folds it into status.
 from rlscale.kube_report import ANNOTATION_PROGRESS  # noqa: E402,F401  (the driver writes it)
@@ -51,15 +58,18 @@ COND_FAILED = "Failed"
 # Something is wrong with the run's pods or its driver that may still clear (a crash loop
 # under the backoff limit, an image that does not pull, a pod that does not fit).
 COND_DEGRADED = "Degraded"
+# spec.scheduling.queueName: whether Kueue has admitted the run's Workload (its pods wait for it).
+COND_ADMITTED = "Admitted"
 CONDITION_TYPES = (COND_PLANNED, COND_ROLLOUT_READY, COND_LEARNERS_READY, COND_TARGET_REACHED,
                    COND_SUCCEEDED, COND_BUDGET_EXHAUSTED, COND_FAILED, COND_DEGRADED, COND_INVALID,
-                   COND_SUSPENDED)
+                   COND_SUSPENDED, COND_ADMITTED)
 
 PHASE_PENDING = "Pending"
 PHASE_RUNNING = "Running"
 PHASE_SUCCEEDED = "Succeeded"
 PHASE_FAILED = "Failed"
 PHASE_SUSPENDED = "Suspended"
+PHASE_QUEUED = "Queued"  # waiting for Kueue to admit the whole run
 PHASE_BUDGET_EXHAUSTED = "BudgetExhausted"
 # The driver's last report names how the run ended (rlscale.kube_report.OUTCOMES).
 OUTCOME_PHASES = {"Succeeded": PHASE_SUCCEEDED, "BudgetExhausted": PHASE_BUDGET_EXHAUSTED, "Failed": PHASE_FAILED}
@@ -74,6 +84,7 @@ CONFIG_PATH = f"{CONFIG_MOUNT_DIR}/{CONFIG_KEY}"
 # The model volume (spec.model.volume, else an emptyDir): builtin models are built into it,
 # hub ids resolve from the Hugging Face cache inside it.
 MODEL_MOUNT = "/models"
+# task.pluginVolume is mounted at PLUGINS_MOUNT in the learner pods; PLUGINS_ENV names it there.
 HF_HOME = f"{MODEL_MOUNT}/hf"
 # Memory-backed /dev/shm: Ray's object store (weight publishes) and torch's shared memory.
 SHM_MOUNT = "/dev/shm"

@@ -17,6 +17,7 @@ from . import builders as B
 from . import constants as C
 from . import kube
 from . import metrics as M
+from . import queueing as Q
 from . import status as S
 from .planning import PlanError, plan_for
 
@@ -96,18 +97,35 @@ def reconcile(namespace: str, name: str, uid: str, spec_dict: dict[str, Any], ge
             status = _clear_failure(namespace, name, generation) or status
         finished = S.finished(status)
         _ensure_token(run)
+        # A queued run waits for Kueue to admit it whole; until then, and after an eviction,
+        # its workloads stay at zero (the ConfigMap, Services and checkpoints stay).
+        admitted, admission = None, None
+        if spec.scheduling.queue_name:
+            admitted, admission = Q.sync_workload(run, spec, plan, IMAGES, finished)
+        draining = None if finished else _draining(run, B.desired_replicas(spec, plan, finished, admitted))
         applied: dict[str, dict[str, Any]] = {}
-        for manifest in B.build_children(run, spec, plan, IMAGES, finished=finished):
+        for manifest in B.build_children(run, spec, plan, IMAGES, finished=finished, admitted=admitted,
+                                         draining=draining):
             role = manifest["metadata"]["labels"][C.LABEL_ROLE]
-            applied[role if manifest["kind"] in ("Deployment", "StatefulSet") else manifest["kind"]] = kube.apply(manifest)
+            try:
+                applied[role if manifest["kind"] in ("Deployment", "StatefulSet")
+                        else manifest["kind"]] = kube.apply(manifest)
+            except ApiException as exc:
+                if exc.status != 404 or manifest["kind"] != "PodGroup":
+                    raise
+                message = (f"spec.scheduling.podGroup is true, but this cluster serves no {C.POD_GROUP_API} "
+                           "PodGroups: install scheduler-plugins' Coscheduling (its PodGroup CRD and a scheduler "
+                           "that runs the plugin), or set podGroup to false")
+                _invalid(namespace, name, generation, "PodGroupUnavailable", message)
+                raise kopf.PermanentError(message) from None
             if STEP_DELAY:
                 time.sleep(STEP_DELAY)
-        desired = B.desired_replicas(spec, plan, finished)
+        desired = B.desired_replicas(spec, plan, finished, admitted, draining)
         desired.pop(C.ROLE_RAY_HEAD)
         ready = {C.ROLE_ROLLOUT: _ready(applied.get(C.ROLE_ROLLOUT)),
                  C.ROLE_LEARNER: _ready(applied.get(C.ROLE_LEARNER))}
         kube.update_status(namespace, name, lambda body, st: _planned_status(
-            st, spec, plan, generation, desired, ready, trigger))
+            st, spec, plan, generation, desired, ready, trigger, admission))
         _record_metrics(namespace, name, plan, desired, ready)
         M.RECONCILES.labels("ok").inc()
         return plan
@@ -154,8 +172,11 @@ def _ready(workload: dict[str, Any] | None) -> int:
 
 
 def _planned_status(st: dict[str, Any], spec: Any, plan: dict[str, Any], generation: int,
-                    desired: dict[str, int], ready: dict[str, int], trigger: str) -> dict[str, Any]:
+                    desired: dict[str, int], ready: dict[str, int], trigger: str,
+                    admission: tuple[bool, str, str] | None = None) -> dict[str, Any]:
     conds = st.get("conditions")
+    if admission is not None:
+        conds = S.set_condition(conds, C.COND_ADMITTED, *admission, generation)
     conds = S.set_condition(conds, C.COND_INVALID, False, "Valid", "spec and plan are valid", generation)
     conds = S.set_condition(conds, C.COND_PLANNED, True, f"Planned{trigger.capitalize()}",
                             str(plan.get("reason", "")), generation)
@@ -176,6 +197,18 @@ def _planned_status(st: dict[str, Any], spec: Any, plan: dict[str, Any], generat
     st["observedGeneration"] = generation
     st["phase"] = S.phase(conds, spec.suspend)
     return st
+
+
+def _draining(run: B.RunRef, desired: dict[str, int]) -> int | None:
+    """The rollout replicas to keep while the learners are told to stop (suspend, eviction) and
+    some learner pod is still there; None when there is nothing to wait for."""
+    if desired[C.ROLE_LEARNER] > 0:
+        return None
+    pods = kube.list_pods(run.namespace, run.name)
+    if not any(p["metadata"]["labels"].get(C.LABEL_ROLE) == C.ROLE_LEARNER for p in pods):
+        return None
+    dep = kube.get("apps/v1", "Deployment", run.namespace, B.names(run.name)[C.ROLE_ROLLOUT])
+    return int(((dep or {}).get("spec") or {}).get("replicas") or 0)
 
 
 def _invalid(namespace: str, name: str, generation: int, reason: str, message: str) -> None:
@@ -251,6 +284,14 @@ def learner_event(type: str | None, body: Any, namespace: str, labels: Any, **_:
     _on_workload(C.ROLE_LEARNER, type, body, namespace, labels)
 
 
+@kopf.on.event("kueue.x-k8s.io", "v1beta2", "workloads", labels=_OWNED)
+def queue_event(type: str | None, body: Any, namespace: str, labels: Any, **_: Any) -> None:
+    """Kueue admitted, evicted or finished a run's Workload (or it was deleted): re-converge the
+    run, which scales it to what is admitted."""
+    if labels.get(C.LABEL_RUN):
+        repair(namespace, labels[C.LABEL_RUN], "queue")
+
+
 @kopf.on.event("v1", "configmaps", labels=_OWNED)
 @kopf.on.event("v1", "services", labels=_OWNED)
 def simple_child_event(type: str | None, namespace: str, labels: Any, **_: Any) -> None:
@@ -270,6 +311,13 @@ def pod_event(type: str | None, body: Any, namespace: str, labels: Any, **_: Any
     run = labels.get(C.LABEL_RUN)
     if not run:
         return
+    if type == "DELETED" and labels.get(C.LABEL_ROLE) in B.QUEUED_ROLES:
+        # A stopping run moves on once its pods are gone: the rollout replicas follow the last
+        # learner, and a run Kueue evicted gives its reservation back.
+        rl = kube.get_rlrun(namespace, run) or {}
+        sp = rl.get("spec") or {}
+        if sp.get("suspend") or (sp.get("scheduling") or {}).get("queueName"):
+            repair(namespace, run, "drain")
     key = (namespace, run)
     pod = _plain(body)
     if key in _HEALTHY and not S.pod_problems(pod) and not any(S.restarts_by_role([pod]).values()):
@@ -326,14 +374,15 @@ def _event(rlrun: dict[str, Any], type_: str, reason: str, message: str) -> None
         log.warning("posting event %s failed: %s", reason, exc)
 
 
-def repair(namespace: str, run: str) -> None:
-    """Re-converge one run after a child vanished (not when the run itself is going)."""
+def repair(namespace: str, run: str, trigger: str = "repair") -> None:
+    """Re-converge one run after a child vanished or its admission changed (not when the run
+    itself is going)."""
     body = kube.get_rlrun(namespace, run)
     if not body or body["metadata"].get("deletionTimestamp"):
         return
     try:
         reconcile(namespace, run, body["metadata"]["uid"], body.get("spec") or {},
-                  int(body["metadata"].get("generation") or 0), body.get("status") or {}, "repair")
+                  int(body["metadata"].get("generation") or 0), body.get("status") or {}, trigger)
     except kopf.PermanentError:
         pass  # already reported as the Invalid condition
 
@@ -379,7 +428,12 @@ def _fold_progress(rl: dict[str, Any], st: dict[str, Any], raw: str, prog: dict[
 
 @kopf.timer(*_RLRUN, interval=PROGRESS_INTERVAL, initial_delay=PROGRESS_INTERVAL)
 def progress_timer(name: str, namespace: str, uid: str, meta: Any, spec: Any, status: Any, **_: Any) -> None:
-    """Fold the learner's progress report into status; re-plan when throughput drifts > 20%."""
+    """Fold the learner's progress report into status; re-plan when throughput drifts > 20%.
+    A queued run that is not running what Kueue admitted is re-converged here too: Workload
+    events cover it when Kueue's CRDs were there at the operator's start, this covers the rest."""
+    if ((_plain(spec) or {}).get("scheduling") or {}).get("queueName") and Q.out_of_step(namespace, name,
+                                                                                         _plain(status)):
+        repair(namespace, name, "queue")
     raw = (meta.get("annotations") or {}).get(C.ANNOTATION_PROGRESS)
     prog, err = S.parse_progress(raw)
     if err:

@@ -19,7 +19,8 @@ _PLURALS = {("v1", "ConfigMap"): "configmaps", ("v1", "Service"): "services", ("
             ("networking.k8s.io/v1", "NetworkPolicy"): "networkpolicies",
             ("rbac.authorization.k8s.io/v1", "Role"): "roles",
             ("rbac.authorization.k8s.io/v1", "RoleBinding"): "rolebindings",
-            ("apps/v1", "Deployment"): "deployments", ("apps/v1", "StatefulSet"): "statefulsets"}
+            ("apps/v1", "Deployment"): "deployments", ("apps/v1", "StatefulSet"): "statefulsets",
+            (C.KUEUE_API, "Workload"): "workloads", (C.POD_GROUP_API, "PodGroup"): "podgroups"}
 
 class NamespaceTerminating(ApiException):
     """The namespace is being deleted: nothing can be created there, and nothing needs to be."""
@@ -130,6 +131,15 @@ def get(api_version: str, kind: str, namespace: str, name: str) -> dict[str, Any
         if exc.status == 404:
             return None
         raise
+
+
+def merge_patch(obj: dict[str, Any], patch: dict[str, Any], status: bool = False) -> dict[str, Any]:
+    """A JSON merge patch of obj (or of its status subresource), conditional on obj's
+    resourceVersion: a 409 means someone wrote it since obj was read."""
+    m = obj["metadata"]
+    path = object_path(obj["apiVersion"], obj["kind"], m["namespace"], m["name"]) + ("/status" if status else "")
+    body = {**patch, "metadata": {**patch.get("metadata", {}), "resourceVersion": m["resourceVersion"]}}
+    return _call(path, "PATCH", body, "application/merge-patch+json")
 
 
 def get_rlrun(namespace: str, name: str) -> dict[str, Any] | None:

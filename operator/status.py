@@ -28,7 +28,8 @@ def set_condition(conditions: list[dict[str, Any]] | None, type_: str, status: b
         found = True
         changed = c.get("status") != st
         out.append({"type": type_, "status": st, "reason": reason, "message": message,
-                    "lastTransitionTime": (now or now_iso()) if changed else c.get("lastTransitionTime") or now or now_iso(),
+                    "lastTransitionTime": ((now or now_iso()) if changed
+                                           else c.get("lastTransitionTime") or now or now_iso()),
                     "observedGeneration": generation})
     if not found:
         out.append({"type": type_, "status": st, "reason": reason, "message": message,
@@ -56,6 +57,9 @@ def phase(conditions: list[dict[str, Any]] | None, suspended: bool) -> str:
         return C.PHASE_BUDGET_EXHAUSTED
     if suspended:
         return C.PHASE_SUSPENDED
+    admitted = condition(conditions, C.COND_ADMITTED)
+    if admitted and admitted.get("status") == "False":
+        return C.PHASE_QUEUED
     if is_true(conditions, C.COND_ROLLOUT_READY) and is_true(conditions, C.COND_LEARNERS_READY):
         return C.PHASE_RUNNING
     return C.PHASE_PENDING
@@ -244,7 +248,8 @@ def last_exit(pods: list[dict[str, Any]], role: str) -> str:
         for cs in _container_statuses(st):
             t = (cs.get("lastState") or {}).get("terminated") or (cs.get("state") or {}).get("terminated")
             if t and (t.get("finishedAt") or "") >= best[0]:
-                text = f"pod {meta.get('name')} container {cs.get('name')} exited {t.get('exitCode')} ({t.get('reason', 'Error')})"
+                text = (f"pod {meta.get('name')} container {cs.get('name')} exited {t.get('exitCode')} "
+                        f"({t.get('reason', 'Error')})")
                 if _tail(t.get("message")):
                     text += f": {_tail(t.get('message'))}"
                 best = (t.get("finishedAt") or "", text)
@@ -269,7 +274,8 @@ def health_conditions(conditions: list[dict[str, Any]] | None, pods: list[dict[s
     if problems:
         first = problems[0]
         more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
-        return set_condition(conditions, C.COND_DEGRADED, True, f"{first['role'].title().replace('-', '')}{first['reason']}",
+        return set_condition(conditions, C.COND_DEGRADED, True,
+                             f"{first['role'].title().replace('-', '')}{first['reason']}",
                              first["message"] + more, generation)
     if condition(conditions, C.COND_DEGRADED) is not None or any(restarts.values()):
         return set_condition(conditions, C.COND_DEGRADED, False, "Healthy", "no pod of the run is failing", generation)

@@ -26,7 +26,7 @@ SINGULAR = "rlrun"
 SHORT_NAMES = ["rlr"]
 
 # Every phase the operator writes (rlscale.operator.constants names each; a test holds them equal).
-PHASES = ("Pending", "Running", "Succeeded", "BudgetExhausted", "Failed", "Suspended")
+PHASES = ("Pending", "Queued", "Running", "Succeeded", "BudgetExhausted", "Failed", "Suspended")
 
 # Status paths the operator writes and the printer columns read (one place for both).
 STATUS_PHASE = ".status.phase"
@@ -220,7 +220,8 @@ def crd() -> dict[str, Any]:
                     "schema": {
                         "openAPIV3Schema": {
                             "type": "object",
-                            "description": "RLRun: a GRPO or PPO run whose batch, learning rate and rollout/learner split rlscale plans.",
+                            "description": ("RLRun: a GRPO or PPO run whose batch, learning rate and "
+                                            "rollout/learner split rlscale plans."),
                             "properties": {
                                 "apiVersion": {"type": "string"},
                                 "kind": {"type": "string"},

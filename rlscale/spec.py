@@ -21,6 +21,9 @@ BUILTIN_TASKS = ("builtin:arithmetic",)
 BUILTIN_REWARDS = ("exact-match", "math", "format")
 ACCELERATORS = ("cpu", "A100-80GB", "H100", "H200", "L4")
 # module:function, e.g. "mypkg.rewards:score"
+# task.pluginVolume: where the learner pods mount it, and the env naming it for the reward loader.
+PLUGINS_MOUNT = "/opt/rlscale/plugins"
+PLUGINS_ENV = "RLSCALE_PLUGINS"
 PLUGIN_REWARD_RE = r"^[A-Za-z_][A-Za-z0-9_.]*:[A-Za-z_][A-Za-z0-9_]*$"
 # task.reward: terms joined by "+", each a builtin reward or module:function, optionally
 # weighted ("0.9*math + 0.1*format"). No backslashes: the same pattern is CEL in the CRD.
@@ -160,6 +163,13 @@ class TaskSpec(_Model):
                                 "format reward.")
     reward_timeout: float = Field(10.0, gt=0, le=3600, description="Seconds one reward call may take; a longer one "
                                   "stops the run naming the prompt and completion.")
+    plugin_volume: VolumeSource | None = Field(
+        None,
+        description="Kubernetes: the volume holding the reward plug-ins' Python files, as a volume source (e.g. "
+        "{configMap: {name: my-reward}} from `kubectl create configmap my-reward --from-file=my_reward.py`), "
+        f"mounted read-only at {PLUGINS_MOUNT} in the learner pods and searched first for task.reward's modules. "
+        "Locally, plug-ins import from the working directory and PYTHONPATH.",
+    )
     difficulty: int = Field(1, ge=0, le=3, description="builtin:arithmetic level: 0 one-digit addition, 1 two-digit "
                             "addition (calibrated), 2 two-digit addition and subtraction, 3 three-digit addition.")
     max_new_tokens: PosInt = Field(8, description="Longest response in tokens.")
@@ -240,9 +250,9 @@ class BudgetSpec(_Model):
 # What the operator sets in every pod: a role's overrides may add to these, never replace them.
 RESERVED_ENV = ("RLSCALE_CONFIG", "RLSCALE_RUN", "RLSCALE_NAMESPACE", "POD_NAME", "HOME", "HF_HOME",
                 "HF_HUB_OFFLINE", "RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
-                "RAY_ADDRESS", "RAY_AUTH_MODE", "RAY_AUTH_TOKEN")
-RESERVED_VOLUMES = ("run-config", "shm", "model", "checkpoints", "home", "tmp")
-RESERVED_MOUNTS = ("/etc/rlscale", "/dev/shm", "/models", "/home/rlscale", "/tmp")
+                "RAY_ADDRESS", "RAY_AUTH_MODE", "RAY_AUTH_TOKEN", PLUGINS_ENV)
+RESERVED_VOLUMES = ("run-config", "shm", "model", "checkpoints", "home", "tmp", "plugins")
+RESERVED_MOUNTS = ("/etc/rlscale", "/dev/shm", "/models", "/home/rlscale", "/tmp", PLUGINS_MOUNT)
 ENV_NAME_RE = r"^[-._a-zA-Z][-._a-zA-Z0-9]*$"
 
 
@@ -354,11 +364,15 @@ class CheckpointSpec(_Model):
 class SchedulingSpec(_Model):
     """Kubernetes: how the run's pods are queued and scheduled (every role, the Ray head too)."""
 
-    queue_name: str | None = Field(None, max_length=63, description="Kueue LocalQueue: sets the "
-                                   "kueue.x-k8s.io/queue-name label on the rollout and learner workloads.")
+    queue_name: str | None = Field(None, max_length=63, description="Kueue LocalQueue: the run is queued as one "
+                                   "Kueue Workload (a pod set per role at the planned counts) and its pods start only "
+                                   "once Kueue admits all of them; an eviction scales it to zero until readmitted.")
     scheduler_name: str | None = Field(None, max_length=253, description="A scheduler other than the default (e.g. a "
                                        "gang scheduler such as volcano).")
     priority_class_name: str | None = Field(None, max_length=253, description="PriorityClass of every pod of the run.")
+    pod_group: bool = Field(False, description="Gang scheduling with the Coscheduling plugin (scheduler-plugins): a "
+                            "scheduling.x-k8s.io PodGroup of all the run's pods, minMember their planned count, so the "
+                            "scheduler places all of them or none; set schedulerName to the scheduler that runs it.")
 
 
 class FailurePolicySpec(_Model):
@@ -608,6 +622,14 @@ def _rule_reward(s: RLRunSpec):
                     "or a weighted sum such as 0.9*math + 0.1*format")
 
 
+def _rule_plugin_volume(s: RLRunSpec):
+    t = s.task
+    # A plug-in term is the only part of a reward expression with a colon (module:function).
+    if t.plugin_volume is not None and ":" not in t.reward:
+        return _err("task.pluginVolume", t.plugin_volume, f"is set, but task.reward {t.reward!r} names no plug-in",
+                    "name the plug-in in task.reward (e.g. my_reward:score), or remove task.pluginVolume")
+
+
 def _rule_prompt_source(s: RLRunSpec):
     t = s.task
     if t.messages_field and t.prompt_field:
@@ -765,6 +787,8 @@ RULES: list[Rule] = [
     Rule("task.reward",
          "self.task.reward.matches('" + REWARD_EXPRESSION_RE + "')",
          "task.reward must be exact-match, math, format, module:function, or a weighted sum of them", _rule_reward),
+    Rule("task.pluginVolume", "!has(self.task.pluginVolume) || self.task.reward.contains(':')",
+         "task.pluginVolume needs a plug-in (module:function) in task.reward", _rule_plugin_volume),
     *_pod_rules("rollout"),
     *_pod_rules("learner"),
 ]

@@ -5,7 +5,9 @@
 # kube-proxy and CoreDNS (RLSCALE_SKIP_NODE=1 skips them) and the tests' Prometheus and
 # promtool (RLSCALE_SKIP_PROMETHEUS=1 skips them). A second run finds them there and costs
 # seconds. Arguments restrict the build to groups: control-plane, node, prometheus
-# (build-node.sh and build-prometheus.sh are `build.sh node` and `build.sh prometheus`).
+# (build-node.sh and build-prometheus.sh are `build.sh node` and `build.sh prometheus`), kueue
+# (the operator tests' Kueue controller manager and its CRDs, and scheduler-plugins' PodGroup
+# CRD; RLSCALE_SKIP_KUEUE=1 skips them).
 #
 # Everything but etcd comes from ONE wrapper module, go/all, in ONE `go build`: Go's MVS
 # picks one version of each dependency for all of them, so a package that several binaries
@@ -60,6 +62,7 @@ version() {
     helm) echo "$HELM_VERSION" ;;
     coredns) echo "$COREDNS_VERSION" ;;
     prometheus|promtool) echo "$PROMETHEUS_VERSION $PROM_TAGS" ;;
+    kueue) echo "$KUEUE_VERSION with-podgroup-crd" ;;
     *) echo "$K8S_VERSION" ;;
   esac
 }
@@ -72,6 +75,7 @@ if [[ ${#groups[@]} -eq 0 ]]; then
   groups=(control-plane)
   [[ -n "${RLSCALE_SKIP_NODE:-}" ]] || groups+=(node)
   [[ -n "${RLSCALE_SKIP_PROMETHEUS:-}" ]] || groups+=(prometheus)
+  [[ -n "${RLSCALE_SKIP_KUEUE:-}" ]] || groups+=(kueue)
 fi
 want=()
 for g in "${groups[@]}"; do
@@ -81,7 +85,8 @@ for g in "${groups[@]}"; do
       [[ -n "${RLSCALE_SKIP_HELM:-}" ]] || want+=(helm) ;;
     node) want+=(kubelet kube-proxy coredns) ;;
     prometheus) want+=(prometheus promtool) ;;
-    *) echo "build.sh: unknown group '$g' (control-plane, node, prometheus)" >&2; exit 2 ;;
+    kueue) want+=(kueue) ;;
+    *) echo "build.sh: unknown group '$g' (control-plane, node, prometheus, kueue)" >&2; exit 2 ;;
   esac
 done
 need=()
@@ -103,6 +108,7 @@ check all github.com/coredns/coredns "$COREDNS_VERSION"
 check all github.com/prometheus/prometheus "$PROMETHEUS_VERSION"
 check etcd go.etcd.io/etcd/server/v3 "$ETCD_VERSION"
 check etcd go.etcd.io/etcd/api/v3 "$ETCD_VERSION"
+check kueue sigs.k8s.io/kueue "$KUEUE_VERSION"
 echo "building ${need[*]} into $BIN (cold: about 15 minutes on 2 cores; cached afterwards)"
 start=$(date +%s)
 
@@ -143,11 +149,25 @@ if [[ ${#pkgs[@]} -gt 0 ]]; then
      -ldflags "rlscale.dev/hack/cluster/all/coredns=$COREDNS_LD" \
      -ldflags "github.com/prometheus/prometheus/cmd/...=$PROM_LD" \
      -o "$BIN/" "${pkgs[@]}")
-  for b in "${need[@]}"; do [[ "$b" == etcd ]] || mark "$b"; done
+  for b in "${need[@]}"; do [[ "$b" == etcd || "$b" == kueue ]] || mark "$b"; done
 fi
 # After go/all: etcd's dependencies other than etcd's own are go/all's, already compiled.
 if [[ " ${need[*]} " == *" etcd "* ]]; then
   (cd "$HERE/go/etcd" && go build -trimpath -ldflags "$LD" -o "$BIN/etcd" .)
   mark etcd
+fi
+# Kueue: its own module (go/kueue/go.mod says why), and its CRDs from the same module version
+# next to the binary, for the tests to install.
+if [[ " ${need[*]} " == *" kueue "* ]]; then
+  (cd "$HERE/go/kueue" && go build -trimpath -ldflags "$LD" -o "$BIN/kueue" sigs.k8s.io/kueue/cmd/kueue)
+  src=$(cd "$HERE/go/kueue" && go list -m -f '{{.Dir}}' sigs.k8s.io/kueue)
+  rm -rf "$BIN/kueue-crds" && mkdir -p "$BIN/kueue-crds"
+  cp "$src"/config/components/crd/bases/*.yaml "$BIN/kueue-crds/"
+  # scheduler-plugins' PodGroup CRD (Coscheduling), at the version Kueue's module requires,
+  # for the tests of spec.scheduling.podGroup.
+  sp=$(cd "$HERE/go/kueue" && go list -m -f '{{.Dir}}' sigs.k8s.io/scheduler-plugins)
+  cp "$sp"/config/crd/bases/scheduling.x-k8s.io_podgroups.yaml "$BIN/kueue-crds/../podgroup-crd.yaml"
+  chmod -R u+w "$BIN/kueue-crds" "$BIN/podgroup-crd.yaml"
+  mark kueue
 fi
 echo "built ${need[*]} in $(( $(date +%s) - start ))s into $BIN"

@@ -28,7 +28,8 @@ def _load(name: str, path: Path):
     return mod
 
 
-cp = sys.modules.get("rlscale_controlplane") or _load("rlscale_controlplane", REPO / "hack" / "cluster" / "controlplane.py")
+cp = (sys.modules.get("rlscale_controlplane")
+      or _load("rlscale_controlplane", REPO / "hack" / "cluster" / "controlplane.py"))
 ni = cp._nodeimages()
 # hack/cluster/quickstart.py: the README's Kubernetes path (images, chart, claims) as functions.
 qs = sys.modules.get("rlscale_quickstart") or _load("rlscale_quickstart", REPO / "hack" / "cluster" / "quickstart.py")

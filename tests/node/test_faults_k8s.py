@@ -1,5 +1,6 @@
 """A run on the real node keeps strangers out, and meets the faults of a shared GPU cluster one
 after the other and keeps training, losing at most one checkpoint interval of samples each time.
+Its task is a user's own: a JSONL file on the model claim and a reward plug-in in a ConfigMap.
 
 - a pod in another namespace is refused by the run's Ray head (GCS and Ray Client) without the
   run's token or with a wrong one, and connects with the run's token;
@@ -82,6 +83,17 @@ else:
 """
 
 
+# The run's reward, shipped to its learner pods in a ConfigMap: the quickstart's exact match.
+PLUGIN = """
+import re
+
+
+def score(prompt, completion, answer, extra):
+    numbers = re.findall(r"-?[0-9]+", completion)
+    return 1.0 if numbers and numbers[-1] == answer else 0.0
+"""
+
+
 def test_a_run_survives_faults_losing_at_most_one_checkpoint_interval(node_cluster, images, tmp_path):
     qs, cp = sys.modules["rlscale_quickstart"], sys.modules["rlscale_controlplane"]  # loaded by conftest
     c = node_cluster
@@ -94,10 +106,24 @@ def test_a_run_survives_faults_losing_at_most_one_checkpoint_interval(node_clust
                                                       "metadata": {"name": ns, "labels": PSS}}))
     kubectl("apply", "-f", "-", input=json.dumps({"apiVersion": "v1", "kind": "List",
                                                   "items": qs.claims(NS, qs.model_cache(), ckpt)}))
+    # The task as a user brings their own: prompts from a JSONL file on the model claim, scored
+    # by a plug-in shipped in a ConfigMap (task.pluginVolume); the quickstart's sums, so the
+    # builtin model's tokenizer reads them.
+    data = qs.model_cache() / "data" / "faults-sums.jsonl"
+    data.parent.mkdir(parents=True, exist_ok=True)
+    data.write_text("".join(json.dumps({"prompt": f"{a}+{b}=", "answer": str(a + b)}) + "\n"
+                            for a in range(10, 100) for b in range(10, 100)))
+    data.chmod(0o644)
+    kubectl("apply", "-n", NS, "-f", "-", input=json.dumps({
+        "apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "sums-reward"},
+        "data": {"sums_reward.py": PLUGIN}}))
     # The quickstart, with a target it never reaches (the test ends it), no evaluations in the
     # way, a checkpoint every EVERY steps, and room for the restarts the test causes.
     obj = qs.quickstart(target={"value": 0.999, "evalEvery": 1000}, budget={"maxSteps": 100000, "maxSamples": 10**9},
-                        checkpoint={"every": EVERY}, failurePolicy={"backoffLimit": 20})
+                        checkpoint={"every": EVERY}, failurePolicy={"backoffLimit": 20},
+                        task={"name": "sums", "dataset": f"{C.MODEL_MOUNT}/data/{data.name}", "promptField": "prompt",
+                              "evalSize": 64, "reward": "sums_reward:score",
+                              "pluginVolume": {"configMap": {"name": "sums-reward"}}})
     obj["metadata"]["name"] = RUN
     batch = obj["spec"]["batch"]["prompts"] * obj["spec"]["batch"]["samplesPerPrompt"]
     lost: dict[str, dict] = {}
@@ -138,6 +164,11 @@ def test_a_run_survives_faults_losing_at_most_one_checkpoint_interval(node_clust
         for role in (C.ROLE_RAY_HEAD, C.ROLE_ROLLOUT, C.ROLE_LEARNER):
             wait(f"{role} pod Running", lambda r=role: run.running(r), 900, 2)
         wait("two checkpoints", lambda: len(run.checkpoint_steps()) >= 2, 900, 2)
+        # The prompts came from the file and the plug-in scored them, from the ConfigMap's mount.
+        assert f"reward plug-in sums_reward:score from {C.PLUGINS_MOUNT}/sums_reward.py" in learner_log()
+        assert re.search(r"\d+ train and \d+ held-out prompts", learner_log()), learner_log()[-3000:]
+        sample = run.logged()[-1]["sample"]
+        assert re.fullmatch(r"\d\d\+\d\d=", sample["prompt"]) and sample["reward"] in (0.0, 1.0), sample
 
         # 1. The operator restarted mid-run: the new one adopts the run; nothing is replaced.
         before = {role: uids(role) for role in (C.ROLE_RAY_HEAD, C.ROLE_ROLLOUT, C.ROLE_LEARNER)}
@@ -151,7 +182,8 @@ def test_a_run_survives_faults_losing_at_most_one_checkpoint_interval(node_clust
                      and all(cs.get("ready") for cs in p["status"].get("containerStatuses", []))]
             # status.progress is the operator's copy of the driver's reports: it moves again.
             return fresh and run.step() >= status_step + 5
-        episode("operator restarted", lambda: kubectl("delete", "pod", "-n", qs.OPERATOR_NS, "-l", op_sel, "--wait=false"),
+        episode("operator restarted",
+                lambda: kubectl("delete", "pod", "-n", qs.OPERATOR_NS, "-l", op_sel, "--wait=false"),
                 lambda _: new_operator_reports())
         after = {role: uids(role) for role in before}
         assert after == before, f"pods replaced or restarted across the operator's restart: {before} -> {after}"
@@ -187,16 +219,21 @@ def test_a_run_survives_faults_losing_at_most_one_checkpoint_interval(node_clust
         assert resumed and resumed[-1] % EVERY == 0, learner_log()[-3000:]
         assert lost["learner process killed"]["steps"] >= 1, lost  # the crash really cost steps
 
-        # 4. Suspend, then resume. Rank 0 checkpoints on SIGTERM once its step is done; the
-        # rollout pods are stopped at the same moment, and when they go first the step in
-        # flight cannot finish, so the grace period runs out and the last checkpoint counts:
-        # at most one interval lost (seen once in eight runs here; docs/operations.md, "Faults").
+        # 4. Suspend, then resume. The learners stop first: rank 0 finishes its step and
+        # checkpoints on SIGTERM while the rollout replicas still serve it; they stop once the
+        # last learner pod is gone (stopped together, the replicas went first once in eight
+        # runs, the step never finished and the grace period ran out; docs/operations.md).
         def suspend(flag: bool):
             kubectl("patch", "rlrun", RUN, "-n", NS, "--type=merge", "-p", json.dumps({"spec": {"suspend": flag}}))
 
+        seen: list[tuple[bool, bool]] = []
+
         def suspended():
-            return not run.pods(C.ROLE_LEARNER) and not run.pods(C.ROLE_ROLLOUT)
+            learners, rollouts = bool(run.pods(C.ROLE_LEARNER)), bool(run.pods(C.ROLE_ROLLOUT))
+            seen.append((learners, rollouts))
+            return not learners and not rollouts
         episode("suspended", lambda: suspend(True), lambda _: suspended(), 300)
+        assert (True, False) not in seen, f"a learner pod outlived the rollout pods: {seen}"
         at_suspend, saved = run.logged()[-1]["step"], run.checkpoint_steps()[-1]
         lost["suspended"]["checkpointed on SIGTERM"] = saved == at_suspend
         assert at_suspend - EVERY <= saved <= at_suspend, (saved, at_suspend)
@@ -206,7 +243,8 @@ def test_a_run_survives_faults_losing_at_most_one_checkpoint_interval(node_clust
 
         # Strangers were kept out of the run's Ray cluster while it trained.
         results = wait("the stranger pod's attempts", lambda: (
-            (pod := run.get("pod", "stranger", ns=STRANGER_NS)) and pod["status"].get("phase") in ("Succeeded", "Failed")
+            (pod := run.get("pod", "stranger", ns=STRANGER_NS))
+            and pod["status"].get("phase") in ("Succeeded", "Failed")
             and {cs["name"]: kubectl("logs", "stranger", "-n", STRANGER_NS, "-c", cs["name"]).stdout
                  for cs in pod["status"]["containerStatuses"]}), 300, 3)
         said = {name: next((ln for ln in out.splitlines() if ln.startswith("RESULT")), out[-300:])
@@ -233,7 +271,8 @@ def test_a_run_survives_faults_losing_at_most_one_checkpoint_interval(node_clust
                     and advanced_past(settled["step"]))
         episode("ray head killed", lambda: kubectl("delete", "pod", "-n", NS, head, "--grace-period=0", "--force",
                                                    "--wait=false"), steady_after_head_loss)
-        lost["ray head killed"]["restarts"] = {role: sum(uids(role).values()) - n for role, n in restarts_before.items()}
+        lost["ray head killed"]["restarts"] = {role: sum(uids(role).values()) - n
+                                               for role, n in restarts_before.items()}
         print(f"ray head killed: {lost['ray head killed']}", file=sys.stderr)
 
         print(f"\nsamples lost per fault (checkpoint every {EVERY} steps of {batch} samples): "

@@ -57,7 +57,8 @@ class DiscoveringPrometheus:
                 {"job_name": "rlscale-runs",
                  "kubernetes_sd_configs": [{**sd, "role": "pod", "namespaces": {"names": [run_ns]}}],
                  "relabel_configs": [
-                     {"source_labels": ["__meta_kubernetes_pod_label_rlscale_dev_run"], "regex": ".+", "action": "keep"},
+                     {"source_labels": ["__meta_kubernetes_pod_label_rlscale_dev_run"], "regex": ".+",
+                      "action": "keep"},
                      keep_metrics_port,
                      {"source_labels": ["__meta_kubernetes_namespace"], "target_label": "namespace"},
                      {"source_labels": ["__meta_kubernetes_pod_label_rlscale_dev_run"], "target_label": "run"},
@@ -68,12 +69,14 @@ class DiscoveringPrometheus:
                  "relabel_configs": [
                      {"source_labels": ["__meta_kubernetes_service_label_app_kubernetes_io_name"], "regex": "rlscale",
                       "action": "keep"},
-                     {"source_labels": ["__meta_kubernetes_endpoint_port_name"], "regex": "metrics", "action": "keep"}]},
+                     {"source_labels": ["__meta_kubernetes_endpoint_port_name"], "regex": "metrics",
+                      "action": "keep"}]},
             ],
         }
         (workdir / "prometheus.yml").write_text(yaml.safe_dump(cfg))
         self.proc = subprocess.Popen(
-            [prometheus_binary(), f"--config.file={workdir / 'prometheus.yml'}", f"--storage.tsdb.path={workdir / 'tsdb'}",
+            [prometheus_binary(), f"--config.file={workdir / 'prometheus.yml'}",
+             f"--storage.tsdb.path={workdir / 'tsdb'}",
              f"--web.listen-address=127.0.0.1:{self.port}"],
             stdout=open(workdir / "prometheus.log", "wb"), stderr=subprocess.STDOUT)
         wait("prometheus ready", lambda: self._get("/-/ready") is not None, 60)
@@ -142,7 +145,8 @@ def test_kubectl_apply_trains_the_quickstart_to_its_target_on_the_operators_own_
         for role in (C.ROLE_RAY_HEAD, C.ROLE_ROLLOUT, C.ROLE_LEARNER):
             pods = wait(f"{role} pod Running", lambda r=role: running(r), 900)
             assert pods[0]["spec"]["nodeName"] == c.node_name, "run pods land on the real node"
-        first = wait("the first step in status", lambda: (rlrun().get("status") or {}).get("progress", {}).get("step"), 900)
+        first = wait("the first step in status",
+                     lambda: (rlrun().get("status") or {}).get("progress", {}).get("step"), 900)
         t_first = time.monotonic() - t_apply
         steps_seen = {first}
         wait("steps progressing in status", lambda: steps_seen.add(
@@ -173,7 +177,8 @@ def test_kubectl_apply_trains_the_quickstart_to_its_target_on_the_operators_own_
         # Every panel of the dashboard had data while the run trained (the run may end within
         # seconds of its first step, so each panel's query is looked back on over the run).
         def panels_missing():
-            return [f"{title}: {expr}" for title, expr in dashboard_queries(RUN, NS) if not prom.query(f"max_over_time(({expr})[30m:2s])")]
+            return [f"{title}: {expr}" for title, expr in dashboard_queries(RUN, NS)
+                    if not prom.query(f"max_over_time(({expr})[30m:2s])")]
         missing = []
 
         def all_panels():
@@ -182,7 +187,8 @@ def test_kubectl_apply_trains_the_quickstart_to_its_target_on_the_operators_own_
         try:
             wait("every dashboard panel query to return data", all_panels, 120, 3)
         except AssertionError:
-            raise AssertionError(f"panels without data: {missing}\ntargets: {json.dumps(prom.targets())[:3000]}") from None
+            raise AssertionError(f"panels without data: {missing}\n"
+                                 f"targets: {json.dumps(prom.targets())[:3000]}") from None
 
         # Prometheus scraped the driver's pod: time-to-target read back through its query API.
         ttt = prom.query(f'max_over_time(rlscale_time_to_target_seconds{{run="{RUN}"}}[30m])')
@@ -217,14 +223,16 @@ def test_failing_runs_say_why_and_free_their_pods(node_cluster, images, tmp_path
     qs.helm_install(cp.bin_dir() / "helm", c.kubeconfig)  # a no-op after the quickstart test
 
     def get(kind: str, name: str | None = None, selector: str | None = None):
-        args = ["get", kind, *([name] if name else []), "-n", FAIL_NS, "-o", "json", *(["-l", selector] if selector else [])]
+        args = ["get", kind, *([name] if name else []), "-n", FAIL_NS, "-o", "json",
+                *(["-l", selector] if selector else [])]
         out = kubectl(*args, check=False)
         return json.loads(out.stdout) if out.returncode == 0 else None
 
     kubectl("apply", "-f", "-", input=json.dumps({"apiVersion": "v1", "kind": "Namespace",
                                                   "metadata": {"name": FAIL_NS, "labels": PSS}}))
     kubectl("apply", "-f", "-", input=json.dumps({"apiVersion": "v1", "kind": "List",
-                                                  "items": qs.claims(FAIL_NS, qs.model_cache(), tmp_path / "checkpoints")}))
+                                                  "items": qs.claims(FAIL_NS, qs.model_cache(),
+                                                                     tmp_path / "checkpoints")}))
     reward = qs.quickstart(task={"reward": "rlscale_no_such_module:score"})
     reward["metadata"]["name"] = "bad-reward"
     model = qs.quickstart(model={"path": "acme/not-in-the-cache", "shape": {
@@ -245,7 +253,8 @@ def test_failing_runs_say_why_and_free_their_pods(node_cluster, images, tmp_path
         def model_failed():
             conds = (get("rlrun", "missing-model") or {}).get("status", {}).get("conditions", [])
             degraded_seen.extend(x for x in conds if x["type"] == C.COND_DEGRADED and x["status"] == "True")
-            pods = (get("pods", selector=f"{C.LABEL_RUN}=missing-model,{C.LABEL_ROLE}={C.ROLE_LEARNER}") or {}).get("items", [])
+            pods = (get("pods", selector=f"{C.LABEL_RUN}=missing-model,{C.LABEL_ROLE}={C.ROLE_LEARNER}")
+                    or {}).get("items", [])
             init_states.extend(json.dumps(cs.get("state")) + f" restarts={cs.get('restartCount')}"
                                for p in pods for cs in p["status"].get("initContainerStatuses", []))
             return failed("missing-model")

@@ -73,8 +73,20 @@ def ns(kube, request):
     base = re.sub(r"[^a-z0-9]+", "-", request.node.name.lower().removeprefix("test_"))[:40].strip("-")
     name = f"t-{base}-{next(_ns_counter)}"
     kube.apply({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}})
+    # The GPU examples mount the claim `models` (the model's Hugging Face cache and the
+    # dataset): a PersistentVolume bound to it, so their pods schedule on the kwok nodes.
+    pv = f"{name}-models"
+    kube.apply({"apiVersion": "v1", "kind": "List", "items": [
+        {"apiVersion": "v1", "kind": "PersistentVolume", "metadata": {"name": pv},
+         "spec": {"capacity": {"storage": "1Ti"}, "accessModes": ["ReadOnlyMany", "ReadWriteMany"],
+                  "persistentVolumeReclaimPolicy": "Delete", "storageClassName": "",
+                  "hostPath": {"path": "/models"}, "claimRef": {"namespace": name, "name": "models"}}},
+        {"apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": {"name": "models", "namespace": name},
+         "spec": {"accessModes": ["ReadWriteMany"], "storageClassName": "", "volumeName": pv,
+                  "resources": {"requests": {"storage": "1Ti"}}}}]})
     yield name
     kube.run("delete", "namespace", name, "--wait=false", check=False)
+    kube.run("delete", "persistentvolume", pv, "--wait=false", check=False)
 
 
 

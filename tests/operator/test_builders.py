@@ -54,6 +54,21 @@ def test_replicas_come_from_the_plan_and_suspend_zeroes_both():
     assert kids[("Deployment", "grpo-7b-ray-head")]["spec"]["replicas"] == 1  # the head stays up
 
 
+def test_stopping_learners_keep_their_rollout_replicas_until_they_are_gone():
+    """Suspend (or a Kueue eviction) stops the learners first: while a learner pod is still
+    there (`draining`), the replicas serving its last step stay; then they go too."""
+    replicas = {(m["kind"], m["metadata"]["name"]): m["spec"]["replicas"]
+                for m in B.build_children(RUN, spec(suspend=True), PLAN, draining=3)
+                if m["kind"] in ("Deployment", "StatefulSet")}
+    assert replicas == {("Deployment", "grpo-7b-ray-head"): 1, ("Deployment", "grpo-7b-rollout"): 3,
+                        ("StatefulSet", "grpo-7b-learner"): 0}
+    evicted = B.desired_replicas(spec(), PLAN, admitted=dict.fromkeys(B.QUEUED_ROLES, 0), draining=3)
+    assert evicted == {C.ROLE_RAY_HEAD: 1, C.ROLE_ROLLOUT: 3, C.ROLE_LEARNER: 0}
+    # Learners wanted, or the run over: nothing to wait for.
+    assert B.desired_replicas(spec(), PLAN, draining=1)[C.ROLE_ROLLOUT] == 3
+    assert set(B.desired_replicas(spec(suspend=True), PLAN, finished=True, draining=3).values()) == {0}
+
+
 def test_a_finished_run_scales_everything_to_zero_and_keeps_its_config():
     kids = by_kind(B.build_children(RUN, spec(), PLAN, finished=True))
     for kind, name in (("Deployment", "grpo-7b-rollout"), ("StatefulSet", "grpo-7b-learner"),
@@ -82,6 +97,24 @@ def test_model_volume_is_shared_and_prepared_by_the_learners():
     assert {"name": "model", "emptyDir": {}} in rollout["volumes"] and rollout["initContainers"]
     env = {e["name"]: e.get("value") for e in rollout["containers"][0]["env"]}
     assert env["HF_HOME"] == C.HF_HOME and env["HF_HUB_OFFLINE"] == "1"
+
+
+def test_plugin_volume_reaches_the_learners_read_only_and_is_named_to_the_reward_loader():
+    vol = {"configMap": {"name": "my-reward"}}
+    kids = by_kind(B.build_children(RUN, spec(task={"reward": "0.5*my_reward:score + 0.5*format",
+                                                    "pluginVolume": vol}), PLAN))
+    learner = kids[("StatefulSet", "grpo-7b-learner")]["spec"]["template"]["spec"]
+    assert {"name": "plugins", **vol} in learner["volumes"]
+    (box,) = learner["containers"]
+    assert {"name": "plugins", "mountPath": C.PLUGINS_MOUNT, "readOnly": True} in box["volumeMounts"]
+    assert {"name": C.PLUGINS_ENV, "value": C.PLUGINS_MOUNT} in box["env"]
+    # Only rank 0's driver scores samples: the replicas and the head never see the files.
+    for kind, name in (("Deployment", "grpo-7b-rollout"), ("Deployment", "grpo-7b-ray-head")):
+        pod = kids[(kind, name)]["spec"]["template"]["spec"]
+        assert all(v["name"] != "plugins" for v in pod["volumes"]), name
+    # Without the field, no such volume.
+    learner = by_kind(B.build_children(RUN, spec(), PLAN))[("StatefulSet", "grpo-7b-learner")]
+    assert all(v["name"] != "plugins" for v in learner["spec"]["template"]["spec"]["volumes"])
 
 
 def test_every_pod_has_a_memory_backed_shm_sized_for_the_object_store():
@@ -196,7 +229,8 @@ def test_checkpoint_storage_uses_claims_that_survive_scale_to_zero():
 def test_images_default_from_the_environment_and_spec_wins():
     imgs = B.Images.from_env({C.ENV_TRAINER_IMAGE: "reg/t:1", C.ENV_ROLLOUT_IMAGE: "reg/r:1"})
     kids = by_kind(B.build_children(RUN, spec(rollout={"gpusPerReplica": 1, "image": "mine/vllm:2"}), PLAN, imgs))
-    assert kids[("Deployment", "grpo-7b-rollout")]["spec"]["template"]["spec"]["containers"][0]["image"] == "mine/vllm:2"
+    assert (kids[("Deployment", "grpo-7b-rollout")]["spec"]["template"]["spec"]["containers"][0]["image"]
+            == "mine/vllm:2")
     assert kids[("StatefulSet", "grpo-7b-learner")]["spec"]["template"]["spec"]["containers"][0]["image"] == "reg/t:1"
 
 
@@ -220,10 +254,12 @@ def pods(kids):
 def test_every_pod_meets_the_restricted_pod_security_profile():
     for role, pod, _ in pods(B.build_children(RUN, spec(), PLAN)):
         sc = pod["securityContext"]
-        assert sc["runAsNonRoot"] is True and sc["runAsUser"] != 0 and sc["seccompProfile"] == {"type": "RuntimeDefault"}
+        assert (sc["runAsNonRoot"] is True and sc["runAsUser"] != 0
+                and sc["seccompProfile"] == {"type": "RuntimeDefault"})
         for c in pod["containers"] + pod.get("initContainers", []):
             cs = c["securityContext"]
-            assert cs["allowPrivilegeEscalation"] is False and cs["capabilities"] == {"drop": ["ALL"]}, (role, c["name"])
+            assert (cs["allowPrivilegeEscalation"] is False
+                    and cs["capabilities"] == {"drop": ["ALL"]}), (role, c["name"])
             assert cs["readOnlyRootFilesystem"] is True
             # A read-only root needs somewhere to write: HOME and /tmp are emptyDirs.
             paths = {m["mountPath"] for m in c["volumeMounts"]}
@@ -284,7 +320,7 @@ def test_pod_overrides_reach_their_role_and_cannot_displace_the_operators_own():
     assert pod["priorityClassName"] == "train-high" and pod["schedulerName"] == "volcano"
     assert pod["imagePullSecrets"] == [{"name": "regcred"}]
     assert meta["labels"]["team"] == "a" and meta["labels"][C.LABEL_RUN] == "grpo-7b"  # ours win
-    assert meta["labels"][C.LABEL_KUEUE_QUEUE] == "team-a-gpus" and meta["annotations"] == {"note": "x"}
+    assert meta["annotations"] == {"note": "x"}
     (c,) = pod["containers"]
     assert {"name": "NCCL_DEBUG", "value": "INFO"} in c["env"]
     assert {"name": "data", "mountPath": "/data", "readOnly": True} in c["volumeMounts"]
@@ -292,11 +328,66 @@ def test_pod_overrides_reach_their_role_and_cannot_displace_the_operators_own():
     pod, meta = got[C.ROLE_ROLLOUT]
     assert pod["runtimeClassName"] == "nvidia" and pod["priorityClassName"] == "batch"
     assert "tolerations" not in pod and "team" not in meta["labels"]
-    pod, meta = got[C.ROLE_RAY_HEAD]  # the head: scheduling only, and no queue (it holds no GPU)
-    assert pod["schedulerName"] == "volcano" and C.LABEL_KUEUE_QUEUE not in meta["labels"]
-    workloads = {m["metadata"]["labels"][C.LABEL_ROLE]: m for m in kids if m["kind"] in ("Deployment", "StatefulSet")}
-    assert workloads[C.ROLE_LEARNER]["metadata"]["labels"][C.LABEL_KUEUE_QUEUE] == "team-a-gpus"
-    assert workloads[C.ROLE_ROLLOUT]["metadata"]["labels"][C.LABEL_KUEUE_QUEUE] == "team-a-gpus"
+    pod, meta = got[C.ROLE_RAY_HEAD]  # the head: scheduling only
+    assert pod["schedulerName"] == "volcano"
+    # No Kueue label on any workload or pod: the queue admits the run as one Workload, and the
+    # label would make Kueue's Deployment and StatefulSet integrations admit each on its own.
+    for m in kids:
+        assert C.LABEL_KUEUE_QUEUE not in m["metadata"]["labels"], m["kind"]
+        assert C.LABEL_KUEUE_QUEUE not in ((m.get("spec") or {}).get("template") or {}).get("metadata", {}).get(
+            "labels", {}), m["kind"]
+
+
+def test_a_queued_run_is_one_kueue_workload_and_runs_only_what_kueue_admitted():
+    s = spec(scheduling={"queueName": "team-a-gpus"})
+    kids = B.build_children(RUN, s, PLAN)
+    wl = B.build_workload(RUN, s, PLAN, kids)
+    assert wl["apiVersion"] == C.KUEUE_API and wl["kind"] == "Workload"
+    assert wl["metadata"]["ownerReferences"][0]["uid"] == RUN.uid and wl["spec"]["queueName"] == "team-a-gpus"
+    assert wl["spec"]["active"] is True
+    sets = {p["name"]: p for p in wl["spec"]["podSets"]}
+    assert {r: p["count"] for r, p in sets.items()} == {C.ROLE_RAY_HEAD: 1, C.ROLE_ROLLOUT: 3, C.ROLE_LEARNER: 2}
+    # The pod sets carry the pods' own templates: Kueue counts their GPU requests.
+    sts = next(m for m in kids if m["kind"] == "StatefulSet")
+    assert sets[C.ROLE_LEARNER]["template"] == sts["spec"]["template"]
+    limits = sets[C.ROLE_LEARNER]["template"]["spec"]["containers"][0]["resources"]["limits"]
+    assert limits[C.GPU_RESOURCE] == "2"
+    # Suspended: the Workload goes inactive (Kueue gives the quota back), its counts stay planned.
+    wl_s = B.build_workload(RUN, spec(scheduling={"queueName": "q"}, suspend=True), PLAN, kids)
+    assert wl_s["spec"]["active"] is False and wl_s["spec"]["podSets"][1]["count"] == 3
+
+    def replicas(admitted):
+        got = by_kind(B.build_children(RUN, s, PLAN, admitted=admitted))
+        return (got[("Deployment", "grpo-7b-ray-head")]["spec"]["replicas"],
+                got[("Deployment", "grpo-7b-rollout")]["spec"]["replicas"],
+                got[("StatefulSet", "grpo-7b-learner")]["spec"]["replicas"])
+    # Not admitted: nothing runs, not even the head; admitted: the planned counts, capped by
+    # what Kueue admitted.
+    assert replicas(B.admitted_counts(None)) == (0, 0, 0)
+    assert replicas(B.admitted_counts(_admitted_workload({"ray-head": 1, "rollout": 3, "learner": 2}))) == (1, 3, 2)
+    assert replicas(B.admitted_counts(_admitted_workload({"ray-head": 1, "rollout": 2, "learner": 2}))) == (1, 2, 2)
+    evicted = _admitted_workload({"ray-head": 1, "rollout": 3, "learner": 2})
+    evicted["status"]["conditions"].append({"type": "Evicted", "status": "True", "reason": "Preempted"})
+    assert replicas(B.admitted_counts(evicted)) == (0, 0, 0)
+    assert replicas(None) == (1, 3, 2)  # no queue: the plan's
+
+
+def test_a_pod_group_gangs_every_pod_of_the_run_and_comes_before_them():
+    kids = B.build_children(RUN, spec(scheduling={"podGroup": True, "schedulerName": "scheduler-plugins"}), PLAN)
+    kinds = [m["kind"] for m in kids]
+    pg = kids[kinds.index("PodGroup")]
+    assert kinds.index("PodGroup") < min(i for i, k in enumerate(kinds) if k in ("Deployment", "StatefulSet"))
+    assert pg["apiVersion"] == C.POD_GROUP_API and pg["spec"]["minMember"] == 1 + 3 + 2  # head, rollout, learners
+    for role, pod, meta in pods(kids):
+        assert meta["labels"][C.LABEL_POD_GROUP] == pg["metadata"]["name"], role
+        assert pod["schedulerName"] == "scheduler-plugins", role
+    assert "PodGroup" not in [m["kind"] for m in B.build_children(RUN, spec(), PLAN)]
+
+
+def _admitted_workload(counts: dict[str, int]) -> dict:
+    return {"status": {"admission": {"clusterQueue": "cq", "podSetAssignments": [
+        {"name": r, "count": n} for r, n in counts.items()]},
+        "conditions": [{"type": "QuotaReserved", "status": "True"}, {"type": "Admitted", "status": "True"}]}}
 
 
 def test_learner_grace_period_grows_with_the_checkpoint_a_rank_writes():
@@ -305,5 +396,6 @@ def test_learner_grace_period_grows_with_the_checkpoint_a_rank_writes():
     assert small == 90  # the builtin model's checkpoint is a few MB
     # 7.6B parameters x 14 bytes over 2 ranks at 100 MB/s, twice, plus a minute: ~18 minutes.
     assert 900 < big < 1300, big
-    sts = next(m for m in B.build_children(RUN, spec(model={"path": "Qwen/Qwen2.5-7B"}), PLAN) if m["kind"] == "StatefulSet")
+    sts = next(m for m in B.build_children(RUN, spec(model={"path": "Qwen/Qwen2.5-7B"}), PLAN)
+               if m["kind"] == "StatefulSet")
     assert sts["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] == big

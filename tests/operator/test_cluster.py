@@ -153,6 +153,8 @@ def test_delete_removes_every_child(kube, operator, ns):
     ({"rollout": {"pod": {"volumes": [{"name": "data", "emptyDir": {}}],
                           "volumeMounts": [{"name": "data", "mountPath": "/tmp"}]}}},
      "each rollout.pod.volumeMounts entry must name a volume of rollout.pod.volumes"),
+    ({"task": {"pluginVolume": {"configMap": {"name": "my-reward"}}}},
+     "task.pluginVolume needs a plug-in (module:function) in task.reward"),
 ])
 def test_bad_specs_are_refused_at_admission_with_a_clear_message(kube, ns, patch, message):
     out = kube.apply(example_run("bad", **patch), ns, check=False)
@@ -167,7 +169,8 @@ def test_names_its_services_cannot_carry_are_refused_at_admission(kube, ns, name
     obj["metadata"]["name"] = name
     out = kube.apply(obj, ns, check=False)
     assert out.returncode != 0
-    assert "metadata.name must be at most 63 characters" in out.stderr or "must be no more than" in out.stderr, out.stderr
+    assert ("metadata.name must be at most 63 characters" in out.stderr
+            or "must be no more than" in out.stderr), out.stderr
 
 
 def test_spec_only_the_planner_can_judge_is_reported_as_invalid(kube, operator, ns):
@@ -291,13 +294,15 @@ def test_the_drivers_last_report_ends_the_run_and_frees_every_workload(kube, ope
             "targetReached": True, "elapsedSeconds": 200, "timeToTargetSeconds": 190.5, "samplesToTarget": 19456,
             "outcome": "Succeeded", "report": "/checkpoints/report on ends-learner-0"}
     assert reporter.report(last, force=True)
-    r = wait_for("phase Succeeded", lambda: (x := rlrun(kube, "ends", ns))["status"].get("phase") == C.PHASE_SUCCEEDED and x)
+    r = wait_for("phase Succeeded",
+                 lambda: (x := rlrun(kube, "ends", ns))["status"].get("phase") == C.PHASE_SUCCEEDED and x)
     c = cond(r, C.COND_SUCCEEDED)
     assert c["status"] == "True" and "19456 samples" in c["message"] and "ends-learner-0" in c["message"]
     n = B.names("ends")
 
     def all_zero():
-        kinds = (("deployment", n[C.ROLE_ROLLOUT]), ("statefulset", n[C.ROLE_LEARNER]), ("deployment", n[C.ROLE_RAY_HEAD]))
+        kinds = (("deployment", n[C.ROLE_ROLLOUT]), ("statefulset", n[C.ROLE_LEARNER]),
+                 ("deployment", n[C.ROLE_RAY_HEAD]))
         return all(kube.get(k, name, ns)["spec"]["replicas"] == 0 for k, name in kinds)
     wait_for("every workload of the ended run at zero", all_zero)
     wait_for("no pods left", lambda: not kube.get("pods", ns=ns, selector=f"{C.LABEL_RUN}=ends")["items"], 60)
@@ -320,7 +325,8 @@ def test_operator_metrics_and_its_rbac_is_exactly_what_the_chart_ships(kube, ope
     assert re.search(r"^rlscale_operator_reconciles_total\{result=\"ok\"\} [1-9]", text, re.M)
     assert "rlscale_operator_reconcile_seconds_bucket" in text
     assert re.search(rf'rlscale_operator_planned_batch_samples\{{namespace="{ns}",run="metered"\}} [1-9]', text)
-    assert re.search(rf'rlscale_operator_replicas\{{namespace="{ns}",role="learner",run="metered",state="ready"\}} [1-9]', text)
+    assert re.search(rf'rlscale_operator_replicas\{{namespace="{ns}",role="learner",'
+                     rf'run="metered",state="ready"\}} [1-9]', text)
     assert f'rlscale_operator_predicted_time_to_target_seconds{{namespace="{ns}",run="metered"}}' in text
     sa = f"system:serviceaccount:{OPERATOR_NS}:{OPERATOR_SA}"
     def can(*args):
@@ -345,8 +351,10 @@ def test_a_driver_failure_fails_the_run_and_a_spec_change_retries_it(kube, opera
     token = kube.run("create", "token", B.names("oops")[C.ROLE_RUNNER], "-n", ns).stdout.strip()
     reporter = ProgressReporter(KubeTarget(cluster.server, token, str(cluster.dir / "pki" / "ca.crt"), ns, "oops"))
     # A transient error: Degraded, the run goes on.
-    assert reporter.report({"failed": True, "message": "RuntimeError: replica died", "targetReached": False}, force=True)
-    r = wait_for("Degraded", lambda: (x := rlrun(kube, "oops", ns)) and cond(x, C.COND_DEGRADED).get("status") == "True" and x)
+    assert reporter.report({"failed": True, "message": "RuntimeError: replica died", "targetReached": False},
+                           force=True)
+    r = wait_for("Degraded",
+                 lambda: (x := rlrun(kube, "oops", ns)) and cond(x, C.COND_DEGRADED).get("status") == "True" and x)
     assert "replica died" in cond(r, C.COND_DEGRADED)["message"] and r["status"]["phase"] != C.PHASE_FAILED
     # One a restart would meet again: Failed at once, every workload at zero.
     assert reporter.report({"failed": True, "outcome": "Failed", "targetReached": False,

@@ -140,7 +140,8 @@ def test_oom_image_pull_and_unschedulable_are_named():
         "reason": "ImagePullBackOff", "message": 'Back-off pulling image "acme/rollout:nope"'}}}])
     pending = pod("r-learner-0", C.ROLE_LEARNER, conditions=[{"type": "PodScheduled", "status": "False",
                   "reason": "Unschedulable", "message": "0/3 nodes are available: 3 Insufficient nvidia.com/gpu."}])
-    assert S.pod_problems(oom)[0]["reason"] == "OOMKilled" and "exit 137 (OOMKilled)" in S.pod_problems(oom)[0]["message"]
+    assert (S.pod_problems(oom)[0]["reason"] == "OOMKilled"
+            and "exit 137 (OOMKilled)" in S.pod_problems(oom)[0]["message"])
     assert 'acme/rollout:nope' in S.pod_problems(pull)[0]["message"]
     (u,) = S.pod_problems(pending)
     assert u["reason"] == "Unschedulable" and "Insufficient nvidia.com/gpu" in u["message"]
@@ -169,7 +170,8 @@ def test_a_permanent_driver_failure_ends_the_run_with_its_message():
 
 def test_a_container_that_just_exited_with_an_error_is_degraded_before_any_back_off():
     exited = {"name": "model", "restartCount": 1, "state": {"terminated": {
-        "exitCode": 2, "reason": "Error", "message": "rlscale prepare-model: spec.model.path: 'acme/x' is not in the cache\n"}}}
+        "exitCode": 2, "reason": "Error",
+        "message": "rlscale prepare-model: spec.model.path: 'acme/x' is not in the cache\n"}}}
     conds = S.health_conditions(None, [pod("r-learner-0", C.ROLE_LEARNER, init=[exited])], 4, 1)
     d = S.condition(conds, C.COND_DEGRADED)
     assert d["status"] == "True" and d["reason"] == "LearnerExitedWithError"

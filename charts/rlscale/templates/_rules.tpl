@@ -37,6 +37,19 @@
 - apiGroups: [apps]
   resources: [deployments, statefulsets]
   verbs: [get, list, watch, create, patch]
+# Runs with spec.scheduling.queueName: the operator creates each run's Kueue Workload, keeps
+# its spec in step while it waits, gives an evicted run's reservation back and marks it
+# Finished (status); Kueue admits it. Without Kueue installed these rules are unused.
+- apiGroups: [kueue.x-k8s.io]
+  resources: [workloads]
+  verbs: [get, list, watch, create, patch]
+- apiGroups: [kueue.x-k8s.io]
+  resources: [workloads/status]
+  verbs: [get, patch]
+# Runs with spec.scheduling.podGroup: each run's Coscheduling PodGroup (scheduler-plugins).
+- apiGroups: [scheduling.x-k8s.io]
+  resources: [podgroups]
+  verbs: [get, list, watch, create, patch]
 # Failures of a run's pods, and kopf's handler failures, are reported as events on the RLRun.
 - apiGroups: ["", events.k8s.io]
   resources: [events]
