@@ -217,8 +217,9 @@ class BatchSpec(_Model):
     samples_per_prompt: PosInt = Field(8, description="Samples generated per prompt (the GRPO group size).")
     min_prompts: PosInt = Field(4, description="Smallest prompts per step the planner may choose.")
     max_prompts: PosInt = Field(256, description="Largest prompts per step the planner may choose.")
-    micro_batch: PosInt = Field(32, description="Sequences per learner forward/backward; gradients accumulate to the "
-                                "whole batch.")
+    micro_batch: PosInt = Field(32, description="Most sequences per learner forward/backward, filled with whole "
+                                "prompt groups (so at least samplesPerPrompt); gradients accumulate to the whole "
+                                "batch.")
 
 
 class OptimizerSpec(_Model):
@@ -504,6 +505,14 @@ def _rule_grpo_group(s: RLRunSpec):
                     "use 2 or more (8 is typical), or algorithm.name: ppo")
 
 
+def _rule_micro_batch_groups(s: RLRunSpec):
+    spp = s.batch.samples_per_prompt
+    if s.batch.micro_batch < spp:
+        return _err("batch.microBatch", s.batch.micro_batch, f"is smaller than batch.samplesPerPrompt ({spp}): a "
+                    "micro-batch holds whole prompt groups, so that the gradient-noise estimate sees independent "
+                    "samples", f"use microBatch >= {spp} (a multiple of {spp} leaves no slot unused)")
+
+
 def _rule_prompt_bounds(s: RLRunSpec):
     if s.batch.min_prompts > s.batch.max_prompts:
         return _err("batch.minPrompts", s.batch.min_prompts, f"is above batch.maxPrompts ({s.batch.max_prompts})",
@@ -731,6 +740,9 @@ _REPLICA_CEL = "(type(self.{r}.replicas) == string ? 1 : int(self.{r}.replicas))
 RULES: list[Rule] = [
     Rule("batch.samplesPerPrompt", "self.algorithm.name != 'grpo' || self.batch.samplesPerPrompt >= 2",
          "batch.samplesPerPrompt must be >= 2 for GRPO", _rule_grpo_group),
+    Rule("batch.microBatch", "self.batch.microBatch >= self.batch.samplesPerPrompt",
+         "batch.microBatch must be >= batch.samplesPerPrompt (a micro-batch holds whole prompt groups)",
+         _rule_micro_batch_groups),
     Rule("batch.minPrompts", "self.batch.minPrompts <= self.batch.maxPrompts",
          "batch.minPrompts must be <= batch.maxPrompts", _rule_prompt_bounds),
     Rule("batch.prompts",

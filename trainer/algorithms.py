@@ -53,6 +53,11 @@ def groups_with_signal(rewards: Tensor, group_size: int) -> Tensor:
     return varied.repeat_interleave(group_size)
 
 
+def mixed_group_fraction(rewards: Tensor, group_size: int) -> float:
+    """The share of groups whose rewards are not all equal: the groups GRPO learns from."""
+    return groups_with_signal(rewards, group_size).float().mean().item() if rewards.numel() else 0.0
+
+
 # --- PPO (Schulman et al. 2017; GAE: Schulman et al. 2016) -----------------------
 
 
@@ -129,6 +134,14 @@ def policy_loss(
         clipfrac = masked_mean((clipped > unclipped).float(), mask)
         approx_kl = masked_mean(old_logprobs - logprobs, mask)
     return loss, {"clipfrac": clipfrac, "approx_kl": approx_kl}
+
+
+def outside_clip(logprobs: Tensor, behaviour_logprobs: Tensor, *, clip_low: float = 0.2,
+                 clip_high: float | None = None) -> Tensor:
+    """Per token, 1.0 where the ratio pi / pi_behaviour lies outside [1 - clip_low, 1 + clip_high]."""
+    clip_high = clip_low if clip_high is None else clip_high
+    ratio = torch.exp(logprobs.detach().float() - behaviour_logprobs.float())
+    return ((ratio < 1.0 - clip_low) | (ratio > 1.0 + clip_high)).float()
 
 
 def value_loss(

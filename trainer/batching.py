@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -84,6 +85,37 @@ def micro_batches(indices: list[int], size: int, count: int) -> list[list[int]]:
     if len(chunks) > count:
         raise ValueError(f"micro_batches: {len(indices)} samples need more than {count} micro-batches of {size}")
     return chunks + [[] for _ in range(count - len(chunks))]
+
+
+def groups_per_micro_batch(micro_batch: int, samples_per_prompt: int) -> int:
+    """Whole prompt groups that fit in a micro-batch of `micro_batch` sequences."""
+    if micro_batch < samples_per_prompt:
+        raise ValueError(
+            f"spec.batch.microBatch: {micro_batch} is smaller than batch.samplesPerPrompt ({samples_per_prompt}); "
+            f"a micro-batch holds whole prompt groups: use microBatch >= {samples_per_prompt} (a multiple of it "
+            "leaves no sequence slot unused)"
+        )
+    return micro_batch // samples_per_prompt
+
+
+def group_micro_batches(groups: list[int], samples_per_prompt: int, micro_batch: int, rank: int, world_size: int,
+                        min_count: int = 1) -> list[list[int]]:
+    """This rank's micro-batches as sample indices, each made of whole prompt groups.
+
+    `groups` are the batch's group numbers to train on (group g holds samples g*spp .. g*spp+spp-1);
+    ranks take every world_size-th group. Samples of one group share a prompt (and, in GRPO, a
+    baseline), so they are not independent: a micro-batch that split a group would give the
+    gradient-noise estimate dependent samples. Every rank gets the same count, at least
+    `min_count`, padded with empty micro-batches (see pack).
+    """
+    per_micro = groups_per_micro_batch(micro_batch, samples_per_prompt)
+    mine = groups[rank::world_size]
+    per_rank = math.ceil(len(groups) / world_size)
+    count = max(min_count, math.ceil(per_rank / per_micro))
+    # Spread this rank's groups evenly: at most per_micro each, since len(mine) <= per_rank.
+    size = max(1, math.ceil(len(mine) / count))
+    return [[g * samples_per_prompt + j for g in chunk for j in range(samples_per_prompt)]
+            for chunk in micro_batches(mine, size, count)]
 
 
 def pack(batch: RolloutBatch, indices: list[int], advantages: torch.Tensor, device, pad_id: int = 0) -> MicroBatch:

@@ -22,8 +22,8 @@ import torch.distributed as dist
 
 from rlscale.trainer import algorithms as A
 from rlscale.trainer import checkpoint
-from rlscale.trainer.batching import RolloutBatch, micro_batches, pack
-from rlscale.trainer.noise import NoiseScale
+from rlscale.trainer.batching import RolloutBatch, group_micro_batches, pack
+from rlscale.trainer.noise import NoiseScale, in_batch_samples, noise_components
 
 
 @dataclass
@@ -149,6 +149,9 @@ class Learner:
         policy = AutoModelForCausalLM.from_pretrained(config.model_path, dtype=self.dtype, local_files_only=True)
         self.engine, *_ = deepspeed.initialize(model=policy, model_parameters=policy.parameters(),
                                                config=self._ds_config())
+        self._grad_norm: float | None = None  # the last step's, when the learner clips (see _clips_itself)
+        if self._clips_itself():
+            self._install_clip()
         # DeepSpeed has placed the model on this rank's device (LOCAL_RANK's GPU, or the CPU).
         self.device = self.engine.device
         self.critic = None
@@ -177,6 +180,31 @@ class Learner:
         self._barrier()
         self.gang.start()
 
+    def _clips_itself(self) -> bool:
+        """True where DeepSpeed would clip but not keep the norm: float32 without ZeRO, where it hands
+        the gradients to the plain torch optimiser and discards clip_grad_norm_'s return value, so
+        get_global_grad_norm() stays None. The learner clips there itself, with the same formula."""
+        return self.config.zero_stage == 0 and self.config.dtype == "float32"
+
+    def _install_clip(self) -> None:
+        optimizer = self.engine.optimizer
+        if optimizer is not getattr(self.engine, "basic_optimizer", None):
+            raise RuntimeError(f"learner: DeepSpeed wrapped the optimiser in {type(optimizer).__name__} at "
+                               f"learner.zeroStage 0 and model.dtype float32; the learner expected the plain "
+                               "optimiser to clip its gradients; use learner.zeroStage 1")
+        params = [p for p in self.engine.module.parameters() if p.requires_grad]
+        clip = self.config.grad_clip
+
+        def clip_before_step(*_):
+            # Runs inside engine.step(), after DeepSpeed's all-reduce: every rank sees the same gradient.
+            grads = [p.grad for p in params if p.grad is not None]
+            norm = torch.nn.utils.get_total_norm(grads)
+            if clip > 0:
+                torch.nn.utils.clip_grads_with_norm_(params, clip, norm)
+            self._grad_norm = float(norm)
+
+        optimizer.register_step_pre_hook(clip_before_step)
+
     def _ds_config(self) -> dict:
         c = self.config
         cfg = {
@@ -186,7 +214,7 @@ class Learner:
             # The learner decides the boundary: backward only accumulates, step() reduces
             # and updates, so one optimiser step covers a batch of any size.
             "managed_gradient_accumulation": False,
-            "gradient_clipping": c.grad_clip,
+            "gradient_clipping": 0.0 if self._clips_itself() else c.grad_clip,
             "optimizer": {
                 "type": "AdamW",
                 # torch's AdamW: DeepSpeed's own CPU FusedAdam costs a ~55 s compile.
@@ -274,9 +302,13 @@ class Learner:
         if lr is not None:
             self.lr = lr
         self._set_lr(self.lr)
-        advantages, kept = self._advantages(batch)
+        spp = batch.samples_per_prompt
+        advantages, kept_groups = self._advantages(batch)
+        kept = [g * spp + j for g in kept_groups for j in range(spp)]
+        rewards = torch.tensor(batch.rewards, dtype=torch.float32)
         stats: dict[str, float] = {"reward_mean": sum(batch.rewards) / len(batch), "samples": float(len(batch)),
-                                   "samples_trained": float(len(kept))}
+                                   "samples_trained": float(len(kept)),
+                                   "mixed_group_fraction": A.mixed_group_fraction(rewards, spp)}
         if not kept:
             # Every group scored uniformly: nothing to learn, no step, the weights unchanged.
             elapsed = time.perf_counter() - start
@@ -286,19 +318,22 @@ class Learner:
 
         # The token-level mean is over the whole batch, so each rank divides by its total.
         total_tokens = sum(len(batch.response_ids[i]) for i in kept)
-        chunks, measure = self._my_micro_batches(kept)
+        chunks, measure = self._my_micro_batches(kept_groups, spp)
         packed = [pack(batch, idx, advantages, self.device) for idx in chunks]
         if c.algorithm == "ppo":
             self._ppo_prepare(packed, batch)
-        sums, first = self._backward(packed, total_tokens, measure)
-        noise_scale, noise_g_sq, noise_trace = self._noise_estimates(first, packed, total_tokens)
+        sums, first = self._backward(packed, total_tokens, measure, batch.rollout_logprobs is not None)
+        noise_scale, noise_g_sq, noise_trace = self._noise_estimates(first, packed, total_tokens, len(kept),
+                                                                     len(batch))
+        self._grad_norm = None
         self.engine.step()
         if self.critic is not None:
             self.critic.step()
         self.steps += 1
 
         stats.update(self._reduce(sums, total_tokens))
-        grad_norm = self.engine.get_global_grad_norm()
+        # Before clipping, over the whole batch's gradient (all ranks).
+        grad_norm = self.engine.get_global_grad_norm() if self._grad_norm is None else self._grad_norm
         stats.update(
             lr=self._current_lr(),
             tokens=float(total_tokens),
@@ -315,33 +350,37 @@ class Learner:
         return stats
 
     def _advantages(self, batch: RolloutBatch) -> tuple[torch.Tensor, list[int]]:
-        """GRPO's group advantages (PPO's come later, from the critic) and the samples worth training on."""
+        """GRPO's group advantages (PPO's come later, from the critic) and the groups worth training on."""
         c = self.config
+        groups = len(batch) // batch.samples_per_prompt
         if c.algorithm != "grpo":
-            return torch.zeros(len(batch)), list(range(len(batch)))
+            return torch.zeros(len(batch)), list(range(groups))
         rewards = torch.tensor(batch.rewards, dtype=torch.float32)
         advantages = A.grpo_advantages(rewards, batch.samples_per_prompt, normalize_std=c.std_normalize)
-        keep = (A.groups_with_signal(rewards, batch.samples_per_prompt) if c.drop_uniform_groups
-                else torch.ones(len(batch), dtype=torch.bool))
+        if not c.drop_uniform_groups:
+            return advantages, list(range(groups))
+        keep = A.groups_with_signal(rewards, batch.samples_per_prompt)[:: batch.samples_per_prompt]
         return advantages, keep.nonzero().flatten().tolist()
 
-    def _my_micro_batches(self, kept: list[int]) -> tuple[list[list[int]], bool]:
-        """This rank's share (every world_size-th kept sample) in micro-batches, and whether this
-        step measures the noise scale. Every rank gets the same count (see pack)."""
+    def _my_micro_batches(self, kept_groups: list[int], spp: int) -> tuple[list[list[int]], bool]:
+        """This rank's share (every world_size-th kept group) in micro-batches of whole groups, and
+        whether this step measures the noise scale. Every rank gets the same count (see pack)."""
         c = self.config
-        per_rank = math.ceil(len(kept) / self.world_size)
-        n_micro = math.ceil(per_rank / c.micro_batch)
-        measure = c.measure_noise and c.zero_stage < 2 and len(kept) >= 2 * self.world_size
-        if measure and n_micro == 1:
-            # The noise scale compares a micro-batch with the whole share, so it needs two;
-            # halving one micro-batch costs about the same compute.
-            n_micro = 2
-        return micro_batches(kept[self.rank :: self.world_size], math.ceil(per_rank / n_micro), n_micro), measure
+        measure = c.measure_noise and c.zero_stage < 2 and len(kept_groups) >= 2 * self.world_size
+        # The noise scale compares a micro-batch with the whole share, so it needs two;
+        # splitting one micro-batch costs about the same compute.
+        chunks = group_micro_batches(kept_groups, spp, c.micro_batch, self.rank, self.world_size,
+                                     min_count=2 if measure else 1)
+        return chunks, measure
 
-    def _backward(self, packed: list, total_tokens: int, measure: bool) -> tuple[dict[str, float], tuple | None]:
+    def _backward(self, packed: list, total_tokens: int, measure: bool,
+                  has_rollout_logprobs: bool) -> tuple[dict[str, float], tuple | None]:
         """Backward over every micro-batch; returns the summed token-weighted stats and, when
         measuring, (|g|^2, samples) after the first micro-batch."""
-        sums = dict.fromkeys(("policy_loss", "kl", "entropy", "clipfrac", "value_loss", "logprob_diff"), 0.0)
+        keys = ["policy_loss", "kl", "entropy", "clip_fraction", "value_loss"]
+        if has_rollout_logprobs:  # absent, the mismatch is unknown, not 0
+            keys += ["logprob_diff", "logprob_abs_diff"]
+        sums = dict.fromkeys(keys, 0.0)
         first = None
         for k, mb in enumerate(packed):
             for key, value in self._micro_step(mb, total_tokens).items():
@@ -374,15 +413,22 @@ class Learner:
         # numerics) are the current ones, so the old policy is the current one, detached.
         old = logprobs.detach()
         denom = total_tokens / self.world_size  # DeepSpeed averages over ranks
-        loss, pstats = A.policy_loss(
+        loss, _ = A.policy_loss(
             logprobs, old, mb.advantages, mb.mask, clip_low=c.clip_ratio, clip_high=c.clip_ratio_high, denom=denom
         )
-        ntok = mb.mask.sum().item()
-        out = {"policy_loss": loss.item() * denom, "clipfrac": pstats["clipfrac"].item() * ntok}
-        entropy = A.entropy_from_logits(resp_logits)
-        out["entropy"] = A.masked_sum(entropy, mb.mask).item()
+        out = {"policy_loss": loss.item() * denom}
+        # The clip acts against the policy that sampled: vLLM's log-probs when the batch has them
+        # (the old policy here is the learner's own, so the loss's ratio is 1 and its clip idle).
+        behaviour = mb.rollout_logprobs if mb.rollout_logprobs is not None else old
+        clipped = A.outside_clip(logprobs, behaviour, clip_low=c.clip_ratio, clip_high=c.clip_ratio_high)
+        out["clip_fraction"] = A.masked_sum(clipped, mb.mask).item()
         if c.entropy_coef:
+            entropy = A.entropy_from_logits(resp_logits)
             loss = loss - c.entropy_coef * A.masked_mean(entropy, mb.mask, denom=denom)
+        else:  # a diagnostic only: no graph through the [B, T, vocab] softmax
+            with torch.no_grad():
+                entropy = A.entropy_from_logits(resp_logits.detach())
+        out["entropy"] = A.masked_sum(entropy.detach(), mb.mask).item()
         if self.reference is not None and c.algorithm == "grpo":
             with torch.no_grad():
                 ref, _ = self._forward_logprobs(self.reference, mb)
@@ -392,7 +438,10 @@ class Learner:
         elif mb.kl is not None:
             out["kl"] = A.masked_sum(mb.kl, mb.mask).item()
         if mb.rollout_logprobs is not None:
-            out["logprob_diff"] = A.masked_sum((logprobs.detach() - mb.rollout_logprobs).abs(), mb.mask).item()
+            # Before any update: rollout engine minus learner, on the same tokens and weights.
+            diff = mb.rollout_logprobs - logprobs.detach()
+            out["logprob_diff"] = A.masked_sum(diff, mb.mask).item()
+            out["logprob_abs_diff"] = A.masked_sum(diff.abs(), mb.mask).item()
         self.engine.backward(loss, scale_wrt_gas=False)
         if self.critic is not None:
             values = self._values(self.critic, mb)
@@ -441,18 +490,19 @@ class Learner:
                 total += p.grad.float().pow(2).sum().item()
         return total
 
-    def _noise_estimates(self, first: tuple | None, packed: list, total_tokens: int):
-        """(noise scale, this step's raw |G|^2, its tr(Sigma)); the raw pair is None when not measured."""
+    def _noise_estimates(self, first: tuple | None, packed: list, total_tokens: int, trained: int, batch: int):
+        """(noise scale, this step's raw |G|^2, its tr(Sigma)), in samples of the whole batch (see
+        trainer/noise.py); the raw pair is None when not measured."""
         self.noise.last = None
         noise = None
         if first is not None and first[0] is not None:
             b_big = sum(mb.num_samples for mb in packed)
-            noise = self._update_noise(first[0], first[1], b_big, total_tokens, packed)
+            noise = self._update_noise(first[0], first[1], b_big, total_tokens, packed, trained, batch)
         g_sq, trace = self.noise.last or (None, None)
         return (float(noise) if noise is not None else self.noise.value), g_sq, trace
 
-    def _update_noise(self, g_small_sq, b_small, b_big, total_tokens, packed) -> float | None:
-        """B_simple from the first micro-batch vs this rank's whole share, in samples."""
+    def _update_noise(self, g_small_sq, b_small, b_big, total_tokens, packed, trained, batch) -> float | None:
+        """B_simple from the first micro-batch vs this rank's whole share, averaged over ranks."""
         g_big_sq = self._local_grad_sq()
         if g_big_sq is None:
             return None
@@ -461,15 +511,17 @@ class Learner:
         denom = total_tokens / self.world_size
         small_tokens = packed[0].mask.sum().item()
         big_tokens = sum(mb.mask.sum().item() for mb in packed)
-        pair = torch.tensor(
-            [g_small_sq * (denom / small_tokens) ** 2, g_big_sq * (denom / big_tokens) ** 2], dtype=torch.float64
-        )
+        # Each rank's unbiased pair from its own sizes (shares differ by a group when the groups
+        # do not divide evenly); their mean is unbiased too. NaN on a rank without two sizes.
+        pair = torch.tensor([math.nan, math.nan], dtype=torch.float64)
+        if 0 < b_small < b_big and small_tokens > 0:
+            pair = torch.tensor(noise_components(g_small_sq * (denom / small_tokens) ** 2,
+                                                 g_big_sq * (denom / big_tokens) ** 2, b_small, b_big),
+                                dtype=torch.float64)
         if self.world_size > 1:
             dist.all_reduce(pair, group=self._control)
             pair /= self.world_size
-        if not b_small < b_big:
-            return self.noise.value
-        return self.noise.update(pair[0].item(), pair[1].item(), b_small, b_big)
+        return self.noise.add(*in_batch_samples(pair[0].item(), pair[1].item(), trained, batch))
 
     # --- weights and checkpoints -------------------------------------------------------
 

@@ -5,6 +5,11 @@ From squared gradient norms measured at two batch sizes B_small < B_big:
   tr(Sigma) ~ (|G_small|^2 - |G_big|^2) / (1/B_small - 1/B_big)
 Each estimate alone is noisy (either can be negative), so both are smoothed with an
 EMA before dividing.
+
+Units: B counts samples in whole prompt groups (the learner's micro-batches never split
+a group), and the learner trains only on the samples it keeps (GRPO drops groups whose
+rewards are all equal). The planner's batch counts every sample of a step, so the
+estimate is converted once, by `in_batch_samples`, before anything reads it.
 """
 
 from __future__ import annotations
@@ -21,6 +26,18 @@ def noise_components(g_small_sq: float, g_big_sq: float, b_small: float, b_big: 
     return g_sq, trace
 
 
+def in_batch_samples(g_sq: float, trace: float, trained: int, batch: int) -> tuple[float, float]:
+    """(|G|^2, tr(Sigma)) per trained sample -> per sample of the whole step's batch.
+
+    The loss is a mean over the `trained` samples, so a step of `batch` samples has the
+    gradient noise of `trained` samples: tr(Sigma)/trained = (tr(Sigma) * batch/trained)/batch.
+    |G|^2 is that of the mean gradient and keeps its value; B_simple grows by batch/trained.
+    """
+    if not 0 < trained <= batch:
+        raise ValueError(f"noise scale: need 0 < trained <= batch samples, got trained={trained}, batch={batch}")
+    return g_sq, trace * batch / trained
+
+
 class NoiseScale:
     """EMA-smoothed B_simple; `update` returns the current estimate (None until |G|^2 > 0)."""
 
@@ -32,7 +49,10 @@ class NoiseScale:
         self.last: tuple[float, float] | None = None  # this step's raw (|G|^2, tr(Sigma)) estimates
 
     def update(self, g_small_sq: float, g_big_sq: float, b_small: float, b_big: float) -> float | None:
-        g_sq, trace = noise_components(g_small_sq, g_big_sq, b_small, b_big)
+        return self.add(*noise_components(g_small_sq, g_big_sq, b_small, b_big))
+
+    def add(self, g_sq: float, trace: float) -> float | None:
+        """Fold in one step's (|G|^2, tr(Sigma)); returns the current estimate."""
         if not (math.isfinite(g_sq) and math.isfinite(trace)):
             self.last = None
             return self.value

@@ -149,7 +149,10 @@ def system_model(spec: Any, calibration: Calibration | None = None) -> SystemMod
         shape=model_shape_for(spec.model), profile=profile, dtype=dtype,
         prompt_tokens=prompt, response_tokens=response, max_new_tokens=spec.task.max_new_tokens,
         algorithm=spec.algorithm.name, reference_model=spec.algorithm.kl_coef > 0,
-        zero_stage=spec.learner.zero_stage, micro_batch=spec.batch.micro_batch,
+        # The learner fills a micro-batch with whole prompt groups (trainer/batching.py).
+        zero_stage=spec.learner.zero_stage,
+        micro_batch=spec.batch.micro_batch // spec.batch.samples_per_prompt * spec.batch.samples_per_prompt
+        or spec.batch.micro_batch,
         rollout_gpus=spec.rollout.gpus_per_replica, learner_gpus=spec.learner.gpus_per_replica,
         reward_seconds_per_sample=profile.reward_seconds_per_sample if builtin_reward else PLUGIN_REWARD_SECONDS,
     )

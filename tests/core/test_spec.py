@@ -41,6 +41,7 @@ def test_examples_validate(path):
 # (spec, the field path the error must name, a word of the fix)
 CROSS_FIELD = [
     ({"batch": {"samplesPerPrompt": 1}}, "spec.batch.samplesPerPrompt", "2 or more"),
+    ({"batch": {"samplesPerPrompt": 16, "microBatch": 12}}, "spec.batch.microBatch", "microBatch >= 16"),
     ({"batch": {"minPrompts": 64, "maxPrompts": 8}}, "spec.batch.minPrompts", "<= maxPrompts"),
     ({"batch": {"prompts": 512}}, "spec.batch.prompts", "widen"),
     ({"task": {"maxNewTokens": 128}}, "spec.task.maxNewTokens", "smaller than model.maxLength"),

@@ -161,3 +161,19 @@ def test_whiten():
     w = A.whiten(x, mask)
     assert w[0, :2].tolist() == pytest.approx([-1.0, 1.0], abs=1e-4)
     assert w[0, 2].item() == 0.0
+
+
+def test_outside_clip_by_hand_and_asymmetrically():
+    behaviour = torch.zeros(1, 5)
+    logp = torch.log(torch.tensor([[1.5, 0.5, 1.0, 1.25, 0.81]]))  # ratios to the sampler
+    assert A.outside_clip(logp, behaviour, clip_low=0.2).tolist() == [[1.0, 1.0, 0.0, 1.0, 0.0]]
+    # DAPO's wider upper side keeps 1.25 inside.
+    assert A.outside_clip(logp, behaviour, clip_low=0.2, clip_high=0.28).tolist() == [[1.0, 1.0, 0.0, 0.0, 0.0]]
+    assert not A.outside_clip(logp, behaviour).requires_grad
+
+
+def test_mixed_group_fraction_counts_groups_not_samples():
+    rewards = torch.tensor([1.0, 0.0, 0.0, 1.0, 1.0, 1.0, 0.0, 0.0, 0.5])  # mixed, uniform, uniform(0) ...
+    assert A.mixed_group_fraction(rewards[:6], 3) == pytest.approx(0.5)
+    assert A.mixed_group_fraction(rewards, 3) == pytest.approx(2 / 3)
+    assert A.mixed_group_fraction(torch.ones(8), 4) == 0.0
