@@ -20,7 +20,7 @@ from rich.table import Table
 
 from rlscale.metrics_names import DEFAULT_METRICS_PORT
 from rlscale.plan import make_plan
-from rlscale.progress import fmt_duration, fmt_lr
+from rlscale.progress import fmt_diagnostics, fmt_duration, fmt_lr
 from rlscale.roles import EXIT_BUDGET, EXIT_INTERRUPTED, EXIT_TARGET, free_port
 from rlscale.runconfig import ENV_CONFIG, RunConfig
 from rlscale.spec import RLRun
@@ -264,6 +264,7 @@ def progress_view(rec: dict[str, Any] | None, target: float, metric: str, budget
     t.add_row(metric, f"{tm:.3f} / {target}" if tm is not None else f"- / {target}")
     t.add_row("samples/s", f"{rec.get('samples_per_second', 0):.1f}")
     t.add_row("last step", f"{rec.get('step_seconds', 0):.2f}s = {split}")
+    t.add_row("diagnostics", "  ".join(f"{label} {value}" for label, value in fmt_diagnostics(rec)))
     if rec.get("time_to_target_seconds") is not None:
         t.add_row("time to target", f"[bold green]{fmt_duration(rec['time_to_target_seconds'])}[/]  "
                   f"({rec.get('samples_to_target'):,} samples)")

@@ -23,6 +23,24 @@ GRADIENT_NOISE_SCALE = "rlscale_gradient_noise_scale"
 WEIGHTS_VERSION = "rlscale_weights_version"
 PREDICTED_STEP_SECONDS = "rlscale_predicted_step_seconds"
 
+# Step diagnostics, what a run that does not learn is read by first; gauges of the last trained step.
+MIXED_REWARD_GROUPS_RATIO = "rlscale_mixed_reward_groups_ratio"  # groups whose rewards differ: GRPO trains on them
+POLICY_ENTROPY_NATS = "rlscale_policy_entropy_nats"  # learner's mean token entropy on the sampled responses
+CLIPPED_TOKENS_RATIO = "rlscale_clipped_tokens_ratio"  # learner/rollout ratio outside the PPO clip range
+GRADIENT_NORM = "rlscale_gradient_norm"  # global L2 norm before clipping
+LOGPROB_DIFF_NATS = "rlscale_logprob_diff_nats"  # rollout minus learner log-prob, mean per token
+LOGPROB_ABS_DIFF_NATS = "rlscale_logprob_abs_diff_nats"  # |rollout minus learner|, mean per token
+# metrics.jsonl key -> gauge; the one map the driver, the live view, /metrics and the report follow.
+DIAGNOSTICS = {
+    "mixed_group_fraction": MIXED_REWARD_GROUPS_RATIO,
+    "entropy": POLICY_ENTROPY_NATS,
+    "clip_fraction": CLIPPED_TOKENS_RATIO,
+    "grad_norm": GRADIENT_NORM,
+    "logprob_diff": LOGPROB_DIFF_NATS,
+    "logprob_abs_diff": LOGPROB_ABS_DIFF_NATS,
+}
+DIAGNOSTIC_KEYS = tuple(DIAGNOSTICS)
+
 # Rollout replicas use the rlscale_rollout_ prefix; the operator rlscale_operator_.
 ROLLOUT_PREFIX = "rlscale_rollout_"
 OPERATOR_PREFIX = "rlscale_operator_"

@@ -1,5 +1,5 @@
 """Target tracking for a run (moving average of evals, time- and samples-to-target, ETA), and how
-its durations and learning rates are shown to a person."""
+its durations, learning rates and step diagnostics are shown to a person."""
 
 from __future__ import annotations
 
@@ -81,3 +81,24 @@ def fmt_duration(seconds: float | None) -> str:
 def fmt_lr(lr: float) -> str:
     """A learning rate, one way everywhere (plan table, plan summary, progress): 1.41e-04."""
     return f"{lr:.2e}"
+
+
+# Step diagnostics as a person reads them: (metrics.jsonl key, label, format); one list for the
+# live view and the report.
+DIAGNOSTIC_FORMATS = (
+    ("mixed_group_fraction", "mixed groups", "{:.0%}"),
+    ("entropy", "entropy", "{:.3f}"),
+    ("clip_fraction", "clipped", "{:.1%}"),
+    ("grad_norm", "grad norm", "{:.3g}"),
+    ("logprob_diff", "logp rollout-learner", "{:+.2e}"),
+    ("logprob_abs_diff", "abs logp diff", "{:.2e}"),
+)
+
+
+def fmt_diagnostics(rec: dict) -> list[tuple[str, str]]:
+    """(label, value) per diagnostic of a step record; "-" where the step has none (skipped, not measured)."""
+    out = []
+    for key, label, fmt in DIAGNOSTIC_FORMATS:
+        v = rec.get(key)
+        out.append((label, fmt.format(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else "-"))
+    return out

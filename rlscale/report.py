@@ -1,4 +1,4 @@
-"""The run report in runs/<name>/: curves.png and summary.md, from metrics.jsonl and plan.json."""
+"""The run report in runs/<name>/: curves.png, diagnostics.png and summary.md, from metrics.jsonl and plan.json."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ from typing import Any
 
 from rlscale.metrics_names import PHASES
 from rlscale.plan.calibration import median_present
+from rlscale.progress import DIAGNOSTIC_FORMATS
 
 
 def read_jsonl(path: Path) -> list[dict[str, Any]]:
@@ -87,6 +88,58 @@ def plot_curves(records: list[dict[str, Any]], target: float, metric: str, out: 
     return out
 
 
+def plot_diagnostics(records: list[dict[str, Any]], out: Path) -> Path | None:
+    """One panel per step diagnostic (rlscale.progress.DIAGNOSTIC_FORMATS) against the step."""
+    if not records:
+        return None
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    cols = 3
+    rows = -(-len(DIAGNOSTIC_FORMATS) // cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(4 * cols, 3 * rows), squeeze=False)
+    for a, (key, label, _) in zip((a for row in axes for a in row), DIAGNOSTIC_FORMATS, strict=False):
+        pts = [(r["step"], r[key]) for r in records if isinstance(r.get(key), (int, float))]
+        if pts:
+            a.plot([x for x, _ in pts], [y for _, y in pts], "-", lw=1)
+        else:
+            a.text(0.5, 0.5, "not measured", ha="center", va="center", transform=a.transAxes)
+        if key in ("logprob_diff",):
+            a.axhline(0.0, color="k", lw=0.5)
+        a.set_title(label)
+        a.set_xlabel("step")
+        a.grid(alpha=0.3)
+    for a in [a for row in axes for a in row][len(DIAGNOSTIC_FORMATS):]:
+        a.axis("off")
+    fig.tight_layout()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=100)
+    plt.close(fig)
+    return out
+
+
+def diagnostics_table(records: list[dict[str, Any]]) -> list[str]:
+    """Markdown rows: each diagnostic's median over the first and the last quarter of the steps, and its last value."""
+    n = len(records)
+    quarter = max(1, n // 4)
+    head, tail = records[:quarter], records[-quarter:]
+    lines = [f"| diagnostic | median, first {quarter} steps | median, last {quarter} steps | last |",
+             "|---|---:|---:|---:|"]
+    for key, label, fmt in DIAGNOSTIC_FORMATS:
+        def show(v: float | None, fmt: str = fmt) -> str:
+            return fmt.format(v) if v is not None else "-"
+        first, last = (median_present(_num(r.get(key)) for r in part) for part in (head, tail))
+        latest = next((_num(r.get(key)) for r in reversed(records) if _num(r.get(key)) is not None), None)
+        lines.append(f"| {label} | {show(first)} | {show(last)} | {show(latest)} |")
+    return lines
+
+
+def _num(v: Any) -> float | None:
+    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
+
+
 def summarize(records: list[dict[str, Any]], plans: list[dict[str, Any]], target: float, metric: str, name: str) -> str:
     """summary.md: time- and samples-to-target, throughput, and the plan's predicted vs measured step time."""
     lines = [f"# RLRun {name}", ""]
@@ -130,6 +183,13 @@ def summarize(records: list[dict[str, Any]], plans: list[dict[str, Any]], target
     if over is not None and step_s:
         lines.append("\nLoop overhead (step time not spent in generation or training compute): "
                      f"{over:.3f} s per step, {100 * over / step_s:.0f}% of the step.")
+    lines += ["", "## Diagnostics", "",
+              "Mixed groups: share of prompt groups whose rewards differ (GRPO learns only from those). "
+              "Entropy: the learner's mean token entropy on the sampled responses, in nats. Clipped: share of "
+              "tokens whose learner/rollout probability ratio lies outside the clip range. Grad norm: before "
+              "clipping. logp rollout-learner: the two engines' log-prob difference on the same tokens before "
+              "the update, mean per token, and its absolute value.", "", *diagnostics_table(records),
+              "", "![diagnostics](diagnostics.png)"]
     if plans:
         lines += ["", "## Plans", ""]
         for p in plans:
@@ -143,11 +203,12 @@ def summarize(records: list[dict[str, Any]], plans: list[dict[str, Any]], target
 
 
 def write_report(run_dir: str | Path, target: float, metric: str, name: str) -> Path:
-    """Write curves.png and summary.md into run_dir; returns the summary path."""
+    """Write curves.png, diagnostics.png and summary.md into run_dir; returns the summary path."""
     d = Path(run_dir)
     records = read_jsonl(d / "metrics.jsonl")
     plans = read_plans(d / "plan.json")
     plot_curves(records, target, metric, d / "curves.png")
+    plot_diagnostics(records, d / "diagnostics.png")
     out = d / "summary.md"
     out.write_text(summarize(records, plans, target, metric, name), encoding="utf-8")
     return out

@@ -39,6 +39,19 @@ class RunMetrics:
         self.noise = Gauge(m.GRADIENT_NOISE_SCALE, "Measured gradient noise scale B_simple, in samples.", registry=r)
         self.version = Gauge(m.WEIGHTS_VERSION, "Newest published policy weights version.", registry=r)
         self.predicted_step = Gauge(m.PREDICTED_STEP_SECONDS, "The plan's predicted seconds per step.", registry=r)
+        help_ = {
+            "mixed_group_fraction": "Share of prompt groups with mixed rewards in the last step (GRPO trains on "
+                                    "those; 0 means nothing to learn).",
+            "entropy": "Mean token entropy of the learner's policy on the last step's responses, in nats.",
+            "clip_fraction": "Share of the last step's response tokens whose learner/rollout probability ratio "
+                             "lies outside the PPO clip range.",
+            "grad_norm": "Global L2 norm of the last step's policy gradient, before clipping.",
+            "logprob_diff": "Rollout engine minus learner log-prob of the sampled tokens, mean per token, in nats "
+                            "(before the update).",
+            "logprob_abs_diff": "Absolute rollout engine minus learner log-prob of the sampled tokens, mean per "
+                                "token, in nats (before the update).",
+        }
+        self.diagnostics = {k: Gauge(name, help_[k], registry=r) for k, name in m.DIAGNOSTICS.items()}
         for p in m.PHASES:  # make every phase series exist from the start
             self.phase.labels(phase=p)
 
@@ -64,6 +77,9 @@ class RunMetrics:
             self.target_metric.set(rec["target_metric"])
         if rec.get("noise_scale") is not None:
             self.noise.set(rec["noise_scale"])
+        for key, gauge in self.diagnostics.items():
+            if rec.get(key) is not None:  # a skipped step trains nothing: the last trained step's stay
+                gauge.set(rec[key])
         self.version.set(rec["weights_version"])
         if rec.get("time_to_target_seconds") is not None:
             self.ttt.set(rec["time_to_target_seconds"])

@@ -22,6 +22,7 @@ from rlscale.kube_report import (
     ProgressReporter,
     progress_body,
 )
+from rlscale.metrics_names import DIAGNOSTIC_KEYS
 from rlscale.plan import Calibration, make_plan
 from rlscale.plan.calibration import noise_from_steps
 from rlscale.progress import TargetTracker
@@ -299,7 +300,9 @@ class Driver:
             "weights_version": st.version, "skipped": skipped, "noise_scale": stats.get("noise_scale"),
             "checkpoint_seconds": self.checkpoint_seconds,
             "noise_grad_sq": stats.get("noise_grad_sq"), "noise_trace": stats.get("noise_trace"),
-            "loss": stats.get("loss"), "grad_norm": stats.get("grad_norm"),
+            "loss": stats.get("loss"),
+            # What a run that does not learn is read by first (rlscale.metrics_names.DIAGNOSTICS).
+            **{k: stats.get(k) for k in DIAGNOSTIC_KEYS},
             "rollout_replicas": st.rollout_replicas, "learner_replicas": self.plan["learnerReplicas"],
             "predicted_step_seconds": self.plan["predicted"]["stepSeconds"],
             # What the loop adds on top of the model's own work: serving calls, publishing, DeepSpeed.

@@ -64,6 +64,10 @@ def _records(n: int = 30) -> list[dict]:
             "predicted_step_seconds": 0.45, "generated_tokens": 400, "trained_tokens": 1300, "weights_version": i,
             "overhead_seconds": 0.05, "noise_scale": 300.0,
             "time_to_target_seconds": 15.0 if i >= n else None, "samples_to_target": 128 * n if i >= n else None,
+            # Step diagnostics; step 3 was skipped (no group with mixed rewards: nothing trained).
+            "mixed_group_fraction": 0.0 if i == 3 else 0.5, "entropy": None if i == 3 else 2.0 - 0.05 * i,
+            "clip_fraction": None if i == 3 else 0.01 * i, "grad_norm": None if i == 3 else 0.5 + 0.1 * i,
+            "logprob_diff": None if i == 3 else -1e-3, "logprob_abs_diff": None if i == 3 else 2e-3,
         })
     return recs
 
@@ -81,6 +85,49 @@ def test_report_files(tmp_path: Path):
     assert "measured 0.500 s, planned 0.450 s" in summary
     png = (tmp_path / "curves.png").read_bytes()
     assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 10_000
+    # Diagnostics: medians over the first and last 7 steps (step 3, skipped, has none), the last value.
+    assert "| diagnostic | median, first 7 steps | median, last 7 steps | last |" in summary
+    assert "| mixed groups | 50% | 50% | 50% |" in summary
+    assert "| entropy | 1.775 | 0.650 | 0.500 |" in summary  # 2 - 0.05 i: i in 1,2,4..7 -> 4.5; 24..30 -> 27
+    assert "| grad norm | 0.95 | 3.2 | 3.5 |" in summary
+    assert "| logp rollout-learner | -1.00e-03 | -1.00e-03 | -1.00e-03 |" in summary
+    png = (tmp_path / "diagnostics.png").read_bytes()
+    assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 10_000
+
+
+def test_report_of_a_run_without_diagnostics_says_so(tmp_path: Path):
+    keys = ("mixed_group_fraction", "entropy", "clip_fraction", "grad_norm", "logprob_diff", "logprob_abs_diff")
+    recs = [{k: v for k, v in r.items() if k not in keys} for r in _records(4)]  # a log written before them
+    (tmp_path / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in recs) + "\n")
+    summary = write_report(tmp_path, 0.8, "eval/accuracy", "t").read_text()
+    assert "| clipped | - | - | - |" in summary
+    assert (tmp_path / "diagnostics.png").exists()
+
+
+def test_every_diagnostic_has_a_gauge_and_a_format():
+    from rlscale import metrics_names as names
+    from rlscale.progress import DIAGNOSTIC_FORMATS, fmt_diagnostics
+
+    assert [k for k, _, _ in DIAGNOSTIC_FORMATS] == list(names.DIAGNOSTIC_KEYS)
+    assert all(v.startswith(names.PREFIX) for v in names.DIAGNOSTICS.values())
+    rec = _records(4)[-1]
+    assert dict(fmt_diagnostics(rec)) == {"mixed groups": "50%", "entropy": "1.800", "clipped": "4.0%",
+                                          "grad norm": "0.9", "logp rollout-learner": "-1.00e-03",
+                                          "abs logp diff": "2.00e-03"}
+    assert set(dict(fmt_diagnostics(_records(3)[-1])).values()) == {"0%", "-"}  # the skipped step
+
+
+def test_live_view_shows_the_diagnostics():
+    from rich.console import Console
+    from rich.progress import Progress
+
+    from rlscale.embedded import progress_view
+
+    console = Console(width=200, record=True)
+    console.print(progress_view(_records(4)[-1], 0.8, "eval/accuracy", 10_000, Progress(console=console)))
+    text = console.export_text()
+    assert "diagnostics" in text and "mixed groups 50%" in text and "grad norm 0.9" in text
+    assert "abs logp diff 2.00e-03" in text
 
 
 def test_run_metrics_expose_every_name_and_pass_promtool(tmp_path: Path):
@@ -98,6 +145,11 @@ def test_run_metrics_expose_every_name_and_pass_promtool(tmp_path: Path):
         assert f"\n{n}" in "\n" + text or f"{n}_bucket" in text, n
     assert 'rlscale_step_phase_seconds_count{phase="train"} 3.0' in text
     assert "rlscale_time_to_target_seconds 15.0" not in text  # not reached within 3 records
+    # Step 3 trained nothing: its mixed-group share is 0; the others keep step 2's values.
+    assert "rlscale_mixed_reward_groups_ratio 0.0" in text
+    assert "rlscale_policy_entropy_nats 1.9" in text and "rlscale_gradient_norm 0.7" in text
+    assert "# TYPE rlscale_clipped_tokens_ratio gauge" in text
+    assert "# HELP rlscale_logprob_diff_nats Rollout engine minus learner log-prob" in text
     promtool = shutil.which("promtool") or str(Path.home() / ".cache/rlscale/prometheus/promtool")
     if not Path(promtool).exists():
         pytest.fail("promtool missing: run `make prometheus` (make test does)")
