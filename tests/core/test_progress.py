@@ -185,3 +185,12 @@ def test_one_duration_and_lr_format_for_every_reader():
         ["-", "0.73s", "9.99s", "45s", "4m12s", "10m00s", "3h05m"]
     assert fmt_duration(-1) == "0.00s"
     assert fmt_lr(1e-4 * 2**0.5) == "1.41e-04"
+
+
+def test_dashboard_plots_every_diagnostic():
+    from rlscale import metrics_names as names
+    from tests.conftest import ROOT
+
+    dash = json.loads((ROOT / "charts/rlscale/dashboards/rlscale.json").read_text())
+    exprs = " ".join(t["expr"] for p in dash["panels"] for t in p.get("targets", []))
+    assert [n for n in names.DIAGNOSTICS.values() if n + "{" not in exprs] == []

@@ -14,6 +14,7 @@ import psutil
 import pytest
 import yaml
 
+from rlscale.metrics_names import DIAGNOSTIC_KEYS, DIAGNOSTICS
 from tests.conftest import EXAMPLES, ROOT
 from tests.e2e.conftest import Prometheus, free_port
 
@@ -103,6 +104,10 @@ def test_interrupt_resume_and_reach_target_scraped_by_prometheus(tmp_path):
         steps = [r["step"] for r in recs]
         assert steps == list(range(1, steps[-1] + 1)), "the log is one unbroken history"
         assert steps[-1] > steps_before
+        # Every trained step says why it learns or not (vLLM returns log-probs, ZeRO 0 a gradient norm).
+        trained = [r for r in recs if not r["skipped"]]
+        assert trained and all(r[k] is not None for r in trained for k in DIAGNOSTIC_KEYS), trained[-1]
+        assert all(0 < r["mixed_group_fraction"] <= 1 and r["grad_norm"] > 0 and r["entropy"] > 0 for r in trained)
         assert recs[-1]["time_to_target_seconds"] > 0 and recs[-1]["samples_to_target"] > 0
         assert recs[-1]["target_metric"] >= TARGET
         assert "resumed from step" in (run_dir / "logs" / "learner-0.log").read_text()
@@ -115,11 +120,14 @@ def test_interrupt_resume_and_reach_target_scraped_by_prometheus(tmp_path):
         # the run is over, so its series are stale now: ask over the window it was up
         steps_seen = prom.query("max_over_time(rlscale_steps_total[10m])")
         assert steps_seen and float(steps_seen[0]["value"][1]) == recs[-1]["step"]
+        for name in DIAGNOSTICS.values():
+            assert prom.query(f"max_over_time({name}[10m])"), name
     finally:
         prom.stop()
 
     # 4. the report
-    for name in ("metrics.jsonl", "plan.json", "curves.png", "summary.md"):
+    for name in ("metrics.jsonl", "plan.json", "curves.png", "diagnostics.png", "summary.md"):
         assert (run_dir / name).exists(), name
+    assert "## Diagnostics" in (run_dir / "summary.md").read_text()
     assert "time to target" in (run_dir / "summary.md").read_text()
     assert (run_dir / "curves.png").read_bytes()[:4] == b"\x89PNG"

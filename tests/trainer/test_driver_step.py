@@ -87,3 +87,18 @@ def test_the_learner_gets_a_rollout_batch_with_the_samplers_logprobs():
     assert isinstance(batch, RolloutBatch) and batch.samples_per_prompt == n and len(batch) == 2 * n
     assert batch.rewards == pytest.approx([1.0] * n + [0.0] * n)
     assert batch.rollout_logprobs == [[-1.0]] * (2 * n)
+
+
+def test_the_record_carries_the_learners_diagnostics():
+    from rlscale.metrics_names import DIAGNOSTIC_KEYS
+
+    d = driver("2")
+    values = {"mixed_group_fraction": 0.5, "entropy": 1.25, "clip_fraction": 0.02, "grad_norm": 3.5,
+              "logprob_diff": -1e-3, "logprob_abs_diff": 4e-3}
+    step = d.learner.step
+    d.learner.step = lambda batch, lr=None: {**step(batch, lr), **values}
+    rec = d.step()
+    assert {k: rec[k] for k in DIAGNOSTIC_KEYS} == values
+    d.learner.step = step  # a learner that reports none of them: present, and None
+    rec = d.step()
+    assert all(k in rec and rec[k] is None for k in DIAGNOSTIC_KEYS)
