@@ -27,7 +27,7 @@ def make_batch(seed: int, prompts: int, spp: int, rewards: list[float]) -> dict:
 
 
 BATCHES = [
-    # Group 2 scores uniformly and is left out; 9 samples remain, uneven across 2 ranks.
+    # Group 2 scores uniformly and is left out; 3 groups (9 samples) remain, uneven across 2 ranks.
     make_batch(1, 4, 3, [1, 0, 0, 1, 1, 1, 0, 1, 1, 0, 0.5, 1]),
     make_batch(2, 3, 3, [0, 1, 0, 1, 0, 0, 0.2, 0.9, 0.4]),
 ]
@@ -67,8 +67,9 @@ def reference_step(model, opt, batch: dict, lr: float) -> None:
     opt.step()
 
 
-def reference_gradient(model_path, batch: dict, clip: float) -> tuple[dict, dict]:
-    """The clipped gradient in float64, and per element the scale of the terms a float32 run adds up.
+def reference_gradient(model_path, batch: dict, clip: float) -> tuple[dict, dict, float]:
+    """The clipped gradient in float64, per element the scale of the terms a float32 run adds up,
+    and the gradient's norm before clipping.
 
     float64 makes the reference exact at float32 resolution. The scale is the sum of the
     absolute values of the terms summed into each element: per sample, and for a Linear layer
@@ -109,7 +110,7 @@ def reference_gradient(model_path, batch: dict, clip: float) -> tuple[dict, dict
         h.remove()
     norm = torch.sqrt(sum((g**2).sum() for g in total.values()))
     coef = min(1.0, clip / (norm.item() + 1e-6))  # torch's and DeepSpeed's clipping formula
-    return {n: g * coef for n, g in total.items()}, {n: s * coef for n, s in scale.items()}
+    return {n: g * coef for n, g in total.items()}, {n: s * coef for n, s in scale.items()}, norm.item()
 
 
 @pytest.fixture(scope="module")
@@ -120,7 +121,8 @@ def ranks_result(small_model, tmp_path_factory, run_ranks_module):
     def get(zero_stage: int) -> dict:
         if zero_stage not in cache:
             out = tmp_path_factory.mktemp(f"zero{zero_stage}")
-            base = {"model_path": str(small_model), "zero_stage": zero_stage, "micro_batch": 2,
+            # A micro-batch holds one group of 3: two micro-batches on rank 0, one and a placeholder on rank 1.
+            base = {"model_path": str(small_model), "zero_stage": zero_stage, "micro_batch": 3,
                     "measure_noise": zero_stage < 2}
             sgd = {**base, "lr": SGD_LR, "grad_clip": 1.0,
                    "extra_ds_config": {"optimizer": {"type": "SGD", "params": {"lr": SGD_LR}},
@@ -143,7 +145,7 @@ def load_ranks(out, zero_stage: int) -> tuple[dict, dict, dict]:
     return exported, rank0, rank1
 
 
-@pytest.mark.parametrize("zero_stage", [1, 2, 3])
+@pytest.mark.parametrize("zero_stage", [0, 1, 2, 3])
 def test_two_ranks_sgd_step_is_the_reference_gradient(small_model, zero_stage, ranks_result):
     """One SGD step is linear in the gradient, so two ranks (gloo all-reduce, padded micro-batches)
     and one process may differ only by float32 rounding of the same sums: exact by construction."""
@@ -153,7 +155,9 @@ def test_two_ranks_sgd_step_is_the_reference_gradient(small_model, zero_stage, r
     assert [s["samples_trained"] for s in run["stats"][:1]] == [9.0]
     exported, rank0, rank1 = load_ranks(run["out"] / "sgd", zero_stage)
     initial = dict(AutoModelForCausalLM.from_pretrained(small_model).named_parameters())
-    grad, scale = reference_gradient(small_model, BATCHES[0], clip=1.0)
+    grad, scale, norm = reference_gradient(small_model, BATCHES[0], clip=1.0)
+    # The global norm before clipping (at ZeRO 0 the learner clips itself, after the all-reduce).
+    assert run["stats"][0]["grad_norm"] == pytest.approx(norm, rel=1e-4)
     assert sorted(exported) == sorted(initial)
     worst = (0.0, "")
     for name, p0 in initial.items():
@@ -179,7 +183,7 @@ def test_two_ranks_sgd_step_is_the_reference_gradient(small_model, zero_stage, r
     assert moved > 1e-3, "the SGD step did not change the parameters"
 
 
-@pytest.mark.parametrize("zero_stage", [1, 2, 3])
+@pytest.mark.parametrize("zero_stage", [0, 1, 2, 3])
 def test_two_ranks_adam_steps_match_reference(small_model, zero_stage, ranks_result):
     """Two AdamW steps (the second at a re-planned lr) against one process.
 
