@@ -52,6 +52,8 @@ class RunMetrics:
                                 "token, in nats (before the update).",
         }
         self.diagnostics = {k: Gauge(name, help_[k], registry=r) for k, name in m.DIAGNOSTICS.items()}
+        for gauge in self.diagnostics.values():
+            gauge.set(float("nan"))  # not measured yet (0 would read as a measurement)
         for p in m.PHASES:  # make every phase series exist from the start
             self.phase.labels(phase=p)
 

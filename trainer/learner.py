@@ -183,7 +183,9 @@ class Learner:
     def _clips_itself(self) -> bool:
         """True where DeepSpeed would clip but not keep the norm: float32 without ZeRO, where it hands
         the gradients to the plain torch optimiser and discards clip_grad_norm_'s return value, so
-        get_global_grad_norm() stays None. The learner clips there itself, with the same formula."""
+        get_global_grad_norm() stays None (DeepSpeed 0.19.8, engine._take_model_step). The learner clips
+        there itself, with the same formula; tests/trainer/test_learner_diagnostics.py checks the norm
+        against a float64 reference at ZeRO 0 and 1, test_learner_distributed.py on two ranks."""
         return self.config.zero_stage == 0 and self.config.dtype == "float32"
 
     def _install_clip(self) -> None:

@@ -134,6 +134,7 @@ def test_run_metrics_expose_every_name_and_pass_promtool(tmp_path: Path):
     from rlscale import metrics_names as names
 
     m = RunMetrics()
+    assert "rlscale_gradient_norm NaN" in generate_latest(m.registry).decode()  # before any step: not measured
     m.set_plan({"prompts": 16, "samplesPerPrompt": 8, "learningRate": 1e-4, "rolloutReplicas": 1, "learnerReplicas": 1,
                 "predicted": {"stepSeconds": 0.4}})
     for r in _records(30)[:3]:
