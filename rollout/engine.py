@@ -234,9 +234,13 @@ class RolloutEngine:
             if self.config.multiprocess:
                 # Across the engine-process boundary tensors arrive as nested lists;
                 # going through a safetensors directory is the supported path.
+                why = "multiprocess engine: through a weights directory, not planned copies"
+                if why not in _FALLBACK_SAID:
+                    _FALLBACK_SAID.add(why)
+                    log.warning("weight update: %s", why)
                 self._reload_via_path(items)
                 self.llm.collective_rpc("rlscale_refresh_lm_heads")
-                info: dict[str, Any] = {"path": "directory"}
+                info: dict[str, Any] = {"path": "directory", "reason": why}
             else:
                 info = self.llm.collective_rpc(
                     "rlscale_update_weights",
