@@ -194,13 +194,14 @@ def main(argv=None) -> int:
     # Measured 2026-12-01 on the 2-core CPU machine while a venv build loaded it (load
     # average 7.6-9.4), `.venv/bin/python bench/rollout_throughput.py --concurrency 1`
     # (3.4M params, 13.0 MiB float32, one engine thread), medians of 9: raw copy 3.6 ms;
-    # vLLM's reload 48.6 ms (13.4x; 55 ms = 17.6x before this change, issue #14); planned
+    # vLLM's reload 48.6 ms (13.4x; the issue's figure on a quieter machine: 55 ms, 17.6x); planned
     # update 28.7 ms (7.9x): checks 0.2 ms, copies 3.4 ms, packing 23.9 ms for 17 layers
     # (16 linear and the tied head). The packing is the CPU floor: vLLM's oneDNN kernel
     # computes from its own packed copy of each weight, made only by creating a new handle
-    # (~0.45 ms fixed on an idle core, then a reorder ~8-13x slower than a plain copy of
-    # the same bytes), and offers no way to refill one in place; 1.5x is out of reach on
-    # CPU. On GPU nothing is packed and the planned update is the copies alone.
+    # (~0.45 ms fixed, then a reorder 5-13x slower than a plain copy of the same bytes,
+    # timed alone with vllm._custom_ops.create_onednn_mm), and offers no way to refill one
+    # in place: 1.5x is out of reach on CPU. On GPU vLLM packs nothing and the planned
+    # update is the copies alone (not measured: this venv's vLLM is the CPU build).
     print(f"weight update: {upd['update_s'] * 1e3:.1f} ms in place ({upd['path']}) vs {upd['raw_copy_s'] * 1e3:.1f} ms "
           f"raw copy of the same {upd['bytes'] / 2**20:.1f} MiB -> {upd['ratio']:.1f}x the copy "
           f"({upd['raw_copy_gb_s']:.1f} GB/s raw); vLLM's reload {upd['reload_s'] * 1e3:.1f} ms "
