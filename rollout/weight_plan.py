@@ -56,6 +56,10 @@ class WeightPlan:
         self.model = model
         self.vllm_config = vllm_config
         self.cpu = current_platform.is_cpu()
+        # Whether a packed layer may be packed straight from the caller's tensor: the oneDNN
+        # and sgl packers copy it (the test zeroes the caller's tensors after an update);
+        # zentorch without prepacking keeps a view of it, so it gets a staged copy.
+        self.borrow = self.cpu and not getattr(current_platform, "is_zen_cpu", lambda: False)()
         self.targets: dict[str, Target | str] = {}  # str: SKIP or why the name cannot be planned
         self.refusal = self._engine_refusal(current_platform)
         # CPU: id(parameter) -> the modules that must be packed again when it changes
@@ -201,8 +205,8 @@ class WeightPlan:
             for parts in shards.values():
                 t, tensor = parts[0]
                 w = getattr(t.module, t.param)
-                if (len(parts) == 1 and tensor.dtype == w.dtype and tensor.device == w.device
-                        and tensor.is_contiguous()):
+                if (self.borrow and len(parts) == 1 and tensor.dtype == w.dtype
+                        and tensor.device == w.device and tensor.is_contiguous()):
                     full = tensor  # the packer reads it once and keeps its own copy
                     borrowed.add(id(t.module))
                 else:

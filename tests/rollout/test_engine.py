@@ -109,7 +109,12 @@ def test_planned_update_matches_vllms_reload_and_a_fresh_engine(engine, model_di
         return max(abs(x - y) for (_, s), (_, t) in zip(a, b, strict=True) for x, y in zip(s, t, strict=True))
 
     engine.load_weights(decisive_state_dict(model_dirs[0], seed=0), version=engine.version + 1)
-    engine.load_weights(new_weights, version=engine.version + 1)
+    # The caller's tensors are its own again after the update: zeroing them must not
+    # reach the engine (some layers are packed straight from them).
+    given = {k: v.clone() for k, v in new_weights.items()}
+    engine.load_weights(given, version=engine.version + 1)
+    for v in given.values():
+        v.zero_()
     assert engine.last_update["path"] == "plan", engine.last_update
     # Every linear layer (4 per decoder layer) and the tied LM head were packed again.
     assert engine.last_update["repacked"] == 4 * 2 + 1
