@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 import tempfile
 import threading
@@ -28,6 +29,9 @@ os.environ.setdefault("TORCHINDUCTOR_CPP_CACHE_PRECOMPILE_HEADERS", "0")
 
 if TYPE_CHECKING:
     import torch
+
+log = logging.getLogger(__name__)
+_FALLBACK_SAID: set[str] = set()  # reasons already logged
 
 # raw_logprobs: log-softmax of the model's logits before temperature, top-p or any
 # logits processor, in float32. That is exactly what the learner recomputes
@@ -158,6 +162,7 @@ class RolloutEngine:
         kwargs.update(config.extra)
         self.llm = LLM(**kwargs)
         self.block_size = int(self.llm.llm_engine.vllm_config.cache_config.block_size)
+        self.last_update: dict[str, Any] = {}  # the latest load_weights: path and timings
         if warmup:
             # The first call with logprobs pays a one-time cost (seconds on CPU); pay it
             # at start-up, not inside the first training step.
@@ -215,25 +220,39 @@ class RolloutEngine:
         self,
         named_tensors: Mapping[str, torch.Tensor] | Iterable[tuple[str, torch.Tensor]],
         version: int,
+        use_plan: bool = True,
     ) -> float:
-        """Copy HF-named weights into the live engine; returns the seconds it took."""
+        """Copy HF-named weights into the live engine; returns the seconds it took.
+
+        In-process engines take planned in-place copies (RolloutWorkerExtension.
+        rlscale_update_weights) and fall back to vLLM's reload for anything the plan cannot
+        place; `use_plan=False` forces vLLM's reload (the reference in tests and the bench).
+        `last_update` says which path ran and where the time went."""
         items = named_tensors.items() if isinstance(named_tensors, Mapping) else named_tensors
         t0 = time.perf_counter()
         with self._lock:
             if self.config.multiprocess:
                 # Across the engine-process boundary tensors arrive as nested lists;
                 # going through a safetensors directory is the supported path.
+                why = "multiprocess engine: through a weights directory, not planned copies"
+                if why not in _FALLBACK_SAID:
+                    _FALLBACK_SAID.add(why)
+                    log.warning("weight update: %s", why)
                 self._reload_via_path(items)
+                self.llm.collective_rpc("rlscale_refresh_lm_heads")
+                info: dict[str, Any] = {"path": "directory", "reason": why}
             else:
-                self.llm.collective_rpc(
-                    "reload_weights", kwargs={"weights_iterator": _detached(items)}
-                )
-            self.llm.collective_rpc("rlscale_refresh_lm_heads")
+                info = self.llm.collective_rpc(
+                    "rlscale_update_weights",
+                    kwargs={"weights": list(_detached(items)), "use_plan": use_plan},
+                )[0]
             # Always: the prefix cache holds KV computed with the old weights, and a
             # prompt longer than one block would silently reuse it.
             self.llm.reset_prefix_cache()
             self.version = version
-        return time.perf_counter() - t0
+        seconds = time.perf_counter() - t0
+        self.last_update = {**info, "seconds": seconds}
+        return seconds
 
     def _reload_via_path(self, items: Iterable[tuple[str, torch.Tensor]]) -> None:
         from safetensors.torch import save_file
@@ -261,6 +280,35 @@ class RolloutEngine:
 class RolloutWorkerExtension:
     """Methods vLLM mixes into its worker (`worker_extension_cls`), callable by name
     through collective_rpc from this process or across the engine-process boundary."""
+
+    def rlscale_update_weights(self, weights: list, use_plan: bool = True) -> dict[str, Any]:
+        """Load HF-named `weights` in place: planned copies (rollout/weight_plan.py), or
+        vLLM's reload where the plan refuses (said once per reason in the log) or when
+        `use_plan` is false. Returns the path taken and its timings."""
+        from rlscale.rollout.weight_plan import WeightPlan
+
+        t0 = time.perf_counter()
+        why = "use_plan=False"
+        if use_plan:
+            plan = getattr(self, "_rlscale_weight_plan", None)
+            if plan is None:
+                plan = self._rlscale_weight_plan = WeightPlan(self.get_model(), self.vllm_config)
+            result = plan.apply(weights)
+            if isinstance(result, dict):
+                runner = self.model_runner
+                # As vLLM's reload does: caches derived from the old weights.
+                for reset in ("reset_encoder_cache", "reset_mm_cache"):
+                    if hasattr(runner, reset):
+                        getattr(runner, reset)()
+                return {**result, "worker_s": time.perf_counter() - t0}
+            why = result
+            if why not in _FALLBACK_SAID:
+                _FALLBACK_SAID.add(why)
+                log.warning("weight update: vLLM's reload instead of planned copies: %s", why)
+        self.reload_weights(weights_iterator=iter(weights))
+        heads = self.rlscale_refresh_lm_heads()
+        return {"path": "reload", "reason": why, "repacked_heads": heads,
+                "worker_s": time.perf_counter() - t0}
 
     def rlscale_refresh_lm_heads(self) -> int:
         """Re-derive the LM heads' kernel form from their (possibly tied) weight.
