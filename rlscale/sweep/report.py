@@ -7,7 +7,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rlscale.progress import fmt_lr
-from rlscale.sweep.analysis import BatchStats, NoiseFit, RunData, batch_stats, fit_noise_scale, measurement_level
+from rlscale.sweep.analysis import (
+    BatchStats,
+    NoiseFit,
+    RunData,
+    batch_stats,
+    crossing,
+    fit_noise_scale,
+    measurement_level,
+)
 from rlscale.sweep.analysis import curve_gap as _gap
 from rlscale.sweep.predict import (
     calibration_for_spec,
@@ -99,6 +107,22 @@ def analyse(name: str, spec: Any, runs: list[RunData]) -> SweepResult:
     return res
 
 
+def run_rows(res: SweepResult) -> list[dict[str, Any]]:
+    """Per run: what it reached, at the level and at the spec's target, its throughput and noise estimate."""
+    rows = []
+    for r in sorted(res.runs, key=lambda r: (r.rule, r.prompts, r.seed)):
+        at_level = crossing(r.smoothed(), res.level) if res.level is not None else None
+        at_target = crossing(r.smoothed(), res.spec.target.value)
+        rows.append({"rule": r.rule, "prompts": r.prompts, "seed": r.seed, "lr": r.lr, "steps": len(r.steps()),
+                     "samples": r.samples_total(), "best": r.best(),
+                     "samplesToLevel": at_level and at_level.samples, "secondsToLevel": at_level and at_level.seconds,
+                     "samplesToTarget": at_target and at_target.samples,
+                     "secondsToTarget": at_target and at_target.seconds,
+                     "samplesPerSecond": r.throughput(), "phases": r.phases(), "noiseScale": r.noise_scale(),
+                     "startupSeconds": r.startup_seconds, "evalSeconds": r.eval_seconds()})
+    return rows
+
+
 def _n(v: float | None, fmt: str = ",.0f", dash: str = "-") -> str:
     return dash if v is None else format(v, fmt)
 
@@ -163,6 +187,14 @@ def markdown(res: SweepResult) -> str:
               "measured phases (what a run does to itself); *fit*: per-phase factors fitted over every batch "
               "(what --write-calibration writes); *B_simple*: the gradient-noise estimate from the runs' "
               "gradient statistics (median over seeds; - where the gradient was lost in its noise)."]
+    lines += ["", "## Runs", "", "| rule | prompts | seed | steps | samples | best moving avg | samples to level | "
+              f"seconds to level | samples to target {target} | samples/s | B_simple | start-up (s) |",
+              "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for r in run_rows(res):
+        lines.append(f"| {r['rule']} | {r['prompts']} | {r['seed']} | {r['steps']} | {r['samples']:,} | "
+                     f"{_n(r['best'], '.3f')} | {_n(r['samplesToLevel'])} | {_n(r['secondsToLevel'], '.0f')} | "
+                     f"{_n(r['samplesToTarget'], ',.0f', 'not reached')} | {_n(r['samplesPerSecond'], '.1f')} | "
+                     f"{_n(r['noiseScale'])} | {_n(r['startupSeconds'], '.0f')} |")
     lines += ["", "## Phases (median seconds per step)", "", "| rule | prompts | " +
               " | ".join(["generate", "reward", "train", "sync"]) + " |", "|---|---:|---:|---:|---:|---:|"]
     for c in sorted(res.cells, key=lambda c: (c.rule, c.prompts)):

@@ -246,7 +246,7 @@ def current_line(i: int, n: int, name: str, run: Any, rec: dict | None, samples:
 
 def write_sweep_report(rlrun: Any, sweep_dir: Path, calibration_out: Path | None = None) -> tuple[Path, Any]:
     """sweep.md, curves.png, throughput.png and decision.png in sweep_dir (and the patch, when asked)."""
-    from rlscale.sweep.report import analyse, markdown
+    from rlscale.sweep.report import analyse, markdown, run_rows
 
     path = sweep_dir / "sweep.json"
     if not path.exists():
@@ -262,6 +262,7 @@ def write_sweep_report(rlrun: Any, sweep_dir: Path, calibration_out: Path | None
     if failed:
         text += "\n## Runs not finished\n\n" + "\n".join(f"- {n}: {state['runs'][n].get('status')}" for n in failed)
     out.write_text(text + "\n", encoding="utf-8")
+    (sweep_dir / "runs.json").write_text(json.dumps({"level": res.level, "runs": run_rows(res)}, indent=2))
     try:
         from rlscale.sweep.plots import write_plots
 

@@ -159,4 +159,6 @@ def test_an_interrupted_sweep_resumes_where_it_stopped(quick, tmp_path, monkeypa
     assert [n for n, _ in calls] == ["quickstart-p16-sqrt-s0", "quickstart-p8-none-s0", "quickstart-p16-none-s0"]
     md, res = write_sweep_report(rlrun, out, tmp_path / "cal.yaml")
     assert "## Rule none" in md.read_text() and (out / "decision.png").exists()
+    rows = json.loads((out / "runs.json").read_text())["runs"]
+    assert len(rows) == 4 and all(r["samplesToLevel"] for r in rows)
     assert load_patch(tmp_path / "cal.yaml")["kind"] == "RLRunCalibration"
