@@ -247,7 +247,13 @@ def sweep(
             except ImportError as exc:
                 _fail(f"the sweep runs need the train extra ({exc}); run `make venv` or pip install 'rlscale[train]'")
             _, code = run_sweep(rlrun, sweep_dir, ps, rules, seeds, samples, every, fresh)
-        out, _ = write_report(rlrun, sweep_dir, write_calibration)
+        try:
+            out, _ = write_report(rlrun, sweep_dir, write_calibration)
+        except SweepError as exc:
+            if code == 0:
+                raise
+            err.print(f"no report yet: {exc}", highlight=False)  # stopped before any run recorded a step
+            raise typer.Exit(code) from None
     except SweepError as exc:
         _fail(str(exc))
     out_note = f" and {write_calibration}" if write_calibration else ""
