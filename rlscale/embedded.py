@@ -392,6 +392,7 @@ def _watch(local: LocalRun, driver: Role, rollouts: list[Role], run_dir: Path, s
     if render is None:
         def render(rec):
             return progress_view(rec, spec.target.value, spec.target.metric, spec.budget.max_samples, bar)
+    head_lost: float | None = None
     with Live(render(None), console=console, refresh_per_second=4, transient=False) as live:
         while driver.alive():
             recs = tail.read()
@@ -409,10 +410,22 @@ def _watch(local: LocalRun, driver: Role, rollouts: list[Role], run_dir: Path, s
                         and other.proc.returncode):
                     console.print(f"[red]{other.name} exited with {other.proc.returncode}[/]; stopping the run")
                     driver.send(signal.SIGTERM)
+            head = next((r for r in local.roles if r.name == "ray-head"), None)
+            if head is not None and not head.alive():
+                # Seen on a 2-core machine at load 14: the raylet timed out waiting for its dashboard
+                # agent and the head exited, while the driver retried the GCS for minutes on end.
+                if head_lost is None:
+                    head_lost = time.monotonic()
+                    console.print(f"[red]the Ray head exited[/] (see {head.log}); stopping the run", highlight=False)
+                    driver.send(signal.SIGTERM)
+                elif time.monotonic() - head_lost > 30:
+                    driver.send(signal.SIGKILL)
             live.update(render(last))
             time.sleep(0.25)
         recs = tail.read()
         if recs:
             last = recs[-1]
         live.update(render(last))
+    if head_lost is not None:
+        return 1  # a failure, not an interruption: nothing asked the run to stop
     return driver.proc.returncode if driver.proc else 1
