@@ -9,6 +9,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -274,7 +275,7 @@ def progress_view(rec: dict[str, Any] | None, target: float, metric: str, budget
 
 
 def prepare_run(rlrun: RLRun, runs_dir: Path, metrics_port: int, fresh: bool,
-                linger: float = 0.0) -> tuple[RunConfig, Path, Any]:
+                linger: float = 0.0, extra: dict[str, Any] | None = None) -> tuple[RunConfig, Path, Any]:
     """Plan, resolve the model and write run.json + plan.json into runs/<name>/."""
     spec = rlrun.spec
     plan = make_plan(spec)
@@ -306,20 +307,28 @@ def prepare_run(rlrun: RLRun, runs_dir: Path, metrics_port: int, fresh: bool,
         rlrun, plan.to_dict(), ray_address=f"127.0.0.1:{free_port()}", metrics_port=port,
         checkpoint_dir=str(ckpt_dir), report_dir=str(run_dir), model_dir=model_dir,
         extra={"headCpus": cores, "objectStoreBytes": 512 * 2**20, "local": True,
-               "lingerSeconds": linger, "rolloutCpuThreads": max(1, cores // most_replicas)},
+               "lingerSeconds": linger, "rolloutCpuThreads": max(1, cores // most_replicas), **(extra or {})},
     )
     cfg.save(run_dir / "run.json")
     return cfg, run_dir, plan
 
 
 def run_embedded(rlrun: RLRun, *, metrics_port: int = DEFAULT_METRICS_PORT, runs_dir: Path = Path("runs"),
-                 fresh: bool = False, linger: float = 0.0) -> int:
-    """Run the RLRun on this machine; returns the driver's exit code."""
+                 fresh: bool = False, linger: float = 0.0, extra: dict[str, Any] | None = None,
+                 render: Callable[[dict[str, Any] | None], Any] | None = None) -> int:
+    """Run the RLRun on this machine; returns the driver's exit code.
+
+    `extra` goes into the run config's extra (e.g. seed, replan); `render(last_record)` replaces the
+    progress view, and the console lines around the run, for a caller that shows its own (rlscale sweep).
+    """
     spec = rlrun.spec
-    console.rule(f"[bold]rlscale run[/] {rlrun.name}")
-    cfg, run_dir, plan = prepare_run(rlrun, runs_dir, metrics_port, fresh, linger)
-    console.print(f"plan: {plan.summary()}  [dim]({plan.reason})[/]", highlight=False)
-    console.print(f"metrics: http://127.0.0.1:{cfg.metrics_port}/metrics   report: {run_dir}", highlight=False)
+    quiet = render is not None
+    if not quiet:
+        console.rule(f"[bold]rlscale run[/] {rlrun.name}")
+    cfg, run_dir, plan = prepare_run(rlrun, runs_dir, metrics_port, fresh, linger, extra)
+    if not quiet:
+        console.print(f"plan: {plan.summary()}  [dim]({plan.reason})[/]", highlight=False)
+        console.print(f"metrics: http://127.0.0.1:{cfg.metrics_port}/metrics   report: {run_dir}", highlight=False)
 
     local = LocalRun(cfg, run_dir)
     exe = [sys.executable, "-m", "rlscale.cli"]
@@ -350,11 +359,13 @@ def run_embedded(rlrun: RLRun, *, metrics_port: int = DEFAULT_METRICS_PORT, runs
                              run_dir / f"logs/learner-{rank}.log"))
             for rank in range(world)
         ]
-        code = _watch(local, learners[0], rollouts, run_dir, spec)
+        code = _watch(local, learners[0], rollouts, run_dir, spec, render)
     finally:
         local.stop_all()
         for s, h in old.items():
             signal.signal(s, h)
+    if quiet:
+        return code
     summary = run_dir / "summary.md"
     if code == EXIT_TARGET:
         console.print(f"[bold green]target reached[/] — report: {summary}", highlight=False)
@@ -370,7 +381,8 @@ def run_embedded(rlrun: RLRun, *, metrics_port: int = DEFAULT_METRICS_PORT, runs
     return code
 
 
-def _watch(local: LocalRun, driver: Role, rollouts: list[Role], run_dir: Path, spec) -> int:
+def _watch(local: LocalRun, driver: Role, rollouts: list[Role], run_dir: Path, spec,
+           render: Callable[[dict[str, Any] | None], Any] | None = None) -> int:
     """Show progress from metrics.jsonl until the driver exits; keep rollout processes alive."""
     tail = JsonlTail(run_dir / "metrics.jsonl")
     tail.skip_existing()
@@ -378,8 +390,11 @@ def _watch(local: LocalRun, driver: Role, rollouts: list[Role], run_dir: Path, s
     bar = Progress(TextColumn("[bold]{task.description}"), BarColumn(), TextColumn("{task.percentage:>3.0f}%"),
                    TimeElapsedColumn(), console=console)
     task = bar.add_task(f"{spec.target.metric} -> {spec.target.value}", total=spec.target.value)
-    with Live(progress_view(None, spec.target.value, spec.target.metric, spec.budget.max_samples, bar),
-              console=console, refresh_per_second=4, transient=False) as live:
+    if render is None:
+        def render(rec):
+            return progress_view(rec, spec.target.value, spec.target.metric, spec.budget.max_samples, bar)
+    head_lost: float | None = None
+    with Live(render(None), console=console, refresh_per_second=4, transient=False) as live:
         while driver.alive():
             recs = tail.read()
             if recs:
@@ -396,10 +411,22 @@ def _watch(local: LocalRun, driver: Role, rollouts: list[Role], run_dir: Path, s
                         and other.proc.returncode):
                     console.print(f"[red]{other.name} exited with {other.proc.returncode}[/]; stopping the run")
                     driver.send(signal.SIGTERM)
-            live.update(progress_view(last, spec.target.value, spec.target.metric, spec.budget.max_samples, bar))
+            head = next((r for r in local.roles if r.name == "ray-head"), None)
+            if head is not None and not head.alive():
+                # Seen on a 2-core machine at load 14: the raylet timed out waiting for its dashboard
+                # agent and the head exited, while the driver retried the GCS for minutes on end.
+                if head_lost is None:
+                    head_lost = time.monotonic()
+                    console.print(f"[red]the Ray head exited[/] (see {head.log}); stopping the run", highlight=False)
+                    driver.send(signal.SIGTERM)
+                elif time.monotonic() - head_lost > 30:
+                    driver.send(signal.SIGKILL)
+            live.update(render(last))
             time.sleep(0.25)
         recs = tail.read()
         if recs:
             last = recs[-1]
-        live.update(progress_view(last, spec.target.value, spec.target.metric, spec.budget.max_samples, bar))
+        live.update(render(last))
+    if head_lost is not None:
+        return 1  # a failure, not an interruption: nothing asked the run to stop
     return driver.proc.returncode if driver.proc else 1

@@ -86,6 +86,8 @@ def _set_rng_state(s: dict) -> None:
 class Driver:
     """One run's loop on rank 0, around a learner (DeepSpeed ranks) and a rollout client (Serve replicas)."""
 
+    seed = 0  # extra.seed; a class default so a Driver built without __init__ (tests) samples as before
+
     def __init__(self, cfg: RunConfig, learner, rollout, tokenizer):
         self.cfg = cfg
         self.spec = cfg.parsed_spec()
@@ -104,7 +106,9 @@ class Driver:
         self.reward_fn = resolve_reward(t.reward, format_pattern=t.format_pattern, timeout_s=t.reward_timeout)
         self.task = build_task(self.spec, tokenizer, model=self.spec.model.path)
         try_reward(self.reward_fn, self.task.train)
-        self.data = PromptIterator(self.task.train, seed=1)
+        # extra.seed (rlscale sweep --seeds) moves the prompt order and the sampling seeds; 0 keeps the defaults.
+        self.seed = int((cfg.extra or {}).get("seed", 0))
+        self.data = PromptIterator(self.task.train, seed=1 + self.seed)
         self.tracker = TargetTracker(self.spec.target.value, self.spec.target.window)
         self.plan = dict(cfg.plan)
         self.state = RunState(prompts=self.plan["prompts"], learning_rate=self.plan["learningRate"],
@@ -219,7 +223,7 @@ class Driver:
             if self.state.step - last_ckpt >= spec.checkpoint.every:
                 self.checkpoint()
                 last_ckpt = self.state.step
-            if self.local:
+            if self.local and (self.cfg.extra or {}).get("replan", True):
                 self.maybe_replan()
             else:
                 self.follow_config()
@@ -248,8 +252,8 @@ class Driver:
         problems = self.data.next_batch(p)
         prompt_ids = [prompt_tokens(self.tok, pr) for pr in problems]
         groups = self.rollout.generate(prompt_ids, n, temperature=spec.rollout.temperature, top_p=spec.rollout.top_p,
-                                       max_new_tokens=spec.task.max_new_tokens, seed=st.step * 7919 + 17,
-                                       version=st.version)
+                                       max_new_tokens=spec.task.max_new_tokens,
+                                       seed=st.step * 7919 + 17 + self.seed * 1_000_003, version=st.version)
         t1 = time.perf_counter()
         engine_after = self._engine_seconds()
         engine_s = None if None in (engine_before, engine_after) else max(0.0, engine_after - engine_before)

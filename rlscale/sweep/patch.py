@@ -1,0 +1,131 @@
+"""The calibration patch a sweep writes (--write-calibration) and `rlscale plan --calibration` reads.
+
+A patch is YAML: `spec:` is an RLRun spec fragment merged over the spec being planned
+(optimizer.noiseScale from the sweep's fit), and `calibration:` the step phases the planner's
+throughput model is scaled to, as if measured at that configuration.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from rlscale.plan import Calibration
+from rlscale.spec import _MISSING, FULL_API_VERSION, FieldError, SpecError, parse_rlrun
+
+PATCH_KIND = "RLRunCalibration"
+_FIELDS = {"prompts": "prompts", "samplesPerPrompt": "samples_per_prompt", "rolloutReplicas": "rollout_replicas",
+           "learnerReplicas": "learner_replicas", "promptTokens": "prompt_tokens",
+           "responseTokens": "response_tokens", "tokensPerSample": "tokens_per_sample", "evalSeconds": "eval_s",
+           "steps": "steps"}
+
+
+def patch_dict(res: Any, source: str) -> dict[str, Any]:
+    """The patch from a SweepResult: noise scale into the spec, fitted phases into the calibration."""
+    out: dict[str, Any] = {"apiVersion": FULL_API_VERSION, "kind": PATCH_KIND,
+                           "metadata": {"name": res.name, "source": source}, "spec": {}}
+    b = res.noise_for_patch()
+    if b and math.isfinite(b):
+        out["spec"]["optimizer"] = {"noiseScale": round(float(b), 1)}
+    cal = res.fitted
+    if cal is not None and cal.has_phases:
+        c: dict[str, Any] = {}
+        for key, attr in _FIELDS.items():
+            v = getattr(cal, attr)
+            if v is not None:
+                c[key] = round(float(v), 6) if isinstance(v, float) else int(v)
+        c["phases"] = {p: round(float(cal.measured(p)), 6) for p in ("generate", "reward", "train", "sync")
+                       if cal.measured(p) is not None}
+        out["calibration"] = c
+    out["measured"] = {  # for the reader; rlscale plan ignores it
+        "level": res.level, "referencePrompts": res.ref_prompts,
+        "samplesToLevel": {f"{c.rule}/{c.prompts}": round(c.e_mean) for c in res.cells if c.e_mean},
+        "samplesPerSecond": {f"{c.rule}/{c.prompts}": round(c.throughput, 2) for c in res.cells if c.throughput},
+    }
+    if res.noise is not None:
+        out["measured"]["noiseFit"] = {"eMin": round(res.noise.e_min), "bNoise": res.noise.b_noise and
+                                       round(res.noise.b_noise), "bNoiseLow": res.noise.b_noise_low and
+                                       round(res.noise.b_noise_low), "significant": res.noise.significant}
+    return out
+
+
+HEADER = ("# Written by `rlscale sweep`: the sweep's fitted noise scale and throughput model.\n"
+          "# Use: rlscale plan RLRUN.yaml --calibration THIS.yaml\n"
+          "# spec: merged over the RLRun's spec. calibration: phase seconds the planner's throughput\n"
+          "# model is scaled to (per-phase factors fitted over every swept batch, at this configuration).\n")
+
+
+def write_patch(res: Any, path: Path, source: str) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(HEADER + yaml.safe_dump(patch_dict(res, source), sort_keys=False), encoding="utf-8")
+    return path
+
+
+def _err(where: str, value: Any, problem: str, fix: str) -> SpecError:
+    return SpecError([FieldError(where, value if value is not None else _MISSING, problem, fix)])
+
+
+def merge(base: Any, over: Any) -> Any:
+    """Mappings merge key by key; anything else in `over` replaces."""
+    if isinstance(base, dict) and isinstance(over, dict):
+        out = copy.deepcopy(base)
+        for k, v in over.items():
+            out[k] = merge(base.get(k), v)
+        return out
+    return copy.deepcopy(over)
+
+
+def load_patch(path: Path) -> dict[str, Any]:
+    try:
+        data = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise _err(str(path), None, f"cannot be read ({exc.strerror})",
+                   "pass the file `rlscale sweep --write-calibration` wrote") from None
+    except yaml.YAMLError as exc:
+        raise _err(str(path), None, f"is not YAML ({exc})", "pass the file `rlscale sweep` wrote") from None
+    if not isinstance(data, dict) or data.get("kind") != PATCH_KIND:
+        kind = data.get("kind") if isinstance(data, dict) else type(data).__name__
+        raise _err(f"{path}: kind", kind, f"is not {PATCH_KIND}",
+                   "pass a calibration patch (from `rlscale sweep --write-calibration`), not an RLRun")
+    for key in ("spec", "calibration"):
+        if data.get(key) is not None and not isinstance(data[key], dict):
+            raise _err(f"{path}: {key}", data[key], "is not a mapping", f"write {key}: as a mapping or leave it out")
+    return data
+
+
+def apply_patch(rlrun: Any, patch: dict[str, Any], path: Path) -> tuple[Any, Calibration]:
+    """The RLRun with the patch's spec merged over it (validated again), and the patch's Calibration."""
+    merged = merge(rlrun.to_dict(), {"spec": patch.get("spec") or {}})
+    try:
+        new = parse_rlrun(merged)
+    except SpecError as exc:
+        raise SpecError([FieldError(f"{path}: {e.path}", e.value, e.problem, e.fix) for e in exc.errors]) from None
+    return new, calibration_from(patch.get("calibration") or {}, path)
+
+
+def calibration_from(c: dict[str, Any], path: Path) -> Calibration:
+    kw: dict[str, Any] = {}
+    for key, attr in _FIELDS.items():
+        if key in c:
+            v = c[key]
+            if not isinstance(v, (int, float)) or isinstance(v, bool) or v <= 0:
+                raise _err(f"{path}: calibration.{key}", v, "is not a positive number", "rewrite it with rlscale sweep")
+            kw[attr] = int(v) if attr in ("prompts", "samples_per_prompt", "rollout_replicas", "learner_replicas",
+                                           "steps") else float(v)
+    phases = c.get("phases") or {}
+    if not isinstance(phases, dict):
+        raise _err(f"{path}: calibration.phases", phases, "is not a mapping", "give seconds per phase")
+    for p, v in phases.items():
+        if p not in ("generate", "reward", "train", "sync"):
+            raise _err(f"{path}: calibration.phases.{p}", v, "is not a phase", "use generate, reward, train or sync")
+        if not isinstance(v, (int, float)) or isinstance(v, bool) or v < 0:
+            raise _err(f"{path}: calibration.phases.{p}", v, "is not a number of seconds", "give seconds >= 0")
+        kw[f"{p}_s"] = float(v)
+    if phases and ("prompts" not in kw or "samples_per_prompt" not in kw):
+        raise _err(f"{path}: calibration.prompts", None, "is missing beside phases",
+                   "give the prompts and samplesPerPrompt the phases were measured at")
+    return Calibration(**kw)
