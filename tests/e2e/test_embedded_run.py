@@ -20,14 +20,27 @@ from tests.e2e.conftest import Prometheus, free_port
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(3600)]
 
-TARGET = 0.48  # the warm start begins near 0.42: a small, reachable target for a test
+
+def start_target() -> float:
+    """A small target above where this machine's builtin model begins.
+
+    The warm start stops at the first eval (every 25 steps) at or above 40% held-out accuracy, so
+    where it stops depends on the machine's arithmetic: 0.42-0.44 on earlier machines, 0.48 on an
+    AMD EPYC without AVX-512 (rlscale-builtin.json of its build), where a fixed target of 0.48 was
+    met by the first evals and the run ended before the test could interrupt it. The run's own
+    eval there read 0.480 before training and 0.554 after 10 steps of 16x8, so 0.10 above the start
+    is reached in a few dozen steps and not before the first evals."""
+    from rlscale.trainer.builtin import ensure_builtin_model
+
+    info = json.loads((ensure_builtin_model("builtin:tiny-arith") / "rlscale-builtin.json").read_text())
+    return max(0.48, round(float(info["accuracy"]) + 0.10, 2))
 
 
-def small_run(tmp_path: Path) -> Path:
+def small_run(tmp_path: Path, target: float) -> Path:
     spec = yaml.safe_load((EXAMPLES / "quickstart.yaml").read_text())
     spec["metadata"]["name"] = "e2e"
     s = spec["spec"]
-    s["target"].update(value=TARGET, evalEvery=5, window=2)
+    s["target"].update(value=target, evalEvery=5, window=2)
     s["batch"].update(prompts=16)
     s["checkpoint"] = {"every": 10}
     s["budget"].update(maxSteps=400)
@@ -72,7 +85,8 @@ def start_run(spec: Path, runs: Path, port: int, log: Path) -> subprocess.Popen:
 
 
 def test_interrupt_resume_and_reach_target_scraped_by_prometheus(tmp_path):
-    spec = small_run(tmp_path)
+    target = start_target()
+    spec = small_run(tmp_path, target)
     runs = tmp_path / "runs"
     run_dir = runs / "e2e"
     port = free_port()
@@ -109,7 +123,7 @@ def test_interrupt_resume_and_reach_target_scraped_by_prometheus(tmp_path):
         assert trained and all(r[k] is not None for r in trained for k in DIAGNOSTIC_KEYS), trained[-1]
         assert all(0 < r["mixed_group_fraction"] <= 1 and r["grad_norm"] > 0 and r["entropy"] > 0 for r in trained)
         assert recs[-1]["time_to_target_seconds"] > 0 and recs[-1]["samples_to_target"] > 0
-        assert recs[-1]["target_metric"] >= TARGET
+        assert recs[-1]["target_metric"] >= target
         assert "resumed from step" in (run_dir / "logs" / "learner-0.log").read_text()
         assert "time to target" in log.read_text().lower()
         assert no_strays(run_dir / "run.json"), f"stray processes after the run: {our_processes(run_dir / 'run.json')}"
