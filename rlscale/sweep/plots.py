@@ -17,6 +17,17 @@ def _plt():
     return plt
 
 
+def _save(plt, fig, out: Path, axes=(), legend_loc: str = "best") -> Path:
+    """Grid and legend on each axis, then write the PNG and free the figure."""
+    for ax in axes:
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8, loc=legend_loc)
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+    return out
+
+
 def plot_curves(res: SweepResult, out: Path) -> Path:
     """Metric vs samples, one line per batch (seed mean of the moving average), one panel per lr rule."""
     plt = _plt()
@@ -41,10 +52,7 @@ def plot_curves(res: SweepResult, out: Path) -> Path:
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8, loc="lower right")
     axes[0][0].set_ylabel(f"{spec.target.metric} (moving average of {spec.target.window}; dots: each eval)")
-    fig.tight_layout()
-    fig.savefig(out, dpi=110)
-    plt.close(fig)
-    return out
+    return _save(plt, fig, out)
 
 
 def plot_throughput(res: SweepResult, out: Path) -> Path:
@@ -73,12 +81,7 @@ def plot_throughput(res: SweepResult, out: Path) -> Path:
     ax.set_xlabel("batch N (samples per step)")
     ax.set_ylabel("samples/s (step clock)")
     ax.set_title("throughput vs batch")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(out, dpi=110)
-    plt.close(fig)
-    return out
+    return _save(plt, fig, out, [ax])
 
 
 def plot_decision(res: SweepResult, out: Path) -> Path:
@@ -110,12 +113,7 @@ def plot_decision(res: SweepResult, out: Path) -> Path:
     ax.set_xlabel(f"samples penalty E(N)/E(N_ref) at level {res.level}")
     ax.set_ylabel("throughput gain X(N)/X(N_ref)")
     ax.set_title(f"decision rule (reference {res.ref_prompts} prompts; labels: prompts)")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8, loc="lower right")
-    fig.tight_layout()
-    fig.savefig(out, dpi=110)
-    plt.close(fig)
-    return out
+    return _save(plt, fig, out, [ax], "lower right")
 
 
 def write_plots(res: SweepResult, out_dir: Path) -> list[Path]:
