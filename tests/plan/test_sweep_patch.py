@@ -119,6 +119,8 @@ def test_resume_refuses_other_flags(quick, tmp_path):
     assert fresh.data["runs"] == {}
 
 
+# slow: 7.8 s of matplotlib and the runner's imports, kept out of `make unit`
+@pytest.mark.slow
 def test_an_interrupted_sweep_resumes_where_it_stopped(quick, tmp_path, monkeypatch):
     """The orchestration with a stand-in runner: finished runs are kept, the interrupted one runs again."""
     import rlscale.embedded
