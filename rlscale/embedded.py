@@ -203,6 +203,39 @@ def _wait_port(host: str, port: int, proc: Role, timeout: float) -> None:
     raise RuntimeError(f"{proc.name} did not listen on {host}:{port} within {timeout:.0f} s; see {proc.log}")
 
 
+HEAD_READY = "Ray runtime started."  # what `ray start --head` logs once its node is registered
+
+
+def _start_head(local: LocalRun, role: Role, host: str, port: int, attempts: int = 3) -> Role:
+    """Start the Ray head and wait until its node is up, not only its GCS port.
+
+    `ray start --head` gives its raylet 30 s to register with the GCS (a constant in Ray) and
+    exits otherwise; on 2 busy cores it did ("The current node timed out during startup", twice in
+    tests/e2e/test_embedded_run.py run beside the rest of the suite). Such a start is retried,
+    before any other role depends on the head."""
+    for attempt in range(1, attempts + 1):
+        offset = role.log.stat().st_size if role.log.exists() else 0
+        head = local.start(role)
+        try:
+            _wait_port(host, port, head, timeout=120)
+            deadline = time.monotonic() + 120
+            while time.monotonic() < deadline and head.alive():
+                with open(head.log, "rb") as f:
+                    f.seek(offset)
+                    if HEAD_READY.encode() in f.read():
+                        return head
+                time.sleep(0.25)
+            if head.alive():
+                raise RuntimeError(f"the Ray head did not come up within 120 s; see {head.log}")
+        except RuntimeError:
+            if attempt == attempts or head.alive():
+                raise
+        head.stop()
+        local.roles.remove(head)
+        role = Role(role.name, role.argv, role.env, role.log)
+    raise RuntimeError(f"the Ray head did not start in {attempts} attempts; see {role.log}")
+
+
 def resolve_model_dir(path: str) -> str:
     """A local model directory for the spec's model.path (builtin models are built and cached)."""
     if path.startswith("builtin:"):
@@ -345,8 +378,8 @@ def run_embedded(rlrun: RLRun, *, metrics_port: int = DEFAULT_METRICS_PORT, runs
     old = {s: signal.signal(s, on_sigint) for s in (signal.SIGINT, signal.SIGTERM)}
     code = 1
     try:
-        head = local.start(Role("ray-head", exe + ["ray-head"], local.role_env(), run_dir / "logs/ray-head.log"))
-        _wait_port(host, int(port), head, timeout=120)
+        _start_head(local, Role("ray-head", exe + ["ray-head"], local.role_env(), run_dir / "logs/ray-head.log"),
+                    host, int(port))
         rollouts = [local.start(Role(f"rollout-{i}", exe + ["rollout"], local.role_env(), run_dir /
                                      f"logs/rollout-{i}.log"))
                     for i in range(int(plan.rollout_replicas))]
