@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from rlscale.plan.calibration import median_present
 from rlscale.sweep.analysis import _mean_curve
 from rlscale.sweep.report import SweepResult
 
@@ -67,8 +68,8 @@ def plot_throughput(res: SweepResult, out: Path) -> Path:
     bs = sorted(per)
 
     def line(attr: str):
-        vals = [[getattr(c, attr) for c in per[b] if getattr(c, attr)] for b in bs]
-        return [b for b, v in zip(bs, vals, strict=True) if v], [sorted(v)[len(v) // 2] for v in vals if v]
+        meds = {b: median_present(getattr(c, attr) or None for c in per[b]) for b in bs}
+        return [b for b in bs if meds[b] is not None], [meds[b] for b in bs if meds[b] is not None]
 
     for attr, style, label in (("throughput", "o-", "measured (median)"),
                                ("predicted_throughput", "s--", "planner, uncalibrated"),
