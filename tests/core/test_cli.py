@@ -9,11 +9,13 @@ import sys
 import pytest
 
 from tests.conftest import EXAMPLES, ROOT
+from tests.conftest import rlscale_cli as cli
 
 RLSCALE = [sys.executable, "-m", "rlscale.cli"]
 
 
-def cli(*args: str, cwd=ROOT) -> subprocess.CompletedProcess:
+def cli_process(*args: str, cwd=ROOT) -> subprocess.CompletedProcess:
+    """The CLI as a user starts it: its own interpreter, through `python -m rlscale.cli`."""
     return subprocess.run(RLSCALE + list(args), capture_output=True, text=True, cwd=cwd, timeout=120)
 
 
@@ -101,6 +103,6 @@ def test_run_refuses_a_plan_error_in_one_line(tmp_path):
                  f"  model: {{path: {tmp_path / 'empty-model'}}}\n  hardware: {{accelerator: cpu}}\n")
     planned = cli("plan", str(f))
     assert planned.returncode == 1 and "spec.model.shape" in planned.stderr  # so `run` stops before any process
-    r = cli("run", str(f), "--runs-dir", str(tmp_path / "runs"))
+    r = cli_process("run", str(f), "--runs-dir", str(tmp_path / "runs"))
     assert r.returncode == 1 and "spec.model.shape" in r.stderr, r.stdout + r.stderr
     assert "Traceback" not in r.stdout + r.stderr

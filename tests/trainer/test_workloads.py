@@ -20,7 +20,7 @@ import yaml
 from rlscale.spec import SpecError, parse_spec
 from rlscale.trainer.data import build_task, check_workload, read_rows, render, use_chat
 from rlscale.trainer.rewards import RewardError, extract_answer, resolve_reward, score
-from tests.conftest import ROOT, rlrun_dict
+from tests.conftest import ROOT, rlrun_dict, rlscale_cli
 
 CHAT_TEMPLATE = (
     "{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}<|end|>{% endfor %}"
@@ -363,8 +363,7 @@ def test_rlscale_validate_names_the_row_and_field(tmp_path):
     write_jsonl(data / "q.jsonl", [{"prompt": "1+1=", "answer": "2"}] * 3 + [{"prompt": "2+2=", "answr": "4"}])
     doc = rlrun_dict({"hardware": {"accelerator": "cpu"}, "task": {"dataset": "data/q.jsonl"}}, name="byo")
     (tmp_path / "run.yaml").write_text(yaml.safe_dump(doc))
-    out = subprocess.run([sys.executable, "-m", "rlscale.cli", "validate", str(tmp_path / "run.yaml")],
-                         capture_output=True, text=True, timeout=120, cwd=ROOT)
+    out = rlscale_cli("validate", str(tmp_path / "run.yaml"))
     assert out.returncode == 1, out.stdout + out.stderr
     said = " ".join(out.stderr.split())
     assert f"spec.task.dataset: '{data / 'q.jsonl'}' train row 4: field 'answer' is missing" in said
@@ -378,8 +377,7 @@ def test_validate_leaves_a_plugin_shipped_in_the_plugin_volume_to_the_pods(tmp_p
     for name, extra in (("shipped", {"pluginVolume": {"configMap": {"name": "r"}}}), ("local", {})):
         doc = rlrun_dict({"hardware": {"accelerator": "cpu"}, "task": {**task, **extra}}, name=name)
         (tmp_path / f"{name}.yaml").write_text(yaml.safe_dump(doc))
-    out = subprocess.run([sys.executable, "-m", "rlscale.cli", "validate", str(tmp_path / "shipped.yaml")],
-                         capture_output=True, text=True, timeout=120, cwd=ROOT)
+    out = rlscale_cli("validate", str(tmp_path / "shipped.yaml"))
     assert out.returncode == 0, out.stdout + out.stderr
     assert "comes from task.pluginVolume: it is tried when the run starts" in " ".join(out.stdout.split())
     # Without the volume the plug-in must import here (in-process: the same check validate runs).
