@@ -163,16 +163,18 @@ def test_noise_scale_falls_back_to_the_median_of_reported_values():
 def test_a_measured_eval_is_charged_per_step_and_favours_larger_batches(root):
     from rlscale.spec import load_rlrun
 
-    spec = load_rlrun(root / "examples" / "quickstart.yaml").spec  # cpu, evalEvery 10, 8-32 prompts
+    spec = load_rlrun(root / "examples" / "quickstart.yaml").spec  # cpu, 8-32 prompts
+    per_step = 6.0 / spec.target.eval_every
     steps = [{**_step(16, 0.2), "eval_seconds": None} for _ in range(20)]
     costly_cal = Calibration.from_steps(steps[:-5] + [{**_step(16, 0.2), "eval_seconds": 6.0}] + steps[-4:])
-    assert costly_cal.eval_s == 6.0  # one eval in the window, 0.6 s per step at any batch
+    assert costly_cal.eval_s == 6.0  # one eval in the window, 6 s / evalEvery per step at any batch
     cheap = make_plan(spec, Calibration.from_steps(steps + [{**_step(16, 0.2), "eval_seconds": 0.001}]))
     costly = make_plan(spec, costly_cal)
     for c in costly.candidates:
-        assert c.predicted.eval_seconds_per_step == pytest.approx(0.6)
+        assert c.predicted.eval_seconds_per_step == pytest.approx(per_step)
         steps_to_target = c.predicted.samples_to_target / c.batch
-        assert c.predicted.time_to_target_seconds == pytest.approx(steps_to_target * (c.predicted.step_seconds + 0.6))
+        expected = steps_to_target * (c.predicted.step_seconds + per_step)
+        assert c.predicted.time_to_target_seconds == pytest.approx(expected)
     # The same cost every step weighs less per sample at a larger batch.
     def ratio(plan):
         t = {c.prompts: c.predicted.time_to_target_seconds for c in plan.candidates}
