@@ -342,6 +342,7 @@ class Driver:
 
     def _finish_record(self, rec: dict[str, Any]) -> None:
         rec["wall_seconds"] = self.state.elapsed_s
+        rec["time"] = time.time()  # when the step (and its eval) ended, for wall-clock rates across records
         # The noise scale a planner should use: averaged over a window, None while the
         # gradient is lost in its noise (the per-step EMA in noise_scale swings by 100x).
         rec["noise_scale_window"] = noise_from_steps([*self.records[-(NOISE_WINDOW - 1):], rec])
