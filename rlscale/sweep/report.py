@@ -128,6 +128,17 @@ def _n(v: float | None, fmt: str = ",.0f", dash: str = "-") -> str:
 
 
 def markdown(res: SweepResult) -> str:
+    """sweep.md: what was swept and at which level, the verdicts, a table per lr rule, every run,
+    the phases and the noise-scale fit, then the plots."""
+    lines = _header(res) + _verdicts(res)
+    for rule, cells in sorted(res.by_rule().items()):
+        lines += _rule_table(res, rule, cells)
+    lines += _runs_table(res) + _phases_table(res) + _noise_section(res)
+    lines += ["", "![curves](curves.png)", "", "![throughput](throughput.png)", "", "![decision](decision.png)", ""]
+    return "\n".join(lines)
+
+
+def _header(res: SweepResult) -> list[str]:
     spec, spp = res.spec, res.spec.batch.samples_per_prompt
     metric, target = spec.target.metric, spec.target.value
     seeds = sorted({r.seed for r in res.runs})
@@ -141,52 +152,65 @@ def markdown(res: SweepResult) -> str:
     lines.append("")
     if res.level is None:
         lines.append(f"**No level measured**: some run recorded no full moving average of {metric}.")
-    else:
-        note = ("the spec's target" if res.level >= target else
-                f"below the spec's target {target}: the highest level every run reached within its sample budget")
-        lines.append(f"**Samples- and time-to-level are measured at {metric} = {res.level:.2f}** ({note}; moving "
-                     f"average of {spec.target.window} evals, evals at equal sample spacing for every batch). "
-                     "Times are on the step clock: held-out evals excluded.")
-        starts = [r.start_value() for r in res.runs if r.start_value() is not None]
-        if starts:
-            lines.append(f"Before training, {metric} was {min(starts):.3f}-{max(starts):.3f}.")
-    lines += ["", "## Verdicts", ""]
-    names = {"a": "(a) sample curves batch-invariant with the sqrt retune, bounded range; untuned larger batches pay",
-             "b": "(b) larger batches raise generation throughput",
-             "c": "(c) a larger batch is faster only when throughput gain > samples penalty",
-             "planner": "the planner's choice was the measured fastest"}
-    for v in res.verdicts:
-        lines.append(f"- **{names[v.claim]}: {v.word}.** {v.text}")
+        return lines
+    note = ("the spec's target" if res.level >= target else
+            f"below the spec's target {target}: the highest level every run reached within its sample budget")
+    lines.append(f"**Samples- and time-to-level are measured at {metric} = {res.level:.2f}** ({note}; moving "
+                 f"average of {spec.target.window} evals, evals at equal sample spacing for every batch). "
+                 "Times are on the step clock: held-out evals excluded.")
+    starts = [r.start_value() for r in res.runs if r.start_value() is not None]
+    if starts:
+        lines.append(f"Before training, {metric} was {min(starts):.3f}-{max(starts):.3f}.")
+    return lines
+
+
+CLAIMS = {"a": "(a) sample curves batch-invariant with the sqrt retune, bounded range; untuned larger batches pay",
+          "b": "(b) larger batches raise generation throughput",
+          "c": "(c) a larger batch is faster only when throughput gain > samples penalty",
+          "planner": "the planner's choice was the measured fastest"}
+
+
+def _verdicts(res: SweepResult) -> list[str]:
+    lines = ["", "## Verdicts", ""]
+    lines += [f"- **{CLAIMS[v.claim]}: {v.word}.** {v.text}" for v in res.verdicts]
     lines.append(f"\nSeed-to-seed band used for 'the same': x{1 + res.tol:.2f} (the larger of 15% and twice the "
                  "median seed half-range).")
-    for rule, cells in sorted(res.by_rule().items()):
-        lines += ["", f"## Rule {rule}", "",
-                  "| prompts | N | lr | samples to level (mean) | spread over seeds | reached | planner E/E_ref | "
-                  "measured E/E_ref | curve gap vs ref | samples/s | planner samples/s (uncal / cal@ref / fit) | "
-                  "time to level (s) | planner T/T_ref | measured T/T_ref | start-up (s) | B_simple |",
-                  "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
-        base = next((c for c in cells if c.prompts == res.ref_prompts), None)
-        for c in sorted(cells, key=lambda c: c.prompts):
-            e_rel = c.e_mean / base.e_mean if base and base.e_mean and c.e_mean else None
-            t_rel = c.t_mean / base.t_mean if base and base.t_mean and c.t_mean else None
-            pt = None
-            if base and c.predicted_penalty and c.predicted_throughput and base.predicted_throughput:
-                pt = c.predicted_penalty / (c.predicted_throughput / base.predicted_throughput)
-            gap = res.gaps.get((rule, c.prompts))
-            lines.append(
-                f"| {c.prompts} | {c.batch} | {fmt_lr(c.lr)} | {_n(c.e_mean)} | "
-                f"{'+-' + format(c.e_spread, '.0%') if c.e_spread is not None else '-'} | "
-                f"{len(c.samples_to_level)}/{len(c.runs)} | {_n(c.predicted_penalty, '.2f')} | {_n(e_rel, '.2f')} | "
-                f"{_n(gap, '.3f')} | {_n(c.throughput, '.1f')} | {_n(c.predicted_throughput, '.1f')} / "
-                f"{_n(c.predicted_throughput_cal, '.1f')} / {_n(c.predicted_throughput_fit, '.1f')} | "
-                f"{_n(c.t_mean, '.0f')} | {_n(pt, '.2f')} | {_n(t_rel, '.2f')} | {_n(c.startup_seconds, '.0f')} | "
-                f"{_n(c.noise_scale)} |")
-    lines += ["", "Columns: *planner E/E_ref* is the planner's samples penalty (noise curve x lr-mismatch penalty); "
-              "*curve gap* the mean |difference| of the seed-averaged moving-average curves against the reference "
-              "batch over the samples both cover; *cal@ref*: the planner calibrated from the reference batch's "
-              "measured phases (what a run does to itself); *fit*: per-phase factors fitted over every batch "
-              "(what --write-calibration writes); *B_simple*: the gradient-noise estimate from the runs' "
-              "gradient statistics (median over seeds; - where the gradient was lost in its noise)."]
+    return lines
+
+
+def _rule_table(res: SweepResult, rule: str, cells: list) -> list[str]:
+    lines = ["", f"## Rule {rule}", "",
+             "| prompts | N | lr | samples to level (mean) | spread over seeds | reached | planner E/E_ref | "
+             "measured E/E_ref | curve gap vs ref | samples/s | planner samples/s (uncal / cal@ref / fit) | "
+             "time to level (s) | planner T/T_ref | measured T/T_ref | start-up (s) | B_simple |",
+             "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    base = next((c for c in cells if c.prompts == res.ref_prompts), None)
+    for c in sorted(cells, key=lambda c: c.prompts):
+        e_rel = c.e_mean / base.e_mean if base and base.e_mean and c.e_mean else None
+        t_rel = c.t_mean / base.t_mean if base and base.t_mean and c.t_mean else None
+        pt = None
+        if base and c.predicted_penalty and c.predicted_throughput and base.predicted_throughput:
+            pt = c.predicted_penalty / (c.predicted_throughput / base.predicted_throughput)
+        gap = res.gaps.get((rule, c.prompts))
+        lines.append(
+            f"| {c.prompts} | {c.batch} | {fmt_lr(c.lr)} | {_n(c.e_mean)} | "
+            f"{'+-' + format(c.e_spread, '.0%') if c.e_spread is not None else '-'} | "
+            f"{len(c.samples_to_level)}/{len(c.runs)} | {_n(c.predicted_penalty, '.2f')} | {_n(e_rel, '.2f')} | "
+            f"{_n(gap, '.3f')} | {_n(c.throughput, '.1f')} | {_n(c.predicted_throughput, '.1f')} / "
+            f"{_n(c.predicted_throughput_cal, '.1f')} / {_n(c.predicted_throughput_fit, '.1f')} | "
+            f"{_n(c.t_mean, '.0f')} | {_n(pt, '.2f')} | {_n(t_rel, '.2f')} | {_n(c.startup_seconds, '.0f')} | "
+            f"{_n(c.noise_scale)} |")
+    return lines
+
+
+def _runs_table(res: SweepResult) -> list[str]:
+    target = res.spec.target.value
+    lines = ["", "Columns: *planner E/E_ref* is the planner's samples penalty (noise curve x lr-mismatch penalty); "
+             "*curve gap* the mean |difference| of the seed-averaged moving-average curves against the reference "
+             "batch over the samples both cover; *cal@ref*: the planner calibrated from the reference batch's "
+             "measured phases (what a run does to itself); *fit*: per-phase factors fitted over every batch "
+             "(what --write-calibration writes); *B_simple*: the gradient-noise estimate from the runs' "
+             "gradient statistics (median over seeds; - where the gradient was lost in its noise)."]
     lines += ["", "## Runs", "", "| rule | prompts | seed | steps | samples | best moving avg | samples to level | "
               f"seconds to level | samples to target {target} | samples/s | B_simple | start-up (s) |",
               "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
@@ -195,27 +219,33 @@ def markdown(res: SweepResult) -> str:
                      f"{_n(r['best'], '.3f')} | {_n(r['samplesToLevel'])} | {_n(r['secondsToLevel'], '.0f')} | "
                      f"{_n(r['samplesToTarget'], ',.0f', 'not reached')} | {_n(r['samplesPerSecond'], '.1f')} | "
                      f"{_n(r['noiseScale'])} | {_n(r['startupSeconds'], '.0f')} |")
-    lines += ["", "## Phases (median seconds per step)", "", "| rule | prompts | " +
-              " | ".join(["generate", "reward", "train", "sync"]) + " |", "|---|---:|---:|---:|---:|---:|"]
+    return lines
+
+
+def _phases_table(res: SweepResult) -> list[str]:
+    phases = ("generate", "reward", "train", "sync")
+    lines = ["", "## Phases (median seconds per step)", "", "| rule | prompts | " + " | ".join(phases) + " |",
+             "|---|---:|---:|---:|---:|---:|"]
     for c in sorted(res.cells, key=lambda c: (c.rule, c.prompts)):
-        lines.append(f"| {c.rule} | {c.prompts} | " + " | ".join(_n(c.phases.get(p), '.4f')
-                                                                  for p in ("generate", "reward", "train", "sync"))
-                     + " |")
-    lines += ["", "## Noise scale", ""]
+        lines.append(f"| {c.rule} | {c.prompts} | " + " | ".join(_n(c.phases.get(p), '.4f') for p in phases) + " |")
+    return lines
+
+
+def _noise_section(res: SweepResult) -> list[str]:
+    lines = ["", "## Noise scale", ""]
     nf = res.noise
     if nf is None:
         lines.append("Not fitted: fewer than three samples-to-level points at two or more batches.")
-    else:
-        fit = (f"B_noise = {nf.b_noise:,.0f} samples" if nf.b_noise else "no samples penalty over the swept range "
-               "(slope <= 0), so B_noise is above it")
-        low = f"; the smallest B_noise the data allow (slope + 2 s.e.): {nf.b_noise_low:,.0f}" if nf.b_noise_low \
-            else "; the data put no lower bound on it"
-        lines.append(f"Least squares of E on N over {nf.points} runs (rule {res.decision_rule}): E_min = "
-                     f"{nf.e_min:,.0f}, slope {nf.slope:.1f} +- {nf.slope_se:.1f} samples per sample of batch: "
-                     f"{fit}{low}. The spec says optimizer.noiseScale = {spec.optimizer.noise_scale or 'unset'}.")
-        patch = res.noise_for_patch()
-        if patch:
-            lines.append(f"--write-calibration writes noiseScale {patch:,.0f} "
-                         + ("(the fit)." if nf.significant else "(the lower bound: the penalty is not significant)."))
-    lines += ["", "![curves](curves.png)", "", "![throughput](throughput.png)", "", "![decision](decision.png)", ""]
-    return "\n".join(lines)
+        return lines
+    fit = (f"B_noise = {nf.b_noise:,.0f} samples" if nf.b_noise else "no samples penalty over the swept range "
+           "(slope <= 0), so B_noise is above it")
+    low = (f"; the smallest B_noise the data allow (slope + 2 s.e.): {nf.b_noise_low:,.0f}" if nf.b_noise_low
+           else "; the data put no lower bound on it")
+    lines.append(f"Least squares of E on N over {nf.points} runs (rule {res.decision_rule}): E_min = "
+                 f"{nf.e_min:,.0f}, slope {nf.slope:.1f} +- {nf.slope_se:.1f} samples per sample of batch: "
+                 f"{fit}{low}. The spec says optimizer.noiseScale = {res.spec.optimizer.noise_scale or 'unset'}.")
+    patch = res.noise_for_patch()
+    if patch:
+        lines.append(f"--write-calibration writes noiseScale {patch:,.0f} "
+                     + ("(the fit)." if nf.significant else "(the lower bound: the penalty is not significant)."))
+    return lines
