@@ -120,13 +120,14 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     import torch
 
+    from rlscale.plan.samples import scaled_lr
     from rlscale.spec import load_rlrun
 
     spec = load_rlrun(args.spec).spec
-    plan = planned(args.spec)
-    prompts = args.prompts or plan["prompts"]
-    lr = plan["learningRate"] if not args.prompts else spec.optimizer.lr  # lr only matters for learning, not speed
+    prompts = args.prompts or planned(args.spec)["prompts"]
     n = spec.batch.samples_per_prompt
+    # The lr `rlscale run` uses at this batch: the spec's, rescaled by its rule.
+    lr = scaled_lr(spec.optimizer.lr, prompts * n, spec.optimizer.reference_batch, spec.optimizer.scaling)
     print(f"{args.spec.name}: {prompts}x{n} = {prompts * n} samples per step, torch threads "
           f"{torch.get_num_threads()}, {os.cpu_count()} CPUs", flush=True)
 
