@@ -36,6 +36,9 @@ def fixed(args: dict) -> None:
         out = Path(run["out"])
         out.mkdir(parents=True, exist_ok=True)
         if learner.rank == 0:
+            from deepspeed.comm import comm
+
+            print("COMM", json.dumps({"shm_comm_op": comm.cdb.shm_comm_op is not None}), flush=True)
             for batch, lr in zip(run["batches"], run["lrs"], strict=True):
                 stats = learner.step(batch, lr=lr)
                 print("STATS", json.dumps(stats), flush=True)
