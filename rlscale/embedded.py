@@ -10,6 +10,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -119,20 +120,21 @@ class LocalRun:
         return role
 
     def stop_all(self) -> None:
-        # Learners first: the driver checkpoints on SIGTERM and deletes its Serve app.
+        # Learners first: the driver checkpoints on SIGTERM and writes the report.
         for r in [r for r in self.roles if r.name.startswith("learner")]:
             r.stop(timeout=60.0)
-        # Then Ray, both nodes at once: nothing of the run lives there any more, and Ray's
-        # own drain on SIGTERM waited up to 20 s of every run's end for work that was gone.
+        # Then Ray, both nodes and every worker at once, killed: the learners have written all
+        # the run keeps (checkpoints, metrics, report), and the run's Ray cluster holds nothing
+        # else. Ray's drain on SIGTERM ("Draining for up to 30.0 seconds") and the reap's grace
+        # period took 11 s of every run's end (a 6-step quickstart run's logs, head SIGTERM to exit).
         rest = [r for r in self.roles if not r.name.startswith("learner")]
         for r in rest:
-            r.send(signal.SIGTERM)
-        deadline = time.monotonic() + 5.0  # one grace period for all of them, not one each
-        for r in rest:
-            r.stop(timeout=max(0.1, deadline - time.monotonic()))
+            r.send(signal.SIGKILL)
         # Ray starts some workers (the Serve controller) in sessions of their own; they carry
         # the run's environment, which is how we find what the process groups missed.
-        reap(processes_of_run(str(self.run_dir / "run.json")))
+        kill_and_wait(processes_of_run(str(self.run_dir / "run.json")))
+        for r in rest:
+            r.stop(signal.SIGKILL, timeout=5.0)
 
 
 def processes_of_run(config_path: str) -> list[int]:
@@ -151,23 +153,19 @@ def processes_of_run(config_path: str) -> list[int]:
     return pids
 
 
-def reap(pids: list[int], grace: float = 10.0) -> None:
-    """SIGTERM, then SIGKILL what is left after `grace` seconds."""
-    for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 5.0)):
-        alive = []
-        for pid in pids:
-            try:
-                os.kill(pid, sig)
-                alive.append(pid)
-            except (ProcessLookupError, PermissionError):
-                pass
-        deadline = time.monotonic() + wait
-        while alive and time.monotonic() < deadline:
-            alive = [p for p in alive if _exists(p)]
-            time.sleep(0.1)
-        pids = alive
-        if not pids:
-            return
+def kill_and_wait(pids: list[int], timeout: float = 5.0) -> None:
+    """SIGKILL every pid, then wait (up to `timeout`) until none of them is left."""
+    alive = []
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGKILL)
+            alive.append(pid)
+        except (ProcessLookupError, PermissionError):
+            pass
+    deadline = time.monotonic() + timeout
+    while alive and time.monotonic() < deadline:
+        alive = [p for p in alive if _exists(p)]
+        time.sleep(0.05)
 
 
 def _exists(pid: int) -> bool:
@@ -307,6 +305,19 @@ def progress_view(rec: dict[str, Any] | None, target: float, metric: str, budget
     return Group(bar, t)
 
 
+def check_task(spec, model_dir: str) -> None:
+    """The workload's checks (a bad row, reward or template stops the run here, before any learner
+    has started), and one line on what the task holds."""
+    from rlscale.trainer.data import check_before_start
+
+    task = check_before_start(spec, model_dir)
+    dropped = sum(task.dropped.values())
+    console.print(f"task: {task.name}, {len(task.train)} train and {len(task.eval)} held-out prompts"
+                  f"{' (chat template)' if task.chat else ''}"
+                  + (f", {dropped} longer than maxLength - maxNewTokens dropped" if dropped else ""),
+                  highlight=False)
+
+
 def prepare_run(rlrun: RLRun, runs_dir: Path, metrics_port: int, fresh: bool,
                 linger: float = 0.0, extra: dict[str, Any] | None = None) -> tuple[RunConfig, Path, Any]:
     """Plan, resolve the model and write run.json + plan.json into runs/<name>/."""
@@ -321,14 +332,6 @@ def prepare_run(rlrun: RLRun, runs_dir: Path, metrics_port: int, fresh: bool,
     ckpt = spec.checkpoint.path
     ckpt_dir = run_dir / "checkpoints" if ckpt == DEFAULT_CHECKPOINT_PATH else Path(ckpt).resolve()
     model_dir = resolve_model_dir(spec.model.path)
-    from rlscale.trainer.data import check_before_start
-
-    task = check_before_start(spec, model_dir)  # a bad row or reward stops here, before any process starts
-    dropped = sum(task.dropped.values())
-    console.print(f"task: {task.name}, {len(task.train)} train and {len(task.eval)} held-out prompts"
-                  f"{' (chat template)' if task.chat else ''}"
-                  + (f", {dropped} longer than maxLength - maxNewTokens dropped" if dropped else ""),
-                  highlight=False)
     port = metrics_port or free_port()
     cores = max(1, os.cpu_count() or 1)
     # Generation and training take turns on this host, so a replica may use every core its
@@ -377,12 +380,18 @@ def run_embedded(rlrun: RLRun, *, metrics_port: int = DEFAULT_METRICS_PORT, runs
 
     old = {s: signal.signal(s, on_sigint) for s in (signal.SIGINT, signal.SIGTERM)}
     code = 1
+    pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="task-check")
     try:
+        # The task's checks import transformers (13.7 s of the CLI's 15 s before the head started,
+        # cProfile of prepare_run): the Ray nodes come up meanwhile, the learners start only once
+        # the checks pass, and a failed check stops the nodes (the finally below).
+        check = pool.submit(check_task, spec, cfg.model_dir)
         _start_head(local, Role("ray-head", exe + ["ray-head"], local.role_env(), run_dir / "logs/ray-head.log"),
                     host, int(port))
         rollouts = [local.start(Role(f"rollout-{i}", exe + ["rollout"], local.role_env(), run_dir /
                                      f"logs/rollout-{i}.log"))
                     for i in range(int(plan.rollout_replicas))]
+        check.result()
         world = int(plan.learner_replicas)
         master_port = str(free_port())
         learners = [
@@ -394,6 +403,7 @@ def run_embedded(rlrun: RLRun, *, metrics_port: int = DEFAULT_METRICS_PORT, runs
         ]
         code = _watch(local, learners[0], rollouts, run_dir, spec, render)
     finally:
+        pool.shutdown(wait=True)  # a check still running (the head failed first) ends before the nodes stop
         local.stop_all()
         for s, h in old.items():
             signal.signal(s, h)

@@ -12,6 +12,10 @@ from pathlib import Path
 from rlscale.runconfig import load_run_config
 
 DEFAULT_RAY_PORT = 6379
+# The Ray resource a rollout node offers, one per rollout pod / `rlscale rollout` process; Serve
+# places one replica per slot. Here, not in rollout/serve.py: the rollout role starts its node
+# without importing Ray Serve (3.6 s of its start-up).
+ROLLOUT_RESOURCE = "rollout"
 # How the driver (learner rank 0) ends; the local runner passes the code on.
 EXIT_TARGET, EXIT_BUDGET, EXIT_INTERRUPTED = 0, 3, 130
 

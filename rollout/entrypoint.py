@@ -8,8 +8,7 @@ import signal
 import subprocess
 import sys
 
-from rlscale.roles import ray_executable, ray_node_env
-from rlscale.rollout.serve import ROLLOUT_RESOURCE
+from rlscale.roles import ROLLOUT_RESOURCE, ray_executable, ray_node_env
 
 
 def ray_start_command(ray_address: str, num_cpus: int = 0, object_store_bytes: int | None = None) -> list[str]:

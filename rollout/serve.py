@@ -21,6 +21,7 @@ from ray import serve  # noqa: E402
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy  # noqa: E402
 
 from rlscale.metrics_names import ROLLOUT_PREFIX  # noqa: E402
+from rlscale.roles import ROLLOUT_RESOURCE  # noqa: E402
 from rlscale.rollout.engine import EngineConfig, Sample  # noqa: E402
 
 log = logging.getLogger(__name__)
@@ -28,7 +29,6 @@ log = logging.getLogger(__name__)
 APP_NAME = "rlscale-rollout"
 DEPLOYMENT_NAME = "RolloutReplica"
 STORE_NAMESPACE = "rlscale"  # Serve replicas live in the "serve" namespace: name it
-ROLLOUT_RESOURCE = "rollout"  # one per rollout pod / `rlscale rollout` process
 
 # Errors that mean "the replica went away", not "the request is bad": retry elsewhere.
 _RETRYABLE = (

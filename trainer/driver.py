@@ -637,7 +637,10 @@ def drive(cfg: RunConfig, learner, client=None) -> int:
             wait_for_termination()
     finally:
         try:
-            client.shutdown()
+            if not extra.get("local"):
+                client.shutdown()
+            # Locally the runner kills the run's whole Ray cluster next: deleting the Serve app
+            # first (the replica's graceful stop, the engine's teardown) only delayed that.
         finally:
             ray.shutdown()
             if server is not None and isinstance(server, tuple):
