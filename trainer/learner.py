@@ -110,6 +110,7 @@ def init_distributed() -> tuple[int, int]:
     """Join the process group from RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT (defaults: one rank on loopback)."""
     import deepspeed
 
+    skip_inference_all_reduce_op()  # also for a group someone else set up: DeepSpeed's comm init comes later
     if dist.is_initialized():
         return dist.get_rank(), dist.get_world_size()
     os.environ.setdefault("RANK", "0")
@@ -126,7 +127,6 @@ def init_distributed() -> tuple[int, int]:
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             os.environ["MASTER_PORT"] = str(s.getsockname()[1])
-    skip_inference_all_reduce_op()
     # DeepSpeed picks the backend from its accelerator: gloo on CPU, NCCL on GPU.
     deepspeed.init_distributed(verbose=False)
     return dist.get_rank(), dist.get_world_size()
