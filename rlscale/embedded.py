@@ -111,6 +111,11 @@ class LocalRun:
         env["RAY_AUTH_MODE"] = "token"
         env["RAY_AUTH_TOKEN_PATH"] = str(ray_token_file(self.run_dir))
         env.setdefault("PYTHONUNBUFFERED", "1")
+        # Serve's controller reconciles every 0.1 s by default: 0.047 of a core through a local run
+        # on 2 cores (per-process CPU from /proc during bench/loop_vs_plain.py), each wake-up
+        # beside the engine's or the learner's threads. A run here deploys once and re-plans
+        # rarely, so every 0.5 s is soon enough.
+        env.setdefault("RAY_SERVE_CONTROL_LOOP_INTERVAL_S", "0.5")
         env.update(extra)
         return env
 

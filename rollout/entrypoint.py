@@ -8,7 +8,7 @@ import signal
 import subprocess
 import sys
 
-from rlscale.roles import ROLLOUT_RESOURCE, ray_executable, ray_node_env
+from rlscale.roles import NO_LOG_MONITOR, ROLLOUT_RESOURCE, ray_executable, ray_node_env
 
 
 def ray_start_command(ray_address: str, num_cpus: int = 0, object_store_bytes: int | None = None) -> list[str]:
@@ -22,6 +22,7 @@ def ray_start_command(ray_address: str, num_cpus: int = 0, object_store_bytes: i
         # and on one machine the head already offers the CPUs once.
         f"--num-cpus={num_cpus}",
         "--disable-usage-stats",
+        NO_LOG_MONITOR,
         "--block",
         # Sized by the run config to fit the pod's memory-backed /dev/shm.
         *([f"--object-store-memory={int(object_store_bytes)}"] if object_store_bytes else []),

@@ -151,9 +151,10 @@ def start_ray_node(cfg) -> None:
     """`ray start` (a daemonised node offering no CPUs) joining the run's head, for the driver."""
     import subprocess
 
-    from rlscale.roles import ray_executable, ray_node_env
+    from rlscale.roles import NO_LOG_MONITOR, ray_executable, ray_node_env
 
-    cmd = [ray_executable(), "start", f"--address={cfg.ray_address}", "--num-cpus=0", "--disable-usage-stats"]
+    cmd = [ray_executable(), "start", f"--address={cfg.ray_address}", "--num-cpus=0", "--disable-usage-stats",
+           NO_LOG_MONITOR]
     store = (cfg.extra or {}).get("objectStoreBytes")
     if store:
         cmd.append(f"--object-store-memory={int(store)}")
