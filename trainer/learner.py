@@ -23,6 +23,7 @@ import torch.distributed as dist
 from rlscale.trainer import algorithms as A
 from rlscale.trainer import checkpoint
 from rlscale.trainer.batching import RolloutBatch, group_micro_batches, pack
+from rlscale.trainer.distributed import init_distributed
 from rlscale.trainer.noise import NoiseScale, in_batch_samples, noise_components
 
 
@@ -85,51 +86,6 @@ class LearnerConfig:
         )
         kw.update(overrides)
         return cls(**kw)
-
-
-def skip_inference_all_reduce_op() -> None:
-    """On CPU, keep DeepSpeed from compiling its shared-memory all-reduce kernel at comm init.
-
-    Only DeepSpeed's inference all-reduce uses that kernel; training reduces through the
-    process group. Built at first use it cost a learner 75-85 s of g++ on 2 cores at every
-    start with an empty or stale TORCH_EXTENSIONS_DIR (a fresh machine, or a venv at another
-    path): `bench/loop_vs_plain.py` with per-process CPU sampled from /proc showed two cc1plus
-    processes for 75 s of the run's start-up.
-    """
-    from deepspeed.accelerator import get_accelerator
-
-    if get_accelerator().device_name() != "cpu":
-        return
-    import deepspeed.ops
-
-    # The op table is computed once and kept in the module; comm init reads it from there.
-    deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
-
-
-def init_distributed() -> tuple[int, int]:
-    """Join the process group from RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT (defaults: one rank on loopback)."""
-    import deepspeed
-
-    skip_inference_all_reduce_op()  # also for a group someone else set up: DeepSpeed's comm init comes later
-    if dist.is_initialized():
-        return dist.get_rank(), dist.get_world_size()
-    os.environ.setdefault("RANK", "0")
-    os.environ.setdefault("WORLD_SIZE", "1")
-    # One GPU per pod on Kubernetes: local rank 0 unless a launcher (torchrun, the runner) says otherwise.
-    os.environ.setdefault("LOCAL_RANK", "0")
-    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    if "MASTER_PORT" not in os.environ:
-        if os.environ["WORLD_SIZE"] != "1":
-            raise RuntimeError("learner: WORLD_SIZE > 1 needs MASTER_ADDR and MASTER_PORT of rank 0; set them in the "
-                               "environment")
-        import socket
-
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            os.environ["MASTER_PORT"] = str(s.getsockname()[1])
-    # DeepSpeed picks the backend from its accelerator: gloo on CPU, NCCL on GPU.
-    deepspeed.init_distributed(verbose=False)
-    return dist.get_rank(), dist.get_world_size()
 
 
 class ValueModel(torch.nn.Module):
