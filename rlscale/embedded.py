@@ -193,9 +193,11 @@ def ray_token_file(run_dir: Path) -> Path:
     return path
 
 
-def _wait_port(host: str, port: int, proc: Role, timeout: float) -> None:
+def _wait_port(host: str, port: int, proc: Role, timeout: float, poll: Callable[[], Any] | None = None) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
+        if poll is not None:
+            poll()
         if not proc.alive():
             raise RuntimeError(f"{proc.name} exited early; see {proc.log}")
         with socket.socket() as s:
@@ -209,8 +211,10 @@ def _wait_port(host: str, port: int, proc: Role, timeout: float) -> None:
 HEAD_READY = "Ray runtime started."  # what `ray start --head` logs once its node is registered
 
 
-def _start_head(local: LocalRun, role: Role, host: str, port: int, attempts: int = 3) -> Role:
-    """Start the Ray head and wait until its node is up, not only its GCS port.
+def _start_head(local: LocalRun, role: Role, host: str, port: int, attempts: int = 3,
+                poll: Callable[[], Any] | None = None) -> Role:
+    """Start the Ray head and wait until its node is up, not only its GCS port; `poll()` is called
+    while waiting, and what it raises ends the wait.
 
     `ray start --head` gives its raylet 30 s to register with the GCS (a constant in Ray) and
     exits otherwise; on 2 busy cores it did ("The current node timed out during startup", twice in
@@ -220,9 +224,11 @@ def _start_head(local: LocalRun, role: Role, host: str, port: int, attempts: int
         offset = role.log.stat().st_size if role.log.exists() else 0
         head = local.start(role)
         try:
-            _wait_port(host, port, head, timeout=120)
+            _wait_port(host, port, head, timeout=120, poll=poll)
             deadline = time.monotonic() + 120
             while time.monotonic() < deadline and head.alive():
+                if poll is not None:
+                    poll()
                 with open(head.log, "rb") as f:
                     f.seek(offset)
                     if HEAD_READY.encode() in f.read():
@@ -391,8 +397,13 @@ def run_embedded(rlrun: RLRun, *, metrics_port: int = DEFAULT_METRICS_PORT, runs
         # cProfile of prepare_run): the Ray nodes come up meanwhile, the learners start only once
         # the checks pass, and a failed check stops the nodes (the finally below).
         check = pool.submit(check_task, spec, cfg.model_dir)
+
+        def check_failed() -> None:  # a failed check ends the wait for the head at once, with its error
+            if check.done():
+                check.result()
+
         _start_head(local, Role("ray-head", exe + ["ray-head"], local.role_env(), run_dir / "logs/ray-head.log"),
-                    host, int(port))
+                    host, int(port), poll=check_failed)
         rollouts = [local.start(Role(f"rollout-{i}", exe + ["rollout"], local.role_env(), run_dir /
                                      f"logs/rollout-{i}.log"))
                     for i in range(int(plan.rollout_replicas))]

@@ -145,3 +145,28 @@ def test_interrupt_resume_and_reach_target_scraped_by_prometheus(tmp_path):
     assert "## Diagnostics" in (run_dir / "summary.md").read_text()
     assert "time to target" in (run_dir / "summary.md").read_text()
     assert (run_dir / "curves.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_a_dataset_that_fails_its_check_stops_the_run_with_the_field_and_leaves_nothing(tmp_path):
+    """The task's checks run while the Ray nodes start: a bad row ends the run with its one-line
+    error (naming the field, the file and the row), no learner starts, and the nodes are gone."""
+    broken = tmp_path / "broken.jsonl"
+    broken.write_text('{"prompt": "1+1=", "answer": "2"}\n{"prompt": "2+2="}\n')
+    spec = yaml.safe_load((EXAMPLES / "quickstart.yaml").read_text())
+    spec["metadata"]["name"] = "badrows"
+    task = spec["spec"]["task"]
+    for k in ("name", "difficulty"):
+        task.pop(k, None)
+    task["dataset"] = str(broken)
+    f = tmp_path / "badrows.yaml"
+    f.write_text(yaml.safe_dump(spec))
+    runs = tmp_path / "runs"
+    t0 = time.monotonic()
+    r = subprocess.run([sys.executable, "-m", "rlscale.cli", "run", str(f), "--runs-dir", str(runs)],
+                       capture_output=True, text=True, timeout=300, env={**os.environ, "COLUMNS": "200"})
+    out = r.stdout + r.stderr
+    assert r.returncode == 1, out
+    assert "spec.task.dataset" in out and "row 2: field 'answer' is missing" in out and "Traceback" not in out, out
+    assert not (runs / "badrows" / "logs" / "learner-0.log").exists()
+    assert no_strays(runs / "badrows" / "run.json", within=5.0)
+    print(f"refused in {time.monotonic() - t0:.1f} s")
