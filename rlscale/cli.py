@@ -26,10 +26,10 @@ app = typer.Typer(
 out = Console()
 err = Console(stderr=True)
 
-# The default sweep (4 batches x 2 rules x 2 seeds) in about an hour on 2 cores, from the quickstart's measured
-# numbers (README, "Measured"): start-up 73 s a run, 0.6 s per 16x8 step, 359 samples/s at 32x8, one eval ~1 s.
-# With ~140 and ~500 samples/s assumed at 8x8 and 64x8: 4 x 32,768 x (1/140 + 1/213 + 1/359 + 1/500) s of steps
-# + 16 x 73 s of start-up + 16 x 16 evals = 36 + 19.5 + 4.3 min.
+# The default sweep (4 batches x 2 rules x 2 seeds, 32,768 samples a run) was sized for about an hour on 2 cores
+# from the quickstart's figures on a machine that ran a 32x8 step in 0.71 s (359 samples/s). Measured on a 2-core
+# AVX2 machine that runs it in 1.64 s: 94 min (the runs' wallSeconds in sweep.json; 98 samples/s at 8x8 to 157 at
+# 64x8, 52-56 s of start-up a run). Fewer samples would not do: at 32,768 the runs only reach 0.58-0.66 from 0.48.
 DEFAULT_SWEEP_SAMPLES = 32768
 DEFAULT_SWEEP_EVAL_SAMPLES = 2048
 FileArg = typer.Argument(..., help="An RLRun YAML file.", show_default=False)
@@ -211,8 +211,8 @@ def sweep(
                                  "optimizer.lr at optimizer.referenceBatch: sqrt, linear, none (the lr unchanged)."),
     seeds: int = typer.Option(2, "--seeds", min=1, help="Seeds per (batch, rule)."),
     samples: int = typer.Option(DEFAULT_SWEEP_SAMPLES, "--samples", min=1,
-                                help="Sample budget of every run (the default fits a 16-run sweep of the "
-                                "quickstart in about an hour on 2 cores; the quickstart's 0.8 target needs ~200k)."),
+                                help="Sample budget of every run (the default 16-run sweep of the quickstart took "
+                                "94 min on a 2-core AVX2 machine; the quickstart's 0.8 target needs ~200k)."),
     eval_samples: int = typer.Option(DEFAULT_SWEEP_EVAL_SAMPLES, "--eval-samples", min=1,
                                      help="Held-out eval every this many samples, rounded up to a multiple of "
                                      "every batch so all batches evaluate alike."),
