@@ -5,10 +5,10 @@ AdamW) on the same model, task and batch, in one run of this script; and rlscale
 the most the loop could reach with no overhead at all (the ceiling).
 
 Order: plain loop, then the rlscale run, then the plain loop again, so a machine that slows
-down during the run slows both sides; the parts last. rlscale's rate is read from its own step records: the
-median step (`step_seconds`) and the wall clock between the first measured step and the last
-(record times, with nothing else running: no evals, no checkpoints). Prints the ratio and a
-per-phase profile of both.
+down during the run slows both sides; the parts last. rlscale's rate is read from its own step
+records: the median step (`step_seconds`) and the wall clock between the first measured step and
+the last (record times, with nothing else running: no evals, no checkpoints). Prints the ratios
+and a per-phase profile of all three.
 
     .venv/bin/python bench/loop_vs_plain.py                      # the quickstart at its planned batch
     .venv/bin/python bench/loop_vs_plain.py --prompts 16 --steps 40

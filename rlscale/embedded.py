@@ -132,13 +132,10 @@ class LocalRun:
         # the run keeps (checkpoints, metrics, report), and the run's Ray cluster holds nothing
         # else. Ray's drain on SIGTERM ("Draining for up to 30.0 seconds") and the reap's grace
         # period took 11 s of every run's end (a 6-step quickstart run's logs, head SIGTERM to exit).
-        rest = [r for r in self.roles if not r.name.startswith("learner")]
-        for r in rest:
-            r.send(signal.SIGKILL)
         # Ray starts some workers (the Serve controller) in sessions of their own; they carry
-        # the run's environment, which is how we find what the process groups missed.
+        # the run's environment, which is how we find them beside the roles' process groups.
         kill_and_wait(processes_of_run(str(self.run_dir / "run.json")))
-        for r in rest:
+        for r in [r for r in self.roles if not r.name.startswith("learner")]:
             r.stop(signal.SIGKILL, timeout=5.0)
 
 
