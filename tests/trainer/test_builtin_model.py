@@ -39,10 +39,13 @@ def test_two_processes_racing_build_the_model_once(tmp_path):
     assert outs[0] == outs[1]
     builds = (tmp_path / "builds.log").read_text().split()
     assert len(builds) == 1, f"built {len(builds)} times"
-    info = json.loads((tmp_path / "race-test-v1" / "rlscale-builtin.json").read_text())
+    from rlscale.trainer.builtin import RECIPE_VERSION
+
+    name = f"race-test-v{RECIPE_VERSION}"
+    info = json.loads((tmp_path / name / "rlscale-builtin.json").read_text())
     assert str(info["built_by_pid"]) == builds[0]
     # One finished directory, no temporary leftovers, loadable in HF format.
-    assert sorted(p.name for p in tmp_path.iterdir() if p.is_dir()) == ["race-test-v1"]
+    assert sorted(p.name for p in tmp_path.iterdir() if p.is_dir()) == [name]
     model = AutoModelForCausalLM.from_pretrained(outs[0])
     assert model.config.head_dim == 64
     assert len(AutoTokenizer.from_pretrained(outs[0])) == 17
