@@ -29,7 +29,8 @@ err = Console(stderr=True)
 # The default sweep (4 batches x 2 rules x 2 seeds, 32,768 samples a run) was sized for about an hour on 2 cores
 # from the quickstart's figures on a machine that ran a 32x8 step in 0.71 s (359 samples/s). Measured on a 2-core
 # AVX2 machine that runs it in 1.64 s: 94 min (the runs' wallSeconds in sweep.json; 98 samples/s at 8x8 to 157 at
-# 64x8, 52-56 s of start-up a run). Fewer samples would not do: at 32,768 the runs only reach 0.58-0.66 from 0.48.
+# 64x8, 52-56 s of start-up a run). Fewer samples would not do: at 32,768 the runs only reached 0.58-0.66 from the
+# version-1 builtin model's 0.48.
 DEFAULT_SWEEP_SAMPLES = 32768
 DEFAULT_SWEEP_EVAL_SAMPLES = 2048
 FileArg = typer.Argument(..., help="An RLRun YAML file.", show_default=False)

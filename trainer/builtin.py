@@ -22,10 +22,11 @@ TINY_ARITH = {
     "batch": 128,
     # Where the warm start stops decides how much GRPO is left to do, far more than the start's
     # accuracy suggests: held-out accuracy climbs from 0.1 to 0.7 within ~150-250 steps (the units
-    # digit being learned), and GRPO mid-climb is slow: at 32x8 from this recipe's models it took
-    # 56k samples to 0.8 from one stopped at 0.55, 12.8k from 0.65 (`bench/warm_start.py --grpo`,
-    # seed 0 each), while `rlscale run` from one stopped at 0.50 was still at 0.59 after 61k.
-    # Stopping at 0.6 lands past the steep part (0.72 on a 2-core AVX2 machine, step 875).
+    # digit being learned), and GRPO learns that digit slowly. At 32x8 from this recipe's models,
+    # seed 0: 56k samples to 0.8 from one stopped at 0.55 and 12.8k from 0.65 (a plain GRPO loop,
+    # `bench/warm_start.py --grpo`'s), while `rlscale run` from one stopped at 0.50 was at 0.59
+    # after 61k. Stopped at 0.6 it landed at 0.724 (step 875, 427 s on a 2-core AVX2 machine), and
+    # `rlscale run` reached 0.8 from it in 46k, 31k and 41k samples (seeds 0-2).
     "target_accuracy": 0.6,
     "eval_every": 25,
     "max_steps": 3000,
@@ -34,7 +35,7 @@ TINY_ARITH = {
     # 2-digit set): the digit table that the answer's units digit is, with the digits side by
     # side. On 2-digit problems alone the units digit stays at chance (0.08-0.11) for 300+ steps
     # and held-out accuracy passes 0.4 only at step ~1,100; with the mix the units digit leaves
-    # chance by step 250 and 0.4 is passed at step ~550 (`bench/warm_start.py` runs the recipe
+    # chance by step 250 and 0.5 is passed by step 775 (`bench/warm_start.py` runs the recipe
     # before and this one side by side).
     "mix": {"difficulty": 0, "share": 0.25},
 }

@@ -25,22 +25,24 @@ def start_target() -> float:
     """A small target above where this machine's builtin model begins.
 
     The warm start stops at the first eval (every 25 steps) at or above its target accuracy, so
-    where it stops depends on the machine's arithmetic: with the version-1 recipe (target 0.4)
-    0.42-0.44 on earlier machines and 0.48 on an AMD EPYC without AVX-512, where a fixed target
-    of 0.48 was met by the first evals and the run ended before the test could interrupt it.
-    0.10 above the start is reached in some dozens of 16x8 steps and not before the first evals
-    (version 1: 0.480 before training, 0.554 after 10 steps)."""
+    where it stops depends on the machine's arithmetic (version 1, target 0.4: 0.42-0.48 on
+    different CPUs; version 2, target 0.6: 0.724 on a 2-core AVX2 machine). Near 0.8 GRPO is
+    slow: from 0.724 the 32x8 runs took 10-15k samples to 0.77 and 30-46k to 0.8, so +0.10
+    would not be reached within the test's 400 steps of 16x8, while +0.05 took 120 (0.724 ->
+    0.77 at 15,360 samples, this test on that machine). With evals every 10 steps (window 2)
+    the run cannot end before step 20, after the test has interrupted it at step 13, whatever
+    the eval noise (sd 0.024) does."""
     from rlscale.trainer.builtin import ensure_builtin_model
 
     info = json.loads((ensure_builtin_model("builtin:tiny-arith") / "rlscale-builtin.json").read_text())
-    return max(0.48, round(float(info["accuracy"]) + 0.10, 2))
+    return max(0.48, round(float(info["accuracy"]) + 0.05, 2))
 
 
 def small_run(tmp_path: Path, target: float) -> Path:
     spec = yaml.safe_load((EXAMPLES / "quickstart.yaml").read_text())
     spec["metadata"]["name"] = "e2e"
     s = spec["spec"]
-    s["target"].update(value=target, evalEvery=5, window=2)
+    s["target"].update(value=target, evalEvery=10, window=2)
     s["batch"].update(prompts=16)
     s["checkpoint"] = {"every": 10}
     s["budget"].update(maxSteps=400)
