@@ -124,7 +124,7 @@ def main(argv=None) -> int:
               f"{r['sampled']['accuracy']:6.3f} {r['greedy']['units_digit']:6.3f} {r['greedy']['tens_digit']:6.3f}")
     if len(results) == 2:
         ratio = results["baseline"]["seconds"] / results["recipe"]["seconds"]
-        print(f"warm start: the recipe (to {results['recipe']['accuracy']:.2f}) took {ratio:.2f}x less time than the "
+        print(f"warm start: the recipe (to {results['recipe']['accuracy']:.2f}) ran {ratio:.2f}x as fast as the "
               f"baseline (to {results['baseline']['accuracy']:.2f}, 2-digit data alone)")
     for name, r in results.items():
         if r.get("grpo"):
