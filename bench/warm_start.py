@@ -8,8 +8,8 @@ accuracy on the 500 held-out prompts and the accuracy of each answer digit. With
 plain single-process GRPO loop (bench/loop_vs_plain.py's, the quickstart's 32x8 and lr) then
 trains each model until the mean of 3 held-out evals, one every 10 steps, reaches 0.8.
 
-    .venv/bin/python bench/warm_start.py                  # both warm starts, about 14 min on 2 cores
-    .venv/bin/python bench/warm_start.py --grpo           # and GRPO from each to 0.8 (~25 min more)
+    .venv/bin/python bench/warm_start.py                  # both warm starts: 16 min on 2 AVX2 cores
+    .venv/bin/python bench/warm_start.py --grpo           # and GRPO from each to 0.8 (much longer)
     .venv/bin/python bench/warm_start.py --only recipe --grpo --seeds 0,1,2
 """
 
