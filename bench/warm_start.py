@@ -2,7 +2,7 @@
 
 Baseline: the recipe before (version 1): supervised fine-tuning on the 2-digit training split
 alone, stopped at 0.4 held-out accuracy. The recipe (trainer/builtin.py TINY_ARITH) mixes
-1-digit sums into every batch and stops at 0.5. Both run here one after the other from the
+1-digit sums into every batch and stops at 0.6. Both run here one after the other from the
 same seed, and each finished model is read the way GRPO meets it: greedy and temperature-1
 accuracy on the 500 held-out prompts and the accuracy of each answer digit. With --grpo, a
 plain single-process GRPO loop (bench/loop_vs_plain.py's, the quickstart's 32x8 and lr) then
