@@ -150,17 +150,17 @@ def warm_start(out_dir: Path, recipe: dict, progress: bool = True) -> dict:
     model = Qwen2ForCausalLM(qwen2_config(**recipe["shape"]))
     task = load_task(recipe["task"], seed=recipe["seed"])
     data = PromptIterator(task.train, seed=recipe["seed"])
-    mix = recipe.get("mix")
-    extra = PromptIterator(ArithmeticTask(difficulty=mix["difficulty"], eval_size=0).train, seed=recipe["seed"]) \
-        if mix else None
-    n_extra = round(recipe["batch"] * mix["share"]) if mix else 0
+    # The mixed-in rows: all problems of another level, none held out (a recipe without a mix adds none).
+    mix = recipe.get("mix", {"difficulty": 0, "share": 0.0})
+    extra = PromptIterator(ArithmeticTask(difficulty=mix["difficulty"], eval_size=0).train, seed=recipe["seed"])
+    n_extra = round(recipe["batch"] * mix["share"])
     opt = torch.optim.AdamW(model.parameters(), lr=recipe["lr"])
     model.train()
 
     acc, step, loss_value = 0.0, 0, float("nan")
     with _progress(progress) as report:
         while step < recipe["max_steps"]:
-            batch = data.next_batch(recipe["batch"] - n_extra) + (extra.next_batch(n_extra) if extra else [])
+            batch = data.next_batch(recipe["batch"] - n_extra) + extra.next_batch(n_extra)
             input_ids, labels = _sft_batch(tokenizer, batch)
             loss = model(input_ids=input_ids, attention_mask=(input_ids != tokenizer.pad_token_id).long(),
                          labels=labels).loss
