@@ -30,6 +30,29 @@ config_digest() {
   c content get "$m" | python3 -c 'import json, sys; print(json.load(sys.stdin)["config"]["digest"])'
 }
 
+# The suffix of the name that keeps an image's previous build alive during an import.
+PIN=-previous-build
+
+# collect_garbage: a synchronous garbage collection in the containerd (ctr has no command of
+# its own for one; removing a name with --sync waits for the collection that follows).
+collect_garbage() {
+  local any
+  any=$(c images ls -q | head -1)
+  [[ -n $any ]] || return 0
+  c images tag --force "$any" rlscale.local/collect-garbage:now >/dev/null \
+    && c images rm --sync rlscale.local/collect-garbage:now >/dev/null
+}
+
+# unpin: drops the second names (the previous builds are then collected, unless in use).
+unpin() {
+  local img
+  for img in "${images[@]}"; do
+    if c images ls -q "name==$img$PIN" | grep -q .; then
+      c images rm "$img$PIN" >/dev/null
+    fi
+  done
+}
+
 # One load per containerd at a time; a second waits and then finds the images there.
 mkdir -p "$IMAGES_CACHE"
 exec 9>"$IMAGES_CACHE/.load-$(echo "$SOCK" | sha256sum | cut -c1-12).lock"
@@ -54,8 +77,28 @@ if ((${#todo[@]})); then
   echo "[images] importing ${todo[*]} into $SOCK"
   snap=()
   [[ -n ${RLSCALE_SNAPSHOTTER:-} ]] && snap=(--snapshotter "$RLSCALE_SNAPSHOTTER")
-  pod save --quiet --multi-image-archive --format docker-archive "${todo[@]}" \
-    | c images import "${snap[@]}" - >/dev/null
+  # The import moves each tag to the new image before it unpacks it, and the unpacker reuses
+  # the layer snapshots it finds (the base layers the previous build shares with this one).
+  # With the tag moved, nothing may reference those snapshots any more, and a garbage
+  # collection between the unpacker's check and its next layer deletes them under it. A CI
+  # run failed so: "failed to prepare extraction snapshot ... parent snapshot sha256:... does
+  # not exist: not found" (containerd 1.6.20). So the previous build keeps a second name until
+  # the import is done, and a failed import is retried once after a collection.
+  for img in "${todo[@]}"; do
+    if c images ls -q "name==$img" | grep -q .; then
+      c images tag --force "$img" "$img$PIN" >/dev/null
+    fi
+  done
+  for attempt in 1 2; do
+    err=$(pod save --quiet --multi-image-archive --format docker-archive "${todo[@]}" \
+      | c images import "${snap[@]}" - 2>&1 >/dev/null) && break
+    # Anything else that races with a collection: collect now, then import again (the
+    # blobs are in containerd's content store already; snapshots left complete are reused).
+    ((attempt == 1)) || { echo "$err" >&2; exit 1; }
+    echo "[images] import failed, collecting garbage and importing again: ${err##*$'\n'}"
+    collect_garbage
+  done
+  unpin
   for img in "${todo[@]}"; do
     got=$(config_digest "$img")
     [[ $got == "${want[$img]}" ]] || { echo "load.sh: $img in containerd has config ${got:-none}, expected ${want[$img]}" >&2; exit 1; }
@@ -73,4 +116,5 @@ if ((${#todo[@]})); then
     fi
   done
 fi
+unpin  # also what an interrupted load left
 echo "[images] loaded ${#images[@]} images (${#todo[@]} imported) in $(( $(date +%s) - start )) s"

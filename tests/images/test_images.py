@@ -162,3 +162,49 @@ def test_load_imports_once_and_ctr_runs_the_operator_image(inspect, containerd):
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
     assert r.stdout.splitlines()[0] == "65532" and "operator" in r.stdout
+
+
+def test_a_rebuild_replaces_the_previous_build_and_a_failed_import_is_retried(inspect, containerd, tmp_path):
+    """A rebuild shares its base layers with the build the node has (as every `make images`
+    after a code change does): the import reuses their snapshots while the previous build keeps
+    a second name, which is gone afterwards. An import that fails once (a race with containerd's
+    garbage collection, seen in CI) is retried after a collection."""
+    ref = "localhost/rlscale-test/rebuild:dev"
+    base = TAGS["RLSCALE_OPERATOR_IMAGE"]
+    ctr = ["ctr", "--address", str(containerd), "-n", "k8s.io"]
+
+    def build(marker: str) -> None:
+        (tmp_path / "marker").write_text(marker)
+        (tmp_path / "Containerfile").write_text(f"FROM {base}\nCOPY marker /marker\n")
+        r = pod("build", "--quiet", "--pull=never", "-t", ref, str(tmp_path), timeout=300)
+        assert r.returncode == 0, r.stderr
+
+    def names() -> str:
+        return subprocess.run([*ctr, "images", "ls", "-q"], capture_output=True, text=True).stdout
+
+    # RLSCALE_CTR: a ctr whose first `images import` fails once, after reading its input.
+    fail_once = tmp_path / "ctr-fails-once"
+    fail_once.write_text(
+        "#!/usr/bin/env bash\n"
+        f'if [[ " $* " == *" images import "* && ! -e {tmp_path}/failed ]]; then\n'
+        f"  touch {tmp_path}/failed; cat >/dev/null; echo 'ctr: simulated failure' >&2; exit 1\nfi\n"
+        'exec ctr "$@"\n')
+    fail_once.chmod(0o755)
+    try:
+        build("first")
+        r = subprocess.run(["bash", str(HACK / "load.sh"), str(containerd), ref],
+                           capture_output=True, text=True, timeout=300)
+        assert r.returncode == 0 and "(1 imported)" in r.stdout, r.stdout + r.stderr
+        build("second")
+        r = subprocess.run(["bash", str(HACK / "load.sh"), str(containerd), ref], capture_output=True,
+                           text=True, timeout=300, env={**os.environ, "RLSCALE_CTR": str(fail_once)})
+        assert r.returncode == 0 and "(1 imported)" in r.stdout, r.stdout + r.stderr
+        assert "import failed, collecting garbage and importing again: ctr: simulated failure" in r.stdout
+        assert "previous-build" not in names()
+        r = subprocess.run([*ctr, "run", "--rm", "--runtime", "io.containerd.runc.v2", ref,
+                            f"imgtest-rebuild-{os.getpid()}", "cat", "/marker"],
+                           capture_output=True, text=True, timeout=120)
+        assert r.returncode == 0 and r.stdout == "second", r.stdout + r.stderr
+    finally:
+        pod("rmi", "--force", ref)
+        subprocess.run([*ctr, "images", "rm", ref], capture_output=True)
