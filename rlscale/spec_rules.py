@@ -1,0 +1,350 @@
+"""The RLRun spec's cross-field rules: each is checked here in Python (`validate`, the CLI, the
+operator) and emitted as the same rule in CEL into the CRD (`rlscale crd`), so admission and
+`validate` refuse the same specs with the same field named."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from rlscale.spec import (
+    _MISSING,
+    BUILTIN_MODELS,
+    BUILTIN_REWARDS,
+    BUILTIN_TASKS,
+    RESERVED_ENV,
+    RESERVED_MOUNTS,
+    RESERVED_VOLUMES,
+    REWARD_EXPRESSION_RE,
+    FieldError,
+    RLRunSpec,
+    _RoleSpec,
+)
+
+
+@dataclass(frozen=True)
+class Rule:
+    """A cross-field rule, checked in Python and emitted as CEL into the CRD."""
+
+    path: str  # the field a user fixes, relative to spec
+    cel: str  # over `self` = spec, with all defaults applied
+    message: str  # the CEL message (static)
+    check: Any  # Callable[[RLRunSpec], FieldError | None]
+
+
+def _err(path: str, value: Any, problem: str, fix: str) -> FieldError:
+    return FieldError("spec." + path, value, problem, fix)
+
+
+def _rule_grpo_group(s: RLRunSpec):
+    if s.algorithm.name == "grpo" and s.batch.samples_per_prompt < 2:
+        return _err("batch.samplesPerPrompt", s.batch.samples_per_prompt, "is too small for GRPO, whose advantages "
+                    "compare samples within a group",
+                    "use 2 or more (8 is typical), or algorithm.name: ppo")
+
+
+def _rule_micro_batch_groups(s: RLRunSpec):
+    spp = s.batch.samples_per_prompt
+    if s.batch.micro_batch < spp:
+        return _err("batch.microBatch", s.batch.micro_batch, f"is smaller than batch.samplesPerPrompt ({spp}): a "
+                    "micro-batch holds whole prompt groups, so that the gradient-noise estimate sees independent "
+                    "samples", f"use microBatch >= {spp} (a multiple of {spp} leaves no slot unused)")
+
+
+def _rule_prompt_bounds(s: RLRunSpec):
+    if s.batch.min_prompts > s.batch.max_prompts:
+        return _err("batch.minPrompts", s.batch.min_prompts, f"is above batch.maxPrompts ({s.batch.max_prompts})",
+                    "make minPrompts <= maxPrompts")
+
+
+def _rule_fixed_prompts(s: RLRunSpec):
+    p = s.batch.prompts
+    if p != "auto" and not (s.batch.min_prompts <= p <= s.batch.max_prompts):
+        return _err("batch.prompts", p, f"lies outside [batch.minPrompts, batch.maxPrompts] = [{s.batch.min_prompts}, "
+                    f"{s.batch.max_prompts}]",
+                    "change prompts, or widen minPrompts/maxPrompts")
+
+
+def _rule_new_tokens(s: RLRunSpec):
+    if s.task.max_new_tokens >= s.model.max_length:
+        return _err("task.maxNewTokens", s.task.max_new_tokens, "leaves no room for the prompt within model.maxLength "
+                    f"({s.model.max_length})",
+                    "make maxNewTokens smaller than model.maxLength")
+
+
+def _gpu_need(s: RLRunSpec) -> int:
+    r = 1 if s.rollout.replicas == "auto" else s.rollout.replicas
+    lr = 1 if s.learner.replicas == "auto" else s.learner.replicas
+    return r * s.rollout.gpus_per_replica + lr * s.learner.gpus_per_replica
+
+
+def _rule_gpu_budget(s: RLRunSpec):
+    if s.hardware.accelerator != "cpu" and s.budget.gpus < _gpu_need(s):
+        return _err("budget.gpus", s.budget.gpus,
+                    f"does not cover the rollout and learner replicas ({_gpu_need(s)} GPUs: replicas x gpusPerReplica, "
+                    "one each when auto)",
+                    f"raise budget.gpus to at least {_gpu_need(s)}, or lower the replicas")
+
+
+def _rule_gpus_per_replica(s: RLRunSpec):
+    if s.hardware.accelerator != "cpu" and (s.rollout.gpus_per_replica == 0 or s.learner.gpus_per_replica == 0):
+        which = "rollout" if s.rollout.gpus_per_replica == 0 else "learner"
+        return _err(f"{which}.gpusPerReplica", 0, f"is not allowed on accelerator {s.hardware.accelerator}",
+                    "use 1 or more, or hardware.accelerator: cpu")
+
+
+def _rule_replica_bounds(role: str):
+    def check(s: RLRunSpec):
+        r: _RoleSpec = getattr(s, role)
+        if r.replicas != "auto" and r.replicas > r.max_replicas:
+            return _err(f"{role}.replicas", r.replicas, f"is above {role}.maxReplicas ({r.max_replicas})",
+                        "lower replicas or raise maxReplicas")
+    return check
+
+
+def _is_accuracy(metric: str) -> bool:
+    return metric.endswith("accuracy")
+
+
+def _rule_accuracy_target(s: RLRunSpec):
+    if _is_accuracy(s.target.metric) and not (0 < s.target.value <= 1):
+        return _err("target.value", s.target.value, f"is outside (0, 1], the range of {s.target.metric}",
+                    "use a fraction such as 0.8")
+
+
+def _rule_batch_within_budget(s: RLRunSpec):
+    if s.batch.prompts != "auto":
+        n = s.batch.prompts * s.batch.samples_per_prompt
+        if n > s.budget.max_samples:
+            return _err("budget.maxSamples", s.budget.max_samples, f"is smaller than one step's batch ({n} samples)",
+                        "raise maxSamples or lower batch.prompts")
+
+
+def _rule_clip_high(s: RLRunSpec):
+    hi = s.algorithm.clip_ratio_high
+    if hi is not None and hi < s.algorithm.clip_ratio:
+        return _err("algorithm.clipRatioHigh", hi, f"is below algorithm.clipRatio ({s.algorithm.clip_ratio})",
+                    "asymmetric clipping widens the upper side: use a value >= clipRatio")
+
+
+def _rule_betas(s: RLRunSpec):
+    b1, b2 = s.optimizer.betas
+    if not (0 <= b1 < 1 and 0 <= b2 < 1):
+        return _err("optimizer.betas", [b1, b2], "must each lie in [0, 1)", "use e.g. [0.9, 0.999]")
+
+
+def _rule_model_named(s: RLRunSpec):
+    if s.model.path is None:
+        return FieldError("spec.model.path", _MISSING,
+                          f"is required on accelerator {s.hardware.accelerator} "
+                          "(only a CPU run defaults to the 3.4M-parameter builtin:tiny-arith)",
+                          "name the model to train: a hub id in the model volume's Hugging Face cache such as "
+                          "Qwen/Qwen2.5-7B-Instruct, or a directory in Hugging Face format")
+
+
+def _rule_builtin_model(s: RLRunSpec):
+    p = s.model.path
+    if p is not None and p.startswith("builtin:") and p not in BUILTIN_MODELS:
+        return _err("model.path", p, "is not a builtin model", f"use one of {', '.join(BUILTIN_MODELS)}, a hub id or a "
+                    "local directory")
+
+
+def _rule_builtin_task(s: RLRunSpec):
+    t = s.task
+    if t.dataset is None and t.name not in BUILTIN_TASKS:
+        problem = "is not a builtin task" + ("" if t.name.startswith("builtin:") else ", and task.dataset is unset")
+        return _err("task.name", t.name, problem,
+                    f"use {' or '.join(BUILTIN_TASKS)}, or set task.dataset to a JSONL/Parquet/CSV file of prompts and "
+                    "answers")
+    if t.dataset is not None and t.name.startswith("builtin:"):
+        return _err("task.name", t.name, "names a builtin task, but task.dataset is set",
+                    "name the dataset task (e.g. name: my-data) or leave name unset; or remove task.dataset")
+
+
+def _rule_reward(s: RLRunSpec):
+    r = s.task.reward
+    if not re.match(REWARD_EXPRESSION_RE, r):
+        return _err("task.reward", r, "is not a reward expression",
+                    f"use {', '.join(BUILTIN_REWARDS)}, a plug-in module:function such as mypkg.rewards:score, "
+                    "or a weighted sum such as 0.9*math + 0.1*format")
+
+
+def _rule_plugin_volume(s: RLRunSpec):
+    t = s.task
+    # A plug-in term is the only part of a reward expression with a colon (module:function).
+    if t.plugin_volume is not None and ":" not in t.reward:
+        return _err("task.pluginVolume", t.plugin_volume, f"is set, but task.reward {t.reward!r} names no plug-in",
+                    "name the plug-in in task.reward (e.g. my_reward:score), or remove task.pluginVolume")
+
+
+def _rule_prompt_source(s: RLRunSpec):
+    t = s.task
+    if t.messages_field and t.prompt_field:
+        return _err("task.promptField", t.prompt_field, "is set together with task.messagesField",
+                    "keep one: promptField for plain text, messagesField for chat messages")
+
+
+def _rule_messages_need_chat(s: RLRunSpec):
+    t = s.task
+    if t.messages_field and t.chat is False:
+        return _err("task.chat", False, "turns the chat template off, but task.messagesField holds chat messages",
+                    "leave chat unset (or true), or use a promptField of plain text")
+
+
+def _rule_eval_split_needs_dataset(s: RLRunSpec):
+    t = s.task
+    if t.dataset is None and t.eval_split is not None:
+        return _err("task.evalSplit", t.eval_split, "needs task.dataset (builtin tasks have their own held-out split)",
+                    "remove evalSplit, or set task.dataset")
+
+
+def _rule_task_prompt_room(s: RLRunSpec):
+    need = s.task.expected_prompt_tokens + s.task.max_new_tokens
+    if need > s.model.max_length:
+        return _err("model.maxLength", s.model.max_length,
+                    f"is shorter than task.expectedPromptTokens + task.maxNewTokens ({need})",
+                    f"raise maxLength to at least {need}")
+
+
+def _rule_response_hint(s: RLRunSpec):
+    if s.task.expected_response_tokens > s.task.max_new_tokens:
+        return _err("task.expectedResponseTokens", s.task.expected_response_tokens,
+                    f"is above task.maxNewTokens ({s.task.max_new_tokens})",
+                    "a response never exceeds maxNewTokens: lower the hint or raise maxNewTokens")
+
+
+def _cel_list(values: tuple[str, ...]) -> str:
+    return "[" + ", ".join(f"'{v}'" for v in values) + "]"
+
+
+def _rule_pod_env(role: str):
+    def check(s: RLRunSpec):
+        for i, e in enumerate(getattr(s, role).pod.env):
+            if e.name in RESERVED_ENV:
+                return _err(f"{role}.pod.env[{i}].name", e.name, "is set by the operator in every pod",
+                            "choose another name (the operator's own: " + ", ".join(RESERVED_ENV) + ")")
+    return check
+
+
+def _rule_pod_volumes(role: str):
+    def check(s: RLRunSpec):
+        for i, v in enumerate(getattr(s, role).pod.volumes):
+            if v.name in RESERVED_VOLUMES:
+                return _err(f"{role}.pod.volumes[{i}].name", v.name, "is a volume the operator mounts itself",
+                            "choose another name (taken: " + ", ".join(RESERVED_VOLUMES) + ")")
+            if len(v.model_extra or {}) != 1:
+                return _err(f"{role}.pod.volumes[{i}]", v.model_dump(by_alias=True),
+                            "must name exactly one volume source",
+                            "e.g. {name: data, persistentVolumeClaim: {claimName: data}}")
+    return check
+
+
+def _rule_pod_mounts(role: str):
+    def check(s: RLRunSpec):
+        pod = getattr(s, role).pod
+        names = {v.name for v in pod.volumes}
+        for i, m in enumerate(pod.volume_mounts):
+            if m.name not in names:
+                return _err(f"{role}.pod.volumeMounts[{i}].name", m.name, f"is not a volume in {role}.pod.volumes",
+                            "add the volume there, or mount one of: " + (", ".join(sorted(names)) or "(none declared)"))
+            if m.mount_path.rstrip("/") in RESERVED_MOUNTS:
+                return _err(f"{role}.pod.volumeMounts[{i}].mountPath", m.mount_path,
+                            "is a path the operator mounts itself",
+                            "mount it elsewhere (taken: " + ", ".join(RESERVED_MOUNTS) + ")")
+    return check
+
+
+def _pod_rules(role: str) -> list[Rule]:
+    """A role's pod overrides may add to what the operator builds, never replace it (the
+    one-source check of a volume is Python's: CEL cannot count an open object's keys)."""
+    return [
+        Rule(f"{role}.pod.env", f"!has(self.{role}.pod.env) || "
+             f"self.{role}.pod.env.all(e, !(e.name in {_cel_list(RESERVED_ENV)}))",
+             f"{role}.pod.env must not set a variable the operator sets", _rule_pod_env(role)),
+        Rule(f"{role}.pod.volumes", f"!has(self.{role}.pod.volumes) || "
+             f"self.{role}.pod.volumes.all(v, !(v.name in {_cel_list(RESERVED_VOLUMES)}))",
+             f"{role}.pod.volumes must not reuse a volume name the operator uses", _rule_pod_volumes(role)),
+        Rule(f"{role}.pod.volumeMounts",
+             f"!has(self.{role}.pod.volumeMounts) || self.{role}.pod.volumeMounts.all(m, "
+             f"has(self.{role}.pod.volumes) && self.{role}.pod.volumes.exists(v, v.name == m.name) && "
+             f"!(m.mountPath in {_cel_list(RESERVED_MOUNTS)}))",
+             f"each {role}.pod.volumeMounts entry must name a volume of {role}.pod.volumes and a path "
+             "the operator does not use", _rule_pod_mounts(role)),
+    ]
+
+
+_REPLICA_CEL = "(type(self.{r}.replicas) == string ? 1 : int(self.{r}.replicas))"
+
+RULES: list[Rule] = [
+    Rule("batch.samplesPerPrompt", "self.algorithm.name != 'grpo' || self.batch.samplesPerPrompt >= 2",
+         "batch.samplesPerPrompt must be >= 2 for GRPO", _rule_grpo_group),
+    Rule("batch.microBatch", "self.batch.microBatch >= self.batch.samplesPerPrompt",
+         "batch.microBatch must be >= batch.samplesPerPrompt (a micro-batch holds whole prompt groups)",
+         _rule_micro_batch_groups),
+    Rule("batch.minPrompts", "self.batch.minPrompts <= self.batch.maxPrompts",
+         "batch.minPrompts must be <= batch.maxPrompts", _rule_prompt_bounds),
+    Rule("batch.prompts",
+         "type(self.batch.prompts) == string || (int(self.batch.prompts) >= self.batch.minPrompts && "
+         "int(self.batch.prompts) <= self.batch.maxPrompts)",
+         "batch.prompts must lie within [batch.minPrompts, batch.maxPrompts]", _rule_fixed_prompts),
+    Rule("task.maxNewTokens", "self.task.maxNewTokens < self.model.maxLength",
+         "task.maxNewTokens must be smaller than model.maxLength", _rule_new_tokens),
+    Rule("model.maxLength", "self.task.expectedPromptTokens + self.task.maxNewTokens <= self.model.maxLength",
+         "model.maxLength must hold task.expectedPromptTokens + task.maxNewTokens", _rule_task_prompt_room),
+    Rule("task.expectedResponseTokens", "self.task.expectedResponseTokens <= self.task.maxNewTokens",
+         "task.expectedResponseTokens must be <= task.maxNewTokens", _rule_response_hint),
+    Rule("budget.gpus",
+         "self.hardware.accelerator == 'cpu' || self.budget.gpus >= "
+         + _REPLICA_CEL.format(r="rollout") + " * self.rollout.gpusPerReplica + "
+         + _REPLICA_CEL.format(r="learner") + " * self.learner.gpusPerReplica",
+         "budget.gpus must cover at least one rollout and one learner replica", _rule_gpu_budget),
+    Rule("rollout.gpusPerReplica",
+         "self.hardware.accelerator == 'cpu' || (self.rollout.gpusPerReplica > 0 && self.learner.gpusPerReplica > 0)",
+         "gpusPerReplica must be >= 1 unless hardware.accelerator is cpu", _rule_gpus_per_replica),
+    Rule("rollout.replicas", "type(self.rollout.replicas) == string || int(self.rollout.replicas) <= "
+         "self.rollout.maxReplicas",
+         "rollout.replicas must be <= rollout.maxReplicas", _rule_replica_bounds("rollout")),
+    Rule("learner.replicas", "type(self.learner.replicas) == string || int(self.learner.replicas) <= "
+         "self.learner.maxReplicas",
+         "learner.replicas must be <= learner.maxReplicas", _rule_replica_bounds("learner")),
+    Rule("target.value",
+         "!self.target.metric.endsWith('accuracy') || (self.target.value > 0.0 && self.target.value <= 1.0)",
+         "target.value of an accuracy metric must lie in (0, 1]", _rule_accuracy_target),
+    Rule("budget.maxSamples",
+         "type(self.batch.prompts) == string || int(self.batch.prompts) * self.batch.samplesPerPrompt <= "
+         "self.budget.maxSamples",
+         "budget.maxSamples must hold at least one step's batch", _rule_batch_within_budget),
+    Rule("algorithm.clipRatioHigh", "!has(self.algorithm.clipRatioHigh) || self.algorithm.clipRatioHigh >= "
+         "self.algorithm.clipRatio",
+         "algorithm.clipRatioHigh must be >= algorithm.clipRatio", _rule_clip_high),
+    Rule("optimizer.betas", "self.optimizer.betas.all(b, b >= 0.0 && b < 1.0)",
+         "optimizer.betas must each lie in [0, 1)", _rule_betas),
+    Rule("model.path", "self.hardware.accelerator == 'cpu' || has(self.model.path)",
+         "model.path is required unless hardware.accelerator is cpu", _rule_model_named),
+    Rule("model.path", "!has(self.model.path) || !self.model.path.startsWith('builtin:') || self.model.path in "
+         + repr(list(BUILTIN_MODELS)).replace('"', "'"),
+         "model.path names an unknown builtin model", _rule_builtin_model),
+    Rule("task.name",
+         "has(self.task.dataset) ? (!has(self.task.name) || !self.task.name.startsWith('builtin:')) : "
+         "(!has(self.task.name) || self.task.name in " + repr(list(BUILTIN_TASKS)).replace('"', "'") + ")",
+         "task.name must be a builtin task without task.dataset, and not one with it", _rule_builtin_task),
+    Rule("task.promptField", "!has(self.task.promptField) || !has(self.task.messagesField)",
+         "task.promptField and task.messagesField exclude each other", _rule_prompt_source),
+    Rule("task.chat", "!has(self.task.messagesField) || !has(self.task.chat) || self.task.chat",
+         "task.messagesField needs the chat template (task.chat must not be false)", _rule_messages_need_chat),
+    Rule("task.evalSplit", "has(self.task.dataset) || !has(self.task.evalSplit)",
+         "task.evalSplit needs task.dataset", _rule_eval_split_needs_dataset),
+    Rule("task.reward",
+         "self.task.reward.matches('" + REWARD_EXPRESSION_RE + "')",
+         "task.reward must be exact-match, math, format, module:function, or a weighted sum of them", _rule_reward),
+    Rule("task.pluginVolume", "!has(self.task.pluginVolume) || self.task.reward.contains(':')",
+         "task.pluginVolume needs a plug-in (module:function) in task.reward", _rule_plugin_volume),
+    *_pod_rules("rollout"),
+    *_pod_rules("learner"),
+]
+
+
+def check_rules(spec: RLRunSpec) -> list[FieldError]:
+    """Every cross-field problem of a structurally valid spec."""
+    return [e for rule in RULES if (e := rule.check(spec)) is not None]
