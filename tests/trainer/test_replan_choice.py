@@ -2,7 +2,7 @@
 
 import pytest
 
-from rlscale.trainer.driver import ReplanGate, choose_config
+from rlscale.trainer.replan import ReplanGate, choose_config
 
 
 def cand(prompts: int, e: float, t: float, rollout: int = 1) -> dict:
