@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import shutil
 import sys
@@ -19,6 +20,18 @@ from pathlib import Path
 from rlscale.trainer import builtin
 
 FILES = ("config.json", "generation_config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json")
+
+
+def cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                flags = Path("/proc/cpuinfo").read_text()
+                return line.split(":", 1)[1].strip() + (" (AVX-512)" if "avx512f" in flags else " (AVX2)"
+                                                        if "avx2" in flags else "")
+    except OSError:
+        pass
+    return platform.machine()
 
 
 def main() -> int:
@@ -46,7 +59,8 @@ def main() -> int:
 
     record = {key: info[key] for key in ("steps", "accuracy", "seconds", "recipe")}
     record.update(sha256=builtin.sha256_file(out / "model.safetensors"),
-                  shipped_from=f"{platform.machine()}, {platform.python_version()}, torch {torch.__version__}")
+                  built_on=f"{cpu_name()}, {os.cpu_count()} cores, Python {platform.python_version()}, "
+                           f"torch {torch.__version__}")
     (out / builtin.SHIPPED_RECORD).write_text(json.dumps(record, indent=2) + "\n")
     print(f"shipped {args.name} into {out}: {record['steps']} steps, held-out accuracy {record['accuracy']}")
     return 0

@@ -23,6 +23,7 @@ def test_the_shipped_build_is_the_current_recipes():
     assert record["accuracy"] >= builtin.TINY_ARITH["target_accuracy"]
 
 
+@pytest.mark.slow  # the held-out eval: 11 s on 2 cores
 def test_install_replaces_an_unshipped_build_and_scores_as_recorded(tmp_path):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -38,7 +39,7 @@ def test_install_replaces_an_unshipped_build_and_scores_as_recorded(tmp_path):
     marker = json.loads((path / builtin.MARKER).read_text())
     record = json.loads((builtin.shipped_build(NAME) / builtin.SHIPPED_RECORD).read_text())
     assert marker["sha256"] == record["sha256"] and marker["source"].startswith("shipped")
-    assert sorted(p.name for p in tmp_path.iterdir()) == [own.name, f".{own.name}.lock"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([own.name, f".{own.name}.lock"])
     # Installed once: a second call finds it.
     mtime = (path / builtin.MARKER).stat().st_mtime_ns
     assert builtin.ensure_builtin_model(NAME, cache_dir=tmp_path, progress=False) == path
