@@ -81,7 +81,7 @@ BAD_WAITING = ("CrashLoopBackOff", "ImagePullBackOff", "ErrImagePull", "InvalidI
 CONFIG_KEY = "run.json"
 CONFIG_MOUNT_DIR = "/etc/rlscale"
 CONFIG_PATH = f"{CONFIG_MOUNT_DIR}/{CONFIG_KEY}"
-# The model volume (spec.model.volume, else an emptyDir): builtin models are built into it,
+# The model volume (spec.model.volume, else an emptyDir): builtin models are installed into it,
 # hub ids resolve from the Hugging Face cache inside it.
 MODEL_MOUNT = "/models"
 # task.pluginVolume is mounted at PLUGINS_MOUNT in the learner pods; PLUGINS_ENV names it there.

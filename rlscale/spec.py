@@ -90,7 +90,7 @@ class ModelSpec(_Model):
         None,
         description="Kubernetes: the volume holding the model, as a volume source (e.g. "
         "{persistentVolumeClaim: {claimName: models}}), mounted at /models in every pod. "
-        "Builtin models are built into it once; hub ids resolve from its Hugging Face cache "
+        "Builtin models are installed (or built) into it once; hub ids resolve from its Hugging Face cache "
         "(/models/hf); a local path is read relative to it. Unset: an emptyDir per pod.",
     )
     download: bool = Field(
