@@ -127,11 +127,8 @@ def shipped_build(name: str) -> Path | None:
 
 
 def sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
     with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
+        return hashlib.file_digest(f, "sha256").hexdigest()
 
 
 def _cached(final: Path, shipped: Path | None) -> bool:
