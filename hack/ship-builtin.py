@@ -24,14 +24,12 @@ FILES = ("config.json", "generation_config.json", "model.safetensors", "tokenize
 
 def cpu_name() -> str:
     try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                flags = Path("/proc/cpuinfo").read_text()
-                return line.split(":", 1)[1].strip() + (" (AVX-512)" if "avx512f" in flags else " (AVX2)"
-                                                        if "avx2" in flags else "")
+        info = Path("/proc/cpuinfo").read_text()
     except OSError:
-        pass
-    return platform.machine()
+        return platform.machine()
+    name = next((ln.split(":", 1)[1].strip() for ln in info.splitlines() if ln.startswith("model name")),
+                platform.machine())
+    return name + (" (AVX-512)" if "avx512f" in info else " (AVX2)" if "avx2" in info else "")
 
 
 def main() -> int:
@@ -49,7 +47,7 @@ def main() -> int:
     else:
         src = args.source
         info = json.loads((src / builtin.MARKER).read_text())
-        if info.get("recipe") != json.loads(json.dumps(recipe)):
+        if not builtin.is_current_recipe(info.get("recipe"), args.name):
             sys.exit(f"{src} was built by another recipe than trainer/builtin.py's; run without --from")
     out = builtin.builtin_model_dir(args.name, cache_dir=builtin.WEIGHTS_DIR)
     out.mkdir(parents=True, exist_ok=True)

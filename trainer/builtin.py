@@ -14,6 +14,7 @@ import shutil
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 # Bump when the recipe changes so stale caches are rebuilt rather than reused.
 RECIPE_VERSION = 2
@@ -115,6 +116,11 @@ def _from_hub_cache(repo_id: str, download: bool) -> Path:
         ) from None
 
 
+def is_current_recipe(recorded: Any, name: str) -> bool:
+    """Whether a build's recorded recipe is `name`'s recipe now (compared as the JSON it was written as)."""
+    return recorded == json.loads(json.dumps(BUILTIN_MODELS[name]))
+
+
 def shipped_build(name: str) -> Path | None:
     """The package's copy of the recipe's output for `name`, if it was built by the current recipe."""
     d = builtin_model_dir(name, cache_dir=WEIGHTS_DIR)
@@ -122,8 +128,7 @@ def shipped_build(name: str) -> Path | None:
         record = json.loads((d / SHIPPED_RECORD).read_text())
     except (OSError, ValueError):
         return None
-    # Compared as JSON: the recipe as written to build.json.
-    return d if record.get("recipe") == json.loads(json.dumps(BUILTIN_MODELS[name])) else None
+    return d if is_current_recipe(record.get("recipe"), name) else None
 
 
 def sha256_file(path: Path) -> str:
@@ -131,14 +136,14 @@ def sha256_file(path: Path) -> str:
         return hashlib.file_digest(f, "sha256").hexdigest()
 
 
-def _cached(final: Path, shipped: Path | None) -> bool:
+def _cached(final: Path, shipped_sha: str | None) -> bool:
     """A finished cache entry; where a build ships, only a copy of it (a machine's own earlier
     build of the same recipe is replaced, so every machine runs the same model)."""
     try:
         marker = json.loads((final / MARKER).read_text())
     except (OSError, ValueError):
         return False
-    return shipped is None or marker.get("sha256") == json.loads((shipped / SHIPPED_RECORD).read_text())["sha256"]
+    return shipped_sha is None or marker.get("sha256") == shipped_sha
 
 
 def install_shipped(out_dir: Path, shipped: Path) -> dict:
@@ -158,13 +163,14 @@ def ensure_builtin_model(name: str, cache_dir: str | Path | None = None, progres
     """Return the cached builtin model, installing the shipped build or building it once; safe under races."""
     final = builtin_model_dir(name, cache_dir)
     shipped = shipped_build(name)
-    if _cached(final, shipped):
+    sha = json.loads((shipped / SHIPPED_RECORD).read_text())["sha256"] if shipped else None
+    if _cached(final, sha):
         return final
     final.parent.mkdir(parents=True, exist_ok=True)
     # One builder at a time; a process that waited finds the finished model.
     with open(final.parent / f".{final.name}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        if _cached(final, shipped):
+        if _cached(final, sha):
             return final
         # Holding the lock, any other temporary directory is a killed builder's leftover.
         for stale in final.parent.glob(f".{final.name}.*"):
