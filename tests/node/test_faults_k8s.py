@@ -23,6 +23,7 @@ from __future__ import annotations
 import base64
 import json
 import re
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -269,8 +270,21 @@ def test_a_run_survives_faults_losing_at_most_one_checkpoint_interval(node_clust
             settled.setdefault("step", run.logged()[-1]["step"])
             return (all(run.running(r) for r in (C.ROLE_RAY_HEAD, C.ROLE_ROLLOUT, C.ROLE_LEARNER))
                     and advanced_past(settled["step"]))
-        episode("ray head killed", lambda: kubectl("delete", "pod", "-n", NS, head, "--grace-period=0", "--force",
-                                                   "--wait=false"), steady_after_head_loss)
+        # The learner's log is followed from before the kill, so the container that sees the head
+        # go is read while it runs: `kubectl logs --previous` afterwards answered "unable to
+        # retrieve container logs" in one CI run (a container that has just exited is the newest
+        # dead one, and the kubelet keeps one dead container per container).
+        follow_log = tmp_path / "learner-at-head-loss.log"
+        with follow_log.open("w") as sink:
+            follower = subprocess.Popen([str(cp.bin_dir() / "kubectl"), f"--kubeconfig={c.kubeconfig}", "logs",
+                                         "-f", "-n", NS, f"{RUN}-learner-0", "-c", "learner", "--tail=20"],
+                                        stdout=sink, stderr=subprocess.STDOUT)
+        try:
+            episode("ray head killed", lambda: kubectl("delete", "pod", "-n", NS, head, "--grace-period=0", "--force",
+                                                       "--wait=false"), steady_after_head_loss)
+        finally:
+            follower.kill()
+            follower.wait()
         lost["ray head killed"]["restarts"] = {role: sum(uids(role).values()) - n
                                                for role, n in restarts_before.items()}
         print(f"ray head killed: {lost['ray head killed']}", file=sys.stderr)
@@ -283,8 +297,10 @@ def test_a_run_survives_faults_losing_at_most_one_checkpoint_interval(node_clust
             assert lost[name]["steps"] <= EVERY and lost[name]["samples"] <= EVERY * batch, (name, lost[name])
         # The driver left the lost cluster by itself (trainer/gang.py HeadWatch) and rejoined.
         assert lost["ray head killed"]["restarts"][C.ROLE_LEARNER] >= 1, lost["ray head killed"]
-        assert "the run's Ray head was replaced" in kubectl(
-            "logs", "-n", NS, f"{RUN}-learner-0", "--previous", check=False).stdout
+        learner_states = [{k: cs.get(k) for k in ("restartCount", "state", "lastState")}
+                          for cs in run.get("pod", f"{RUN}-learner-0")["status"]["containerStatuses"]]
+        assert "the run's Ray head was replaced" in follow_log.read_text(), (
+            follow_log.read_text()[-3000:], learner_states)
         # One history: every step once in metrics.jsonl, and the run still healthy.
         steps = [r["step"] for r in run.logged()]
         assert steps == list(range(1, len(steps) + 1))
