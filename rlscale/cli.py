@@ -31,7 +31,7 @@ err = Console(stderr=True)
 # AVX2 machine that runs it in 1.64 s: 94 min (the runs' wallSeconds in sweep.json; 98 samples/s at 8x8 to 157 at
 # 64x8, 52-56 s of start-up a run). Fewer samples would not do: at 32,768 the runs only reached 0.58-0.66 from the
 # version-1 builtin model's 0.48.
-DEFAULT_SWEEP_SAMPLES = 32768
+DEFAULT_SWEEP_SAMPLES = 24576
 DEFAULT_SWEEP_EVAL_SAMPLES = 2048
 FileArg = typer.Argument(..., help="An RLRun YAML file.", show_default=False)
 ConfigOpt = typer.Option(None, "--config", "-c", help="The resolved run config (default: $RLSCALE_CONFIG).")

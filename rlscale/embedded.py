@@ -103,13 +103,14 @@ class LocalRun:
     cfg: RunConfig
     run_dir: Path
     roles: list[Role] = field(default_factory=list)
+    token_dir: Path | None = None  # whose Ray token the roles use (shared nodes': theirs)
 
     def role_env(self, **extra: str) -> dict[str, str]:
         env = dict(os.environ)
         env[ENV_CONFIG] = str(self.run_dir / "run.json")
         # Ray 2.60 authenticates every client with a token; one per run, shared by its roles only.
         env["RAY_AUTH_MODE"] = "token"
-        env["RAY_AUTH_TOKEN_PATH"] = str(ray_token_file(self.run_dir))
+        env["RAY_AUTH_TOKEN_PATH"] = str(ray_token_file(self.token_dir or self.run_dir))
         env.setdefault("PYTHONUNBUFFERED", "1")
         # Serve's controller reconciles every 0.1 s by default: 0.047 of a core through a local run
         # on 2 cores (per-process CPU from /proc during bench/loop_vs_plain.py), each wake-up
@@ -137,6 +138,61 @@ class LocalRun:
         kill_and_wait(processes_of_run(str(self.run_dir / "run.json")))
         for r in [r for r in self.roles if not r.name.startswith("learner")]:
             r.stop(signal.SIGKILL, timeout=5.0)
+
+
+@dataclass
+class SharedNodes:
+    """A Ray head and rollout processes that runs use one after another (rlscale sweep).
+
+    Each run starts only its learners, which attach to the rollout app the first run deployed
+    (`extra.rolloutApp`) and replace its weights with their own before their first request; so the
+    Ray nodes' start and the vLLM engine's initialisation (27-40 s of a run's 52-70 s start-up on
+    2 cores) happen once per sweep instead of once per run. The nodes run with the first run's
+    settings (its run.json, copied here with the nodes' own address and Ray token)."""
+
+    dir: Path
+    app: str
+    address: str = ""
+    local: LocalRun | None = None
+
+    @property
+    def head(self) -> Role | None:
+        return next((r for r in self.local.roles if r.name == "ray-head"), None) if self.local else None
+
+    @property
+    def rollouts(self) -> list[Role]:
+        return [r for r in self.local.roles if r.name.startswith("rollout")] if self.local else []
+
+    def up(self) -> bool:
+        return self.head is not None and self.head.alive()
+
+    def claim_address(self) -> str:
+        """The address the next run joins (a new one when the nodes are not up)."""
+        if not self.up():
+            self.stop()
+            self.address = f"127.0.0.1:{free_port()}"
+        return self.address
+
+    def ensure(self, cfg: RunConfig, replicas: int, poll: Callable[[], Any] | None = None) -> None:
+        """Start the head (when it is not up) and rollout processes up to `replicas`."""
+        exe = [sys.executable, "-m", "rlscale.cli"]
+        if not self.up():
+            self.stop()
+            self.dir.mkdir(parents=True, exist_ok=True)
+            cfg.save(self.dir / "run.json")
+            self.local = LocalRun(cfg, self.dir)
+            host, _, port = self.address.rpartition(":")
+            _start_head(self.local, Role("ray-head", exe + ["ray-head"], self.local.role_env(),
+                                         self.dir / "logs/ray-head.log"), host, int(port), poll=poll)
+        while len(self.rollouts) < replicas:
+            i = len(self.rollouts)
+            self.local.start(Role(f"rollout-{i}", exe + ["rollout"], self.local.role_env(),
+                                  self.dir / f"logs/rollout-{i}.log"))
+
+    def stop(self) -> None:
+        if self.local is not None:
+            self.local.stop_all()
+            self.local = None
 
 
 def processes_of_run(config_path: str) -> list[int]:
@@ -327,8 +383,10 @@ def check_task(spec, model_dir: str) -> None:
 
 
 def prepare_run(rlrun: RLRun, runs_dir: Path, metrics_port: int, fresh: bool,
-                linger: float = 0.0, extra: dict[str, Any] | None = None) -> tuple[RunConfig, Path, Any]:
-    """Plan, resolve the model and write run.json + plan.json into runs/<name>/."""
+                linger: float = 0.0, extra: dict[str, Any] | None = None,
+                ray_address: str | None = None) -> tuple[RunConfig, Path, Any]:
+    """Plan, resolve the model and write run.json + plan.json into runs/<name>/ (`ray_address`:
+    an existing cluster's, else a free port for the run's own head)."""
     spec = rlrun.spec
     plan = make_plan(spec)
     run_dir = (runs_dir / rlrun.name).resolve()
@@ -348,7 +406,7 @@ def prepare_run(rlrun: RLRun, runs_dir: Path, metrics_port: int, fresh: bool,
     r = spec.rollout.replicas
     most_replicas = max(plan.rollout_replicas, spec.rollout.max_replicas if r == "auto" else r)
     cfg = RunConfig.from_rlrun(
-        rlrun, plan.to_dict(), ray_address=f"127.0.0.1:{free_port()}", metrics_port=port,
+        rlrun, plan.to_dict(), ray_address=ray_address or f"127.0.0.1:{free_port()}", metrics_port=port,
         checkpoint_dir=str(ckpt_dir), report_dir=str(run_dir), model_dir=model_dir,
         extra={"headCpus": cores, "objectStoreBytes": 512 * 2**20, "local": True,
                "lingerSeconds": linger, "rolloutCpuThreads": max(1, cores // most_replicas), **(extra or {})},
@@ -359,22 +417,28 @@ def prepare_run(rlrun: RLRun, runs_dir: Path, metrics_port: int, fresh: bool,
 
 def run_embedded(rlrun: RLRun, *, metrics_port: int = DEFAULT_METRICS_PORT, runs_dir: Path = Path("runs"),
                  fresh: bool = False, linger: float = 0.0, extra: dict[str, Any] | None = None,
-                 render: Callable[[dict[str, Any] | None], Any] | None = None) -> int:
+                 render: Callable[[dict[str, Any] | None], Any] | None = None,
+                 shared: SharedNodes | None = None) -> int:
     """Run the RLRun on this machine; returns the driver's exit code.
 
     `extra` goes into the run config's extra (e.g. seed, replan); `render(last_record)` replaces the
-    progress view, and the console lines around the run, for a caller that shows its own (rlscale sweep).
+    progress view, and the console lines around the run, for a caller that shows its own (rlscale sweep);
+    `shared`: Ray nodes and a rollout app kept across runs, which the run joins (started if not up).
     """
     spec = rlrun.spec
     quiet = render is not None
     if not quiet:
         console.rule(f"[bold]rlscale run[/] {rlrun.name}")
-    cfg, run_dir, plan = prepare_run(rlrun, runs_dir, metrics_port, fresh, linger, extra)
+    address = None
+    if shared is not None:
+        address = shared.claim_address()
+        extra = {**(extra or {}), "rolloutApp": shared.app}
+    cfg, run_dir, plan = prepare_run(rlrun, runs_dir, metrics_port, fresh, linger, extra, address)
     if not quiet:
         console.print(f"plan: {plan.summary()}  [dim]({plan.reason})[/]", highlight=False)
         console.print(f"metrics: http://127.0.0.1:{cfg.metrics_port}/metrics   report: {run_dir}", highlight=False)
 
-    local = LocalRun(cfg, run_dir)
+    local = LocalRun(cfg, run_dir, token_dir=shared.dir if shared is not None else None)
     exe = [sys.executable, "-m", "rlscale.cli"]
     host, _, port = cfg.ray_address.rpartition(":")
     interrupted = {"n": 0}
@@ -399,11 +463,15 @@ def run_embedded(rlrun: RLRun, *, metrics_port: int = DEFAULT_METRICS_PORT, runs
             if check.done():
                 check.result()
 
-        _start_head(local, Role("ray-head", exe + ["ray-head"], local.role_env(), run_dir / "logs/ray-head.log"),
-                    host, int(port), poll=check_failed)
-        rollouts = [local.start(Role(f"rollout-{i}", exe + ["rollout"], local.role_env(), run_dir /
-                                     f"logs/rollout-{i}.log"))
-                    for i in range(int(plan.rollout_replicas))]
+        if shared is None:
+            head = _start_head(local, Role("ray-head", exe + ["ray-head"], local.role_env(),
+                                           run_dir / "logs/ray-head.log"), host, int(port), poll=check_failed)
+            rollouts = [local.start(Role(f"rollout-{i}", exe + ["rollout"], local.role_env(), run_dir /
+                                         f"logs/rollout-{i}.log"))
+                        for i in range(int(plan.rollout_replicas))]
+        else:
+            shared.ensure(cfg, int(plan.rollout_replicas), poll=check_failed)
+            head, rollouts = shared.head, shared.rollouts
         check.result()
         world = int(plan.learner_replicas)
         master_port = str(free_port())
@@ -414,7 +482,7 @@ def run_embedded(rlrun: RLRun, *, metrics_port: int = DEFAULT_METRICS_PORT, runs
                              run_dir / f"logs/learner-{rank}.log"))
             for rank in range(world)
         ]
-        code = _watch(local, learners[0], rollouts, run_dir, spec, render)
+        code = _watch(local, learners[0], rollouts, head, run_dir, spec, render)
     finally:
         pool.shutdown(wait=True)  # a check still running (the head failed first) ends before the nodes stop
         local.stop_all()
@@ -437,7 +505,7 @@ def run_embedded(rlrun: RLRun, *, metrics_port: int = DEFAULT_METRICS_PORT, runs
     return code
 
 
-def _watch(local: LocalRun, driver: Role, rollouts: list[Role], run_dir: Path, spec,
+def _watch(local: LocalRun, driver: Role, rollouts: list[Role], head: Role | None, run_dir: Path, spec,
            render: Callable[[dict[str, Any] | None], Any] | None = None) -> int:
     """Show progress from metrics.jsonl until the driver exits; keep rollout processes alive."""
     tail = JsonlTail(run_dir / "metrics.jsonl")
@@ -467,7 +535,6 @@ def _watch(local: LocalRun, driver: Role, rollouts: list[Role], run_dir: Path, s
                         and other.proc.returncode):
                     console.print(f"[red]{other.name} exited with {other.proc.returncode}[/]; stopping the run")
                     driver.send(signal.SIGTERM)
-            head = next((r for r in local.roles if r.name == "ray-head"), None)
             if head is not None and not head.alive():
                 # Seen on a 2-core machine at load 14: the raylet timed out waiting for its dashboard
                 # agent and the head exited, while the driver retried the GCS for minutes on end.

@@ -51,6 +51,7 @@ class WeightStore:
         self._version: int | None = None
         self._refs: list[ray.ObjectRef] = []
         self._replicas: dict[str, dict[str, Any]] = {}
+        self._engine: dict[str, Any] | None = None  # what the app's replicas run (set by the deployer)
 
     def publish(self, version: int, refs: list[ray.ObjectRef]) -> None:
         # refs arrive wrapped in a list so Ray hands us the reference, not the tensors.
@@ -76,6 +77,12 @@ class WeightStore:
 
     def replicas(self) -> dict[str, dict[str, Any]]:
         return dict(self._replicas)
+
+    def set_engine(self, engine: dict[str, Any]) -> None:
+        self._engine = dict(engine)
+
+    def engine(self) -> dict[str, Any] | None:
+        return self._engine
 
 
 @dataclass
@@ -147,7 +154,20 @@ class RolloutReplica:
                 or (version == self.engine.version and self._store_version is None)
             ):
                 t0 = time.perf_counter()
-                named_tensors = ray.get(refs[0])
+                try:
+                    named_tensors = ray.get(refs[0])
+                except ray.exceptions.ObjectLostError:
+                    # Its publisher exited (a kept app outlives each driver; OwnerDiedError is one of
+                    # these): nothing asks for that version any more, and the next driver publishes
+                    # its own weights before its first request.
+                    log.warning("weights version %s were lost with their publisher; waiting for newer", version)
+                    if self.engine.version >= need:
+                        return
+                    if time.monotonic() > deadline:
+                        raise RuntimeError(f"a request needs weights version {need} but the newest "
+                                           f"published ({version}) were lost with their publisher") from None
+                    time.sleep(0.05)
+                    continue
                 self.engine.load_weights(named_tensors, version)
                 self._store_version = version
                 del named_tensors
@@ -230,6 +250,12 @@ class RolloutReplica:
             pass
 
 
+def attach_key(engine_config: Mapping[str, Any]) -> dict[str, Any]:
+    """The engine settings a kept app must match to be reused: all but the engine's seed, which no
+    request depends on (sampling requests carry a seed per prompt, evaluations are greedy)."""
+    return {k: v for k, v in engine_config.items() if k != "seed"}
+
+
 def _replica_id() -> str:
     try:
         return serve.get_replica_context().replica_id.unique_id
@@ -256,6 +282,10 @@ class RolloutOptions:
     initial_version: int = 0
     version_wait_s: float = 60.0
     graceful_shutdown_timeout_s: float = 120.0  # let in-flight batches finish on scale-down
+    # The app and its weight store outlive this client (the store is detached): a later client
+    # with the same app name and engine settings attaches to the running replicas instead of
+    # starting new ones, and its first publish replaces the weights (rlscale sweep's runs).
+    keep: bool = False
 
 
 class RolloutClient:
@@ -270,6 +300,7 @@ class RolloutClient:
         self._handle = None
         self._published: int | None = None
         self.retries = 0  # requests resent after their replica died
+        self.attached = False  # deploy() found a kept app with this engine and used its replicas
         self._retries_lock = threading.Lock()
 
     @classmethod
@@ -283,14 +314,36 @@ class RolloutClient:
         # losing that one rollout pod took the store, then the driver, down with it (seen on the
         # real node: ActorDiedError "WeightStore ... its node has died" at the next publish).
         here = NodeAffinitySchedulingStrategy(node_id=ray.get_runtime_context().get_node_id(), soft=False)
+        o = client.options
         client._store = WeightStore.options(
-            name=store_name(client.options.app_name), namespace=STORE_NAMESPACE, get_if_exists=True,
-            scheduling_strategy=here,
+            name=store_name(o.app_name), namespace=STORE_NAMESPACE, get_if_exists=True,
+            scheduling_strategy=here, **({"lifetime": "detached"} if o.keep else {}),
         ).remote()
         client._published = ray.get(client._store.version.remote())
         serve.start(proxy_location="Disabled")
-        client._run(client.options.num_replicas)
+        if o.keep and client._attach():
+            return client
+        client._run(o.num_replicas)
+        if o.keep:
+            ray.get(client._store.set_engine.remote(attach_key(client.engine_config)))
         return client
+
+    def _attach(self) -> bool:
+        """Use the kept app when it runs the same engine; scale it to this client's replica count."""
+        o = self.options
+        if ray.get(self._store.engine.remote()) != attach_key(self.engine_config):
+            return False
+        running = self.replica_states().get("RUNNING", 0)
+        if not running:
+            return False
+        self._handle = serve.get_app_handle(o.app_name)
+        self.attached = True
+        wanted, o.num_replicas = o.num_replicas, running
+        if wanted != running:
+            self.scale(wanted)
+        log.info("attached to the running rollout app %s (%d replicas, weights version %s)",
+                 o.app_name, wanted, self._published)
+        return True
 
     def _run(self, num_replicas: int) -> None:
         o = self.options

@@ -544,8 +544,11 @@ def connect_rollout(cfg: RunConfig):
         # The local runner knows how many cores each replica may use; a pod keeps the default.
         engine.cpu_threads = int(extra["rolloutCpuThreads"])
     on_gpu = spec.hardware.accelerator != "cpu"
+    # extra.rolloutApp: a rollout app kept across runs (rlscale sweep's shared nodes); a run
+    # attaches to its replicas when the engine settings match, and replaces their weights.
+    kept = extra.get("rolloutApp")
     return RolloutClient.deploy(engine, RolloutOptions(
-        app_name=f"rollout-{cfg.run}", num_replicas=int(cfg.plan["rolloutReplicas"]),
+        app_name=kept or f"rollout-{cfg.run}", num_replicas=int(cfg.plan["rolloutReplicas"]), keep=bool(kept),
         # In pods each replica serves /metrics on the port its pod declares; locally none.
         metrics_port=None if extra.get("local") else cfg.metrics_port,
         num_gpus=float(spec.rollout.gpus_per_replica) if on_gpu else 0.0))
@@ -565,6 +568,9 @@ def drive(cfg: RunConfig, learner, client=None) -> int:
     if client is None:
         client = connect_rollout(cfg)
     driver = Driver(cfg, learner, client, tok)
+    pids = sorted(i.get("pid") for i in client.replicas().values())
+    log.info("rollout app %s: %s, replica pids %s", client.options.app_name,
+             "attached to its running replicas (kept from an earlier run)" if client.attached else "deployed", pids)
     driver.resume_or_start()
     if client.published_version is not None and client.published_version >= driver.state.version:
         # The Ray cluster outlived an earlier driver: versions only move forward.

@@ -42,6 +42,7 @@ class RunData:
     window: int = 3
     startup_seconds: float | None = None  # launch to the first step record, measured by the runner
     predicted: dict[str, Any] = field(default_factory=dict)  # the planner's prediction for this run's spec
+    source: str = ""  # the run it was read from (one run serves every rule where their lr is the same)
 
     @property
     def batch(self) -> int:

@@ -144,7 +144,11 @@ def _header(res: SweepResult) -> list[str]:
     seeds = sorted({r.seed for r in res.runs})
     budget = max((r.samples_total() for r in res.runs), default=0)
     lines = [f"# Batch-size sweep: RLRun {res.name}", ""]
-    lines.append(f"{len(res.runs)} runs: batches {', '.join(str(p) for p in sorted({c.prompts for c in res.cells}))} "
+    distinct = len({r.source or id(r) for r in res.runs})
+    shared = (f" for {len(res.runs)} combinations (at the reference batch every rule gives the same lr: one run "
+              "serves them all)" if distinct < len(res.runs) else "")
+    batches = ", ".join(str(p) for p in sorted({c.prompts for c in res.cells}))
+    lines.append(f"{distinct} runs{shared}: batches {batches} "
                  f"prompts x {spp} samples, lr rules {', '.join(sorted(res.by_rule()))}, seeds "
                  f"{', '.join(map(str, seeds))}; up to {budget:,} samples each. Reference batch: {res.ref_prompts} "
                  f"prompts (optimizer.referenceBatch {spec.optimizer.reference_batch}, lr "

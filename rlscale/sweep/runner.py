@@ -81,6 +81,14 @@ def combos(batches: list[int], rules: list[str], seeds: int) -> list[Combo]:
     return [Combo(p, r, s) for s in range(seeds) for r in rules for p in batches]
 
 
+def run_sources(spec: Any, cs: list[Combo]) -> dict[Combo, Combo]:
+    """Each combination's run: the first combination with the same batch, seed and learning rate.
+    At the reference batch every rule gives the spec's own lr, so the runs would be the same run
+    (the rule changes nothing else); one run serves them all (4 batches x 2 rules x 2 seeds: 14 runs)."""
+    first: dict[tuple, Combo] = {}
+    return {c: first.setdefault((c.prompts, c.seed, f"{predict(spec, c.prompts, c.rule).lr:.12e}"), c) for c in cs}
+
+
 def run_rlrun(rlrun: Any, combo: Combo, samples: int, eval_samples: int) -> Any:
     """The RLRun of one sweep run: fixed prompts, the rule, the sample budget, evals every eval_samples."""
     d = rlrun.to_dict()
@@ -147,8 +155,8 @@ def load_runs(sweep_dir: Path, rlrun: Any, state: dict) -> list[RunData]:
     """Every run of the sweep that recorded steps, as RunData (with the planner's prediction for its spec)."""
     st = state["settings"]
     out = []
-    for c in combos(st["batches"], st["rules"], st["seeds"]):
-        name = c.run_name(rlrun.name)
+    for c, src in run_sources(rlrun.spec, combos(st["batches"], st["rules"], st["seeds"])).items():
+        name = src.run_name(rlrun.name)
         recs = read_jsonl(sweep_dir / "runs" / name / "metrics.jsonl")
         if not [r for r in recs if r.get("step_seconds") is not None]:
             continue
@@ -157,27 +165,41 @@ def load_runs(sweep_dir: Path, rlrun: Any, state: dict) -> list[RunData]:
         out.append(RunData(c.prompts, rlrun.spec.batch.samples_per_prompt, c.rule, c.seed, pred.lr, recs,
                            metric=rlrun.spec.target.metric, window=rlrun.spec.target.window,
                            startup_seconds=info.get("startupSeconds"),
-                           predicted={"samplesPerSecond": pred.samples_per_second}))
+                           predicted={"samplesPerSecond": pred.samples_per_second}, source=name))
     return out
 
 
 def run_sweep(rlrun: Any, sweep_dir: Path, batches: list[int], rules: list[str], seeds: int, samples: int,
               eval_samples: int, fresh: bool = False) -> tuple[int, int]:
-    """Run every combination not yet done; returns (finished runs, exit code: 0 done, 130 interrupted, 1 failed)."""
-    from rlscale.embedded import run_embedded
+    """Run every combination not yet done; returns (finished runs, exit code: 0 done, 130 interrupted, 1 failed).
+
+    The runs share one set of Ray nodes and one rollout app (rlscale.embedded.SharedNodes): each
+    run starts its own learners, which replace the replicas' weights with the run's starting ones."""
+    from rlscale.embedded import SharedNodes
 
     check_names(rlrun.name, batches, rules, seeds)
     state = SweepState.open(sweep_dir, settings(rlrun, batches, rules, seeds, samples, eval_samples), fresh)
-    todo = combos(batches, rules, seeds)
+    todo = list(dict.fromkeys(run_sources(rlrun.spec, combos(batches, rules, seeds)).values()))
     overall = Progress(TextColumn("[bold]sweep"), BarColumn(), MofNCompleteColumn(), TextColumn("runs"),
                        TextColumn("{task.fields[samples]}"), TimeElapsedColumn(), TimeRemainingColumn(),
                        console=console)
-    total_samples = len(todo) * samples
     finished = sum(state.done(c.run_name(rlrun.name)) for c in todo)
     bar = overall.add_task("sweep", total=len(todo), completed=finished, samples="")
-    failures = 0
     console.print(f"sweep of {len(todo)} runs into {sweep_dir} ({finished} already done); up to {samples:,} samples "
                   f"each, evals every {eval_samples:,} samples", highlight=False)
+    shared = SharedNodes(sweep_dir / "nodes", app=f"rollout-{rlrun.name}-sweep")
+    try:
+        return _run_all(rlrun, sweep_dir, todo, state, overall, bar, finished, samples, eval_samples, shared)
+    finally:
+        shared.stop()
+
+
+def _run_all(rlrun: Any, sweep_dir: Path, todo: list[Combo], state: SweepState, overall: Progress, bar: Any,
+             finished: int, samples: int, eval_samples: int, shared: Any) -> tuple[int, int]:
+    from rlscale.embedded import run_embedded
+
+    total_samples = len(todo) * samples
+    failures = 0
     for i, c in enumerate(todo, 1):
         name = c.run_name(rlrun.name)
         if state.done(name):
@@ -199,12 +221,14 @@ def run_sweep(rlrun: Any, sweep_dir: Path, batches: list[int], rules: list[str],
 
         try:
             code = run_embedded(run, metrics_port=0, runs_dir=sweep_dir / "runs", fresh=False,
-                                extra={"seed": c.seed, "replan": False}, render=render)
+                                extra={"seed": c.seed, "replan": False}, render=render, shared=shared)
         except KeyboardInterrupt:  # Ctrl-C before the run's processes started
             code = EXIT_INTERRUPTED
         except Exception as exc:  # a role that never came up: this run failed, the sweep goes on
             console.print(f"[red]{name}: {exc}[/]", highlight=False)
             code = 1
+        if code not in DONE_CODES:
+            shared.stop()  # the next run (or the resumed sweep) starts from fresh nodes
         recs = read_jsonl(sweep_dir / "runs" / name / "metrics.jsonl")
         info.update(exitCode=code, wallSeconds=round(time.monotonic() - t0, 1),
                     samples=int(recs[-1]["samples"]) if recs else 0)

@@ -12,9 +12,9 @@ def test_a_dead_ray_head_stops_the_run(tmp_path, root):
     spec = load_rlrun(root / "examples" / "quickstart.yaml").spec
     local = LocalRun(cfg=None, run_dir=tmp_path)
     env = {"PATH": "/usr/bin:/bin"}
-    local.start(Role("ray-head", ["true"], env, tmp_path / "head.log"))
+    head = local.start(Role("ray-head", ["true"], env, tmp_path / "head.log"))
     driver = local.start(Role("learner-0", ["sleep", "120"], env, tmp_path / "driver.log"))
     t0 = time.monotonic()
-    code = _watch(local, driver, [], tmp_path, spec)
+    code = _watch(local, driver, [], head, tmp_path, spec)
     assert code == 1 and time.monotonic() - t0 < 20
     assert not driver.alive()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -34,11 +35,24 @@ def test_tiny_sweep_writes_a_report_that_parses(tmp_path: Path):
     state = json.loads((out / "sweep.json").read_text())
     assert {n: i["status"] for n, i in state["runs"].items()} == {"tiny-p8-sqrt-s0": "done", "tiny-p16-sqrt-s0": "done"}
     assert all(i["startupSeconds"] > 0 for i in state["runs"].values())
+    # The second run joined the first one's Ray nodes and used its vLLM replica (same process),
+    # replacing the replica's weights with its own starting ones.
+    said = {name: re.search(r"rollout app (\S+): (\w+).*replica pids \[(\d+)\]",
+                            (out / "runs" / name / "logs" / "learner-0.log").read_text())
+            for name in ("tiny-p8-sqrt-s0", "tiny-p16-sqrt-s0")}
+    assert all(said.values()), said
+    first, second = (said[n].groups() for n in ("tiny-p8-sqrt-s0", "tiny-p16-sqrt-s0"))
+    assert first[:2] == ("rollout-tiny-sweep", "deployed") and second[:2] == ("rollout-tiny-sweep", "attached"), said
+    assert first[2] == second[2], said
+    assert not (out / "runs" / "tiny-p16-sqrt-s0" / "logs" / "ray-head.log").exists()
     for name, prompts, lr in (("tiny-p8-sqrt-s0", 8, 1e-4 / 2 ** 0.5), ("tiny-p16-sqrt-s0", 16, 1e-4)):
         recs = [json.loads(x) for x in (out / "runs" / name / "metrics.jsonl").read_text().splitlines() if x]
         assert recs[-1]["samples"] == 1536 and {r["prompts"] for r in recs} == {prompts}
         assert {round(r["lr"], 12) for r in recs} == {round(lr, 12)}  # re-planning off: the rule's lr throughout
         assert [r["samples"] for r in recs if r.get("eval") is not None] == [512, 1024, 1536]
+        # vLLM's log-probs of the first step's samples are the learner's own (same weights): the
+        # second run's replica generated with that run's starting weights, not the first run's last.
+        assert recs[0]["logprob_abs_diff"] < 1e-3, (name, recs[0]["logprob_abs_diff"])
     md = (out / "sweep.md").read_text()
     assert "## Rule sqrt" in md and "(b) larger batches raise generation throughput" in md
     for png in ("curves.png", "throughput.png", "decision.png"):

@@ -172,3 +172,18 @@ def test_analysis_imports_no_torch():
             "bad = [m for m in ('torch', 'ray', 'vllm', 'deepspeed') if m in sys.modules]; "
             "assert not bad, bad")
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_one_run_serves_every_rule_at_the_reference_batch(spec):
+    from rlscale.sweep.runner import Combo, combos, run_sources
+
+    cs = combos([8, 16, 32, 64], ["sqrt", "none"], 2)
+    src = run_sources(spec, cs)
+    distinct = set(src.values())
+    assert len(cs) == 16 and len(distinct) == 14
+    ref = spec.optimizer.reference_batch // spec.batch.samples_per_prompt
+    for c, s in src.items():
+        if c.prompts == ref:  # the same lr under both rules: the sqrt run comes first and serves none
+            assert s == Combo(ref, "sqrt", c.seed)
+        else:
+            assert s == c
