@@ -26,11 +26,11 @@ app = typer.Typer(
 out = Console()
 err = Console(stderr=True)
 
-# The default sweep (4 batches x 2 rules x 2 seeds, 32,768 samples a run) was sized for about an hour on 2 cores
-# from the quickstart's figures on a machine that ran a 32x8 step in 0.71 s (359 samples/s). Measured on a 2-core
-# AVX2 machine that runs it in 1.64 s: 94 min (the runs' wallSeconds in sweep.json; 98 samples/s at 8x8 to 157 at
-# 64x8, 52-56 s of start-up a run). Fewer samples would not do: at 32,768 the runs only reached 0.58-0.66 from the
-# version-1 builtin model's 0.48.
+# The default sweep: 4 batches x 2 rules x 2 seeds, 14 runs (one serves both rules at the reference
+# batch), 24,576 samples a run, sharing one Ray head and vLLM replica. Measured on a 2-core AVX2 machine
+# from the builtin model's 0.724: 66 min 24 s (`/usr/bin/time -v rlscale sweep examples/quickstart.yaml`;
+# 70-147 samples/s from 8x8 to 64x8, 17-22 s of start-up a run after the first's 65 s); every run reached
+# 0.76, 2 of 16 the 0.8 target. At 32,768 samples with a Ray head and replica per run it took 94 min.
 DEFAULT_SWEEP_SAMPLES = 24576
 DEFAULT_SWEEP_EVAL_SAMPLES = 2048
 FileArg = typer.Argument(..., help="An RLRun YAML file.", show_default=False)
@@ -212,8 +212,8 @@ def sweep(
                                  "optimizer.lr at optimizer.referenceBatch: sqrt, linear, none (the lr unchanged)."),
     seeds: int = typer.Option(2, "--seeds", min=1, help="Seeds per (batch, rule)."),
     samples: int = typer.Option(DEFAULT_SWEEP_SAMPLES, "--samples", min=1,
-                                help="Sample budget of every run (the default 16-run sweep of the quickstart took "
-                                "94 min on a 2-core AVX2 machine; the quickstart's 0.8 target needs ~200k)."),
+                                help="Sample budget of every run (the default sweep of the quickstart took 66 min "
+                                "on a 2-core AVX2 machine; its 0.8 target needs 30k-46k samples at 32x8)."),
     eval_samples: int = typer.Option(DEFAULT_SWEEP_EVAL_SAMPLES, "--eval-samples", min=1,
                                      help="Held-out eval every this many samples, rounded up to a multiple of "
                                      "every batch so all batches evaluate alike."),

@@ -341,8 +341,6 @@ class RolloutClient:
         wanted, o.num_replicas = o.num_replicas, running
         if wanted != running:
             self.scale(wanted)
-        log.info("attached to the running rollout app %s (%d replicas, weights version %s)",
-                 o.app_name, wanted, self._published)
         return True
 
     def _run(self, num_replicas: int) -> None:

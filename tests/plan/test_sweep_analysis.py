@@ -187,3 +187,13 @@ def test_one_run_serves_every_rule_at_the_reference_batch(spec):
             assert s == Combo(ref, "sqrt", c.seed)
         else:
             assert s == c
+
+
+def test_untuned_runs_needing_fewer_samples_are_called_the_opposite_of_the_claim(spec):
+    # sqrt pays a steep noise penalty (B_noise 128) that the untuned runs do not: at 64 prompts
+    # skipping the retune needs fewer samples, which the verdict must say, not "within the band".
+    runs = ([synthetic_run(p, "sqrt", s, b_noise=128) for s in (0, 1) for p in (8, 16, 32, 64)]
+            + [synthetic_run(p, "none", s) for s in (0, 1) for p in (8, 16, 32, 64)])
+    v = {x.claim: x for x in analyse("synthetic", spec, runs).verdicts}["a"]
+    assert v.holds is False and "the opposite of the claim's second half" in v.text, v.text
+    assert "2.00e-04" in v.text, v.text  # the retuned lr at 64 prompts is named
