@@ -1,0 +1,40 @@
+"""rlscale sweep's shared nodes: runs join the same head while it lives, and a lost head means new nodes."""
+
+from __future__ import annotations
+
+import signal
+
+from rlscale.embedded import LocalRun, Role, SharedNodes
+
+
+def _fake_nodes(tmp_path, shared: SharedNodes) -> tuple[Role, Role]:
+    """Stand-ins for the head and a rollout process (the real ones are `ray start` processes)."""
+    shared.local = LocalRun(cfg=None, run_dir=tmp_path)
+    env = {"PATH": "/usr/bin:/bin"}
+    head = shared.local.start(Role("ray-head", ["sleep", "60"], env, tmp_path / "head.log"))
+    rollout = shared.local.start(Role("rollout-0", ["sleep", "60"], env, tmp_path / "rollout.log"))
+    return head, rollout
+
+
+def test_runs_join_the_same_address_while_the_head_lives(tmp_path):
+    shared = SharedNodes(tmp_path / "nodes", app="rollout-x-sweep")
+    first = shared.claim_address()
+    assert first.startswith("127.0.0.1:") and not shared.up()
+    head, rollout = _fake_nodes(tmp_path, shared)
+    assert shared.up() and shared.head is head and shared.rollouts == [rollout]
+    assert shared.claim_address() == first  # a second run joins the same cluster
+    head.send(signal.SIGKILL)
+    head.proc.wait(timeout=10)
+    # The head is gone: the next run gets new nodes at a new address, and the old ones are stopped.
+    second = shared.claim_address()
+    assert not rollout.alive() and shared.local is None and shared.rollouts == []
+    assert second.startswith("127.0.0.1:")
+    shared.stop()  # nothing left to stop: a no-op
+
+
+def test_stop_ends_every_process_of_the_nodes(tmp_path):
+    shared = SharedNodes(tmp_path / "nodes", app="rollout-x-sweep")
+    shared.claim_address()
+    head, rollout = _fake_nodes(tmp_path, shared)
+    shared.stop()
+    assert not head.alive() and not rollout.alive() and not shared.up()
