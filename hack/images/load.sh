@@ -25,7 +25,7 @@ c() { "$CTR" --address "$SOCK" --namespace k8s.io "$@"; }
 # config_digest IMAGE: the config digest of IMAGE in the containerd, empty when absent.
 config_digest() {
   local m
-  m=$(c images ls "name==$1" 2>/dev/null | awk 'NR > 1 {print $3; exit}')
+  m=$(c images ls "name==$1" 2>/dev/null | awk 'NR == 2 {print $3}')
   [[ -n $m ]] || return 0
   c content get "$m" | python3 -c 'import json, sys; print(json.load(sys.stdin)["config"]["digest"])'
 }
@@ -37,7 +37,9 @@ PIN=-previous-build
 # its own for one; removing a name with --sync waits for the collection that follows).
 collect_garbage() {
   local any
-  any=$(c images ls -q | head -1)
+  # sed reads to the end: `head -1` exits first, and ctr's next write then dies of SIGPIPE,
+  # which pipefail made this script's exit status (141; seen with 4 images in the containerd).
+  any=$(c images ls -q | sed -n 1p)
   [[ -n $any ]] || return 0
   c images tag --force "$any" rlscale.local/collect-garbage:now >/dev/null \
     && c images rm --sync rlscale.local/collect-garbage:now >/dev/null
@@ -47,7 +49,7 @@ collect_garbage() {
 unpin() {
   local img
   for img in "${images[@]}"; do
-    if c images ls -q "name==$img$PIN" | grep -q .; then
+    if [[ -n $(c images ls -q "name==$img$PIN") ]]; then
       c images rm "$img$PIN" >/dev/null
     fi
   done
@@ -85,7 +87,7 @@ if ((${#todo[@]})); then
   # not exist: not found" (containerd 1.6.20). So the previous build keeps a second name until
   # the import is done, and a failed import is retried once after a collection.
   for img in "${todo[@]}"; do
-    if c images ls -q "name==$img" | grep -q .; then
+    if [[ -n $(c images ls -q "name==$img") ]]; then
       c images tag --force "$img" "$img$PIN" >/dev/null
     fi
   done
@@ -111,7 +113,7 @@ if ((${#todo[@]})); then
     tagged=$(c images ls 2>/dev/null | awk 'NR > 1 && $1 !~ /^sha256:/ {print $3}' \
       | while read -r m; do c content get "$m" 2>/dev/null | python3 -c 'import json, sys; print(json.load(sys.stdin)["config"]["digest"])' 2>/dev/null; done \
       | grep -cx "$d" || true)
-    if [[ $tagged == 0 ]] && c images ls -q "name==$d" | grep -q .; then
+    if [[ $tagged == 0 && -n $(c images ls -q "name==$d") ]]; then
       c images rm "$d" >/dev/null && echo "[images] removed the previous image $d"
     fi
   done

@@ -157,10 +157,12 @@ def test_an_interrupted_sweep_resumes_where_it_stopped(quick, tmp_path, monkeypa
     assert state["quickstart-p16-sqrt-s0"]["status"] == "interrupted"
     calls.clear()
     done, code = run_sweep(rlrun, out, [8, 16], ["sqrt", "none"], 1, 8192, 1024)
-    assert (done, code) == (4, 0)
-    assert [n for n, _ in calls] == ["quickstart-p16-sqrt-s0", "quickstart-p8-none-s0", "quickstart-p16-none-s0"]
+    # 3 runs for 4 combinations: at the reference batch (16 prompts) none's lr is sqrt's, and the sqrt run serves both.
+    assert (done, code) == (3, 0)
+    assert [n for n, _ in calls] == ["quickstart-p16-sqrt-s0", "quickstart-p8-none-s0"]
     md, res = write_sweep_report(rlrun, out, tmp_path / "cal.yaml")
     assert "## Rule none" in md.read_text() and (out / "decision.png").exists()
+    assert "3 runs for 4 combinations" in md.read_text()
     rows = json.loads((out / "runs.json").read_text())["runs"]
     assert len(rows) == 4 and all(r["samplesToLevel"] for r in rows)
     assert load_patch(tmp_path / "cal.yaml")["kind"] == "RLRunCalibration"
