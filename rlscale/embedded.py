@@ -125,6 +125,14 @@ class LocalRun:
         self.roles.append(role)
         return role
 
+    @property
+    def head(self) -> Role | None:
+        return next((r for r in self.roles if r.name == "ray-head"), None)
+
+    @property
+    def rollouts(self) -> list[Role]:
+        return [r for r in self.roles if r.name.startswith("rollout")]
+
     def stop_all(self) -> None:
         # Learners first: the driver checkpoints on SIGTERM and writes the report.
         for r in [r for r in self.roles if r.name.startswith("learner")]:
@@ -157,11 +165,11 @@ class SharedNodes:
 
     @property
     def head(self) -> Role | None:
-        return next((r for r in self.local.roles if r.name == "ray-head"), None) if self.local else None
+        return self.local.head if self.local else None
 
     @property
     def rollouts(self) -> list[Role]:
-        return [r for r in self.local.roles if r.name.startswith("rollout")] if self.local else []
+        return self.local.rollouts if self.local else []
 
     def up(self) -> bool:
         return self.head is not None and self.head.alive()
@@ -175,24 +183,40 @@ class SharedNodes:
 
     def ensure(self, cfg: RunConfig, replicas: int, poll: Callable[[], Any] | None = None) -> None:
         """Start the head (when it is not up) and rollout processes up to `replicas`."""
-        exe = [sys.executable, "-m", "rlscale.cli"]
         if not self.up():
             self.stop()
             self.dir.mkdir(parents=True, exist_ok=True)
             cfg.save(self.dir / "run.json")
             self.local = LocalRun(cfg, self.dir)
-            host, _, port = self.address.rpartition(":")
-            _start_head(self.local, Role("ray-head", exe + ["ray-head"], self.local.role_env(),
-                                         self.dir / "logs/ray-head.log"), host, int(port), poll=poll)
-        while len(self.rollouts) < replicas:
-            i = len(self.rollouts)
-            self.local.start(Role(f"rollout-{i}", exe + ["rollout"], self.local.role_env(),
-                                  self.dir / f"logs/rollout-{i}.log"))
+        _start_nodes(self.local, self.address, replicas, poll)
 
     def stop(self) -> None:
         if self.local is not None:
             self.local.stop_all()
             self.local = None
+
+
+def _start_nodes(local: LocalRun, address: str, replicas: int, poll: Callable[[], Any] | None = None) -> None:
+    """The Ray head at `address` (unless `local` has one running) and rollout processes up to `replicas`."""
+    exe = [sys.executable, "-m", "rlscale.cli"]
+    logs = local.run_dir / "logs"
+    if local.head is None or not local.head.alive():
+        host, _, port = address.rpartition(":")
+        _start_head(local, Role("ray-head", exe + ["ray-head"], local.role_env(), logs / "ray-head.log"),
+                    host, int(port), poll=poll)
+    for i in range(len(local.rollouts), replicas):
+        local.start(Role(f"rollout-{i}", exe + ["rollout"], local.role_env(), logs / f"rollout-{i}.log"))
+
+
+def _start_learners(local: LocalRun, world: int) -> list[Role]:
+    """The learner ranks (rank 0 drives the run), meeting on a free local port."""
+    exe = [sys.executable, "-m", "rlscale.cli", "learner"]
+    master_port = str(free_port())
+    return [local.start(Role(f"learner-{rank}", exe,
+                             local.role_env(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world),
+                                            MASTER_ADDR="127.0.0.1", MASTER_PORT=master_port),
+                             local.run_dir / f"logs/learner-{rank}.log"))
+            for rank in range(world)]
 
 
 def processes_of_run(config_path: str) -> list[int]:
@@ -439,8 +463,6 @@ def run_embedded(rlrun: RLRun, *, metrics_port: int = DEFAULT_METRICS_PORT, runs
         console.print(f"metrics: http://127.0.0.1:{cfg.metrics_port}/metrics   report: {run_dir}", highlight=False)
 
     local = LocalRun(cfg, run_dir, token_dir=shared.dir if shared is not None else None)
-    exe = [sys.executable, "-m", "rlscale.cli"]
-    host, _, port = cfg.ray_address.rpartition(":")
     interrupted = {"n": 0}
 
     def on_sigint(signum, frame):  # first Ctrl-C: checkpoint and stop; second: stop now
@@ -464,25 +486,13 @@ def run_embedded(rlrun: RLRun, *, metrics_port: int = DEFAULT_METRICS_PORT, runs
                 check.result()
 
         if shared is None:
-            head = _start_head(local, Role("ray-head", exe + ["ray-head"], local.role_env(),
-                                           run_dir / "logs/ray-head.log"), host, int(port), poll=check_failed)
-            rollouts = [local.start(Role(f"rollout-{i}", exe + ["rollout"], local.role_env(), run_dir /
-                                         f"logs/rollout-{i}.log"))
-                        for i in range(int(plan.rollout_replicas))]
+            _start_nodes(local, cfg.ray_address, int(plan.rollout_replicas), poll=check_failed)
         else:
             shared.ensure(cfg, int(plan.rollout_replicas), poll=check_failed)
-            head, rollouts = shared.head, shared.rollouts
+        nodes = local if shared is None else shared
         check.result()
-        world = int(plan.learner_replicas)
-        master_port = str(free_port())
-        learners = [
-            local.start(Role(f"learner-{rank}", exe + ["learner"],
-                             local.role_env(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world),
-                                            MASTER_ADDR="127.0.0.1", MASTER_PORT=master_port),
-                             run_dir / f"logs/learner-{rank}.log"))
-            for rank in range(world)
-        ]
-        code = _watch(local, learners[0], rollouts, head, run_dir, spec, render)
+        learners = _start_learners(local, int(plan.learner_replicas))
+        code = _watch(local, learners[0], nodes.rollouts, nodes.head, run_dir, spec, render)
     finally:
         pool.shutdown(wait=True)  # a check still running (the head failed first) ends before the nodes stop
         local.stop_all()
