@@ -124,6 +124,7 @@ class RolloutReplica:
         self.version_wait_s = version_wait_s
         self.replica_id = _replica_id()
         self._store_version: int | None = None  # last version loaded from the store
+        self._lost: int | None = None  # a published version whose weights were gone (said once)
         # A replica that starts late must not serve old weights: load the newest now.
         self._sync(self.engine.version)
         self.metrics.weights_version.set(self.engine.version)
@@ -159,20 +160,16 @@ class RolloutReplica:
                 except ray.exceptions.ObjectLostError:
                     # Its publisher exited (a kept app outlives each driver; OwnerDiedError is one of
                     # these): nothing asks for that version any more, and the next driver publishes
-                    # its own weights before its first request.
-                    log.warning("weights version %s were lost with their publisher; waiting for newer", version)
-                    if self.engine.version >= need:
-                        return
-                    if time.monotonic() > deadline:
-                        raise RuntimeError(f"a request needs weights version {need} but the newest "
-                                           f"published ({version}) were lost with their publisher") from None
-                    time.sleep(0.05)
-                    continue
-                self.engine.load_weights(named_tensors, version)
-                self._store_version = version
-                del named_tensors
-                self.metrics.weight_load_seconds.observe(time.perf_counter() - t0)
-                self.metrics.weights_version.set(version)
+                    # its own weights before its first request; wait for those as for any newer.
+                    if self._lost != version:
+                        log.warning("weights version %s were lost with their publisher; waiting for newer", version)
+                        self._lost = version
+                else:
+                    self.engine.load_weights(named_tensors, version)
+                    self._store_version = version
+                    del named_tensors
+                    self.metrics.weight_load_seconds.observe(time.perf_counter() - t0)
+                    self.metrics.weights_version.set(version)
             if self.engine.version >= need:
                 return
             if time.monotonic() > deadline:
