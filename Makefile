@@ -40,7 +40,7 @@ images:
 run: venv
 	$(RLSCALE) run examples/quickstart.yaml
 
-## make crd: regenerate the CRD and the README spec table from rlscale/spec.py.
+## make crd: regenerate the CRD and the README spec table from rlscale/spec/.
 ## make test: install, build/start what the tests need, run the whole suite.
 test: venv k8s prometheus images
 	$(VENV)/bin/ruff check .

@@ -71,6 +71,6 @@ def load_run_config(path: str | Path | None = None) -> RunConfig:
 
 
 def _fe(path: str, problem: str, fix: str):
-    from rlscale.spec import _MISSING, FieldError
+    from rlscale.spec import MISSING, FieldError
 
-    return FieldError(path, _MISSING, problem, fix)
+    return FieldError(path, MISSING, problem, fix)

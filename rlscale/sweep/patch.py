@@ -15,7 +15,7 @@ from typing import Any
 import yaml
 
 from rlscale.plan import Calibration
-from rlscale.spec import _MISSING, FULL_API_VERSION, FieldError, SpecError, parse_rlrun
+from rlscale.spec import FULL_API_VERSION, MISSING, FieldError, SpecError, parse_rlrun
 
 PATCH_KIND = "RLRunCalibration"
 _FIELDS = {"prompts": "prompts", "samplesPerPrompt": "samples_per_prompt", "rolloutReplicas": "rollout_replicas",
@@ -66,7 +66,7 @@ def write_patch(res: Any, path: Path, source: str) -> Path:
 
 
 def _err(where: str, value: Any, problem: str, fix: str) -> SpecError:
-    return SpecError([FieldError(where, value if value is not None else _MISSING, problem, fix)])
+    return SpecError([FieldError(where, value if value is not None else MISSING, problem, fix)])
 
 
 def merge(base: Any, over: Any) -> Any:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import yaml
 
 from rlscale.crd import PRINTER_COLUMNS, crd, crd_yaml
-from rlscale.spec_rules import RULES
+from rlscale.spec.rules import RULES
 from tests.conftest import ROOT
 
 CRD_FILE = ROOT / "charts/rlscale/crds/rlruns.rlscale.dev.yaml"

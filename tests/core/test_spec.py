@@ -8,7 +8,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from rlscale.spec import SpecError, load_rlrun, parse_rlrun, parse_spec
-from rlscale.spec_rules import RULES
+from rlscale.spec.rules import RULES
 from tests.conftest import EXAMPLES, rlrun_dict
 
 

@@ -8,8 +8,8 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from rlscale.spec import (
-    _MISSING,
+from rlscale.spec.errors import MISSING, FieldError
+from rlscale.spec.models import (
     BUILTIN_MODELS,
     BUILTIN_REWARDS,
     BUILTIN_TASKS,
@@ -17,7 +17,6 @@ from rlscale.spec import (
     RESERVED_MOUNTS,
     RESERVED_VOLUMES,
     REWARD_EXPRESSION_RE,
-    FieldError,
     RLRunSpec,
     _RoleSpec,
 )
@@ -136,7 +135,7 @@ def _rule_betas(s: RLRunSpec):
 
 def _rule_model_named(s: RLRunSpec):
     if s.model.path is None:
-        return FieldError("spec.model.path", _MISSING,
+        return FieldError("spec.model.path", MISSING,
                           f"is required on accelerator {s.hardware.accelerator} "
                           "(only a CPU run defaults to the 3.4M-parameter builtin:tiny-arith)",
                           "name the model to train: a hub id in the model volume's Hugging Face cache such as "

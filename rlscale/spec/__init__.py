@@ -1,0 +1,135 @@
+"""The RLRun spec: the one schema that the CLI, the CRD, the planner and the operator share.
+
+models.py holds the fields, rules.py the cross-field rules (also emitted as CEL into the CRD),
+errors.py what a bad spec is told; this module parses and re-exports them."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import ValidationError
+
+from rlscale.spec.errors import MISSING, FieldError, SpecError, translate, union_fix
+from rlscale.spec.models import (  # noqa: F401  (re-exported: the spec's names are rlscale.spec.X)
+    ACCELERATORS,
+    API_GROUP,
+    API_VERSION,
+    BUILTIN_MODELS,
+    BUILTIN_REWARDS,
+    BUILTIN_TASKS,
+    DNS1123_RE,
+    ENV_NAME_RE,
+    FULL_API_VERSION,
+    KIND,
+    PLUGIN_REWARD_RE,
+    PLUGINS_ENV,
+    PLUGINS_MOUNT,
+    RESERVED_ENV,
+    RESERVED_MOUNTS,
+    RESERVED_VOLUMES,
+    REWARD_EXPRESSION_RE,
+    RLRUN_NAME_MAX,
+    RLRUN_NAME_RE,
+    AlgorithmSpec,
+    Auto,
+    BatchSpec,
+    BudgetSpec,
+    CheckpointSpec,
+    EnvVar,
+    ExtraVolume,
+    FailurePolicySpec,
+    HardwareSpec,
+    LearnerSpec,
+    Metadata,
+    ModelShapeSpec,
+    ModelSpec,
+    OptimizerSpec,
+    PodOverrides,
+    PosInt,
+    RLRun,
+    RLRunSpec,
+    RolloutSpec,
+    SchedulingSpec,
+    TargetSpec,
+    TaskSpec,
+    VolumeMount,
+    VolumeSource,
+)
+from rlscale.spec.rules import check_rules
+
+
+def parse_spec(data: Any, root: str = "spec") -> RLRunSpec:
+    """Validate a spec mapping (structure, then cross-field rules); raises SpecError."""
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise SpecError([FieldError(root, data, "must be a mapping", "see examples/quickstart.yaml")])
+    try:
+        spec = RLRunSpec.model_validate(data)
+    except ValidationError as exc:
+        raise SpecError(union_fix(translate(exc, RLRunSpec, root))) from None
+    errors = check_rules(spec)
+    if errors:
+        raise SpecError(errors)
+    return spec
+
+
+def parse_rlrun(data: Any) -> RLRun:
+    """Validate a whole RLRun object (already parsed from YAML); raises SpecError."""
+    if not isinstance(data, dict):
+        kind = "empty" if data is None else f"a {type(data).__name__}, not a mapping"
+        raise SpecError([FieldError("(document)", MISSING, f"is {kind}", "write an RLRun object: apiVersion: "
+                                    f"{FULL_API_VERSION}, kind: {KIND}, metadata, spec")])
+    head: list[FieldError] = []
+    if data.get("apiVersion") != FULL_API_VERSION:
+        head.append(FieldError("apiVersion", data.get("apiVersion", MISSING),
+                               "is not supported" if "apiVersion" in data else "is required",
+                               f"use apiVersion: {FULL_API_VERSION}"))
+    if data.get("kind") != KIND:
+        head.append(FieldError("kind", data.get("kind", MISSING), "is not an RLRun" if "kind" in data else
+                               "is required", f"use kind: {KIND}"))
+    if head:
+        raise SpecError(head)
+    spec_errors: list[FieldError] = []
+    try:
+        spec = parse_spec(data.get("spec"))
+    except SpecError as exc:
+        spec_errors, spec = exc.errors, None
+    rest = {k: v for k, v in data.items() if k != "spec"}
+    try:
+        obj = RLRun.model_validate(rest)
+    except ValidationError as exc:
+        raise SpecError(translate(exc, RLRun, "") + spec_errors) from None
+    if spec_errors:
+        raise SpecError(spec_errors)
+    obj.spec = spec
+    return obj
+
+
+def load_rlrun(path: str | Path) -> RLRun:
+    """Read and validate an RLRun YAML file; every failure is a SpecError with one clear line per problem."""
+    p = Path(path)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        missing = FieldError(str(p), MISSING, "does not exist", "give the path of an RLRun YAML file")
+        raise SpecError([missing]) from None
+    except (IsADirectoryError, PermissionError, UnicodeDecodeError) as exc:
+        raise SpecError([FieldError(str(p), MISSING, f"cannot be read ({exc.__class__.__name__})",
+                                    "give a readable UTF-8 YAML file")]) from None
+    try:
+        docs = [d for d in yaml.safe_load_all(text) if d is not None]
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        problem = getattr(exc, "problem", None) or "is not valid YAML"
+        invalid = FieldError(str(p), MISSING, f"is not valid YAML{where}: {problem}", "fix the YAML syntax")
+        raise SpecError([invalid]) from None
+    if not docs:
+        raise SpecError([FieldError(str(p), MISSING, "is empty", "write an RLRun object (apiVersion: "
+                                    f"{FULL_API_VERSION}, kind: {KIND})")])
+    if len(docs) > 1:
+        raise SpecError([FieldError(str(p), MISSING, f"holds {len(docs)} YAML documents", "put one RLRun per file")])
+    return parse_rlrun(docs[0])
