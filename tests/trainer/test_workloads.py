@@ -20,7 +20,7 @@ import yaml
 from rlscale.spec import SpecError, parse_spec
 from rlscale.trainer.data import build_task, check_workload, read_rows, render, use_chat
 from rlscale.trainer.rewards import RewardError, extract_answer, resolve_reward, score
-from tests.conftest import ROOT, rlrun_dict, rlscale_cli
+from tests.conftest import rlrun_dict, rlscale_cli
 
 CHAT_TEMPLATE = (
     "{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}<|end|>{% endfor %}"
@@ -154,7 +154,7 @@ def test_a_hub_dataset_resolves_from_the_cache_with_its_folder(tmp_path):
     volume = {"volume": {"persistentVolumeClaim": {"claimName": "models"}}}
     cases = [("acme/gsm/main", {}), ("acme/gsm/mian", {}), ("acme/absent/main", {}), ("acme/absent/main", volume)]
     env = {**os.environ, "HF_HOME": str(tmp_path / "hf"), "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1",
-           "HF_DATASETS_CACHE": str(tmp_path / "datasets-cache"), "PYTHONPATH": str(ROOT)}
+           "HF_DATASETS_CACHE": str(tmp_path / "datasets-cache")}
     out = subprocess.run([sys.executable, "-c", HUB_READ, json.dumps(cases)],
                          capture_output=True, text=True, timeout=300, env=env, cwd=tmp_path)
     assert out.returncode == 0, out.stderr[-3000:]
@@ -435,7 +435,7 @@ def test_ppo_on_a_dataset_task_with_a_plugin_reward(small_model, tmp_path):
         "optimizer": {"lr": 1e-3}, "learner": {"zeroStage": 0, "gpusPerReplica": 0}, "rollout": {"gpusPerReplica": 0},
         "budget": {"gpus": 0}, "hardware": {"accelerator": "cpu"}}}
     (tmp_path / "args.json").write_text(json.dumps(args))
-    env = {**os.environ, "PYTHONPATH": f"{tmp_path}:{ROOT}", "WORLD_SIZE": "1", "RANK": "0", "LOCAL_RANK": "0"}
+    env = {**os.environ, "PYTHONPATH": str(tmp_path), "WORLD_SIZE": "1", "RANK": "0", "LOCAL_RANK": "0"}
     worker = Path(__file__).with_name("dataset_worker.py")
     out = subprocess.run([sys.executable, str(worker), str(tmp_path / "args.json")],
                          capture_output=True, text=True, timeout=600, env=env, cwd=tmp_path)
