@@ -25,6 +25,7 @@ from rlscale.trainer import checkpoint
 from rlscale.trainer.batching import RolloutBatch, group_micro_batches, pack
 from rlscale.trainer.distributed import init_distributed
 from rlscale.trainer.noise import NoiseScale, in_batch_samples, noise_components
+from rlscale.trainer.objectives import objective_for
 
 
 @dataclass
@@ -113,6 +114,7 @@ class Learner:
         from transformers import AutoModelForCausalLM
 
         self.config = config
+        self.objective = objective_for(config)  # before any collective: a bad name fails every rank alike
         self.rank, self.world_size = init_distributed()
         # Control messages travel on gloo even when gradients use NCCL.
         self._control = dist.new_group(backend="gloo") if self.world_size > 1 else None
@@ -131,12 +133,10 @@ class Learner:
         # DeepSpeed has placed the model on this rank's device (LOCAL_RANK's GPU, or the CPU).
         self.device = self.engine.device
         self.critic = None
-        if config.algorithm == "ppo":
+        if self.objective.uses_critic:
             critic = ValueModel(config.model_path, self.dtype)
             self.critic, *_ = deepspeed.initialize(model=critic, model_parameters=critic.parameters(),
                                                    config=self._ds_config())
-        elif config.algorithm != "grpo":
-            raise ValueError(f"spec.algorithm.name: {config.algorithm!r} is not supported; use 'grpo' or 'ppo'")
         self.reference = None
         if config.kl_coef > 0:
             # Frozen copy of the starting policy; kept whole on each rank (small next to the engines).
@@ -276,12 +276,11 @@ class Learner:
 
     def _step(self, batch: RolloutBatch, lr: float | None) -> dict[str, float]:
         start = time.perf_counter()
-        c = self.config
         if lr is not None:
             self.lr = lr
         self._set_lr(self.lr)
         spp = batch.samples_per_prompt
-        advantages, kept_groups = self._advantages(batch)
+        advantages, kept_groups = self.objective.advantages(batch)
         kept = [g * spp + j for g in kept_groups for j in range(spp)]
         rewards = torch.tensor(batch.rewards, dtype=torch.float32)
         stats: dict[str, float] = {"reward_mean": sum(batch.rewards) / len(batch), "samples": float(len(batch)),
@@ -298,8 +297,8 @@ class Learner:
         total_tokens = sum(len(batch.response_ids[i]) for i in kept)
         chunks, measure = self._my_micro_batches(kept_groups, spp)
         packed = [pack(batch, idx, advantages, self.device) for idx in chunks]
-        if c.algorithm == "ppo":
-            self._ppo_prepare(packed, batch)
+        self.objective.prepare(packed, self._logprobs, self._critic_values if self.critic is not None else None,
+                               self.engine, self.reference)
         sums, first = self._backward(packed, total_tokens, measure, batch.rollout_logprobs is not None)
         noise_scale, noise_g_sq, noise_trace = self._noise_estimates(first, packed, total_tokens, len(kept),
                                                                      len(batch))
@@ -323,22 +322,9 @@ class Learner:
             noise_trace=noise_trace,
             skipped=0.0,
         )
-        stats["loss"] = stats["policy_loss"] + c.kl_coef * stats["kl"] * (c.algorithm == "grpo")
+        stats["loss"] = self.objective.total_loss(stats)
         stats["train_seconds"] = stats["compute_seconds"] = time.perf_counter() - start
         return stats
-
-    def _advantages(self, batch: RolloutBatch) -> tuple[torch.Tensor, list[int]]:
-        """GRPO's group advantages (PPO's come later, from the critic) and the groups worth training on."""
-        c = self.config
-        groups = len(batch) // batch.samples_per_prompt
-        if c.algorithm != "grpo":
-            return torch.zeros(len(batch)), list(range(groups))
-        rewards = torch.tensor(batch.rewards, dtype=torch.float32)
-        advantages = A.grpo_advantages(rewards, batch.samples_per_prompt, normalize_std=c.std_normalize)
-        if not c.drop_uniform_groups:
-            return advantages, list(range(groups))
-        keep = A.groups_with_signal(rewards, batch.samples_per_prompt)[:: batch.samples_per_prompt]
-        return advantages, keep.nonzero().flatten().tolist()
 
     def _my_micro_batches(self, kept_groups: list[int], spp: int) -> tuple[list[list[int]], bool]:
         """This rank's share (every world_size-th kept group) in micro-batches of whole groups, and
@@ -407,7 +393,7 @@ class Learner:
             with torch.no_grad():
                 entropy = A.entropy_from_logits(resp_logits.detach())
         out["entropy"] = A.masked_sum(entropy.detach(), mb.mask).item()
-        if self.reference is not None and c.algorithm == "grpo":
+        if self.reference is not None and self.objective.kl_in_loss:
             with torch.no_grad():
                 ref, _ = self._forward_logprobs(self.reference, mb)
             kl = A.kl_divergence(logprobs, ref, c.kl_estimator)
@@ -433,28 +419,11 @@ class Learner:
         values = critic(mb.input_ids, mb.attention_mask)
         return values.gather(1, mb.logit_index)
 
-    @torch.no_grad()
-    def _ppo_prepare(self, packed, batch: RolloutBatch) -> None:
-        """Old values, reference KL and GAE advantages before any update (PPO)."""
-        c = self.config
-        all_adv = []
-        for mb in packed:
-            mb.old_values = self._values(self.critic, mb) * mb.mask
-            kl = None
-            if self.reference is not None:
-                logprobs, _ = self._forward_logprobs(self.engine, mb)
-                ref, _ = self._forward_logprobs(self.reference, mb)
-                # The reward penalty uses k1 (its sum over a sequence is the sequence's log
-                # ratio); the reported KL uses k3, which is never negative.
-                kl = A.kl_divergence(logprobs, ref, "k1")
-                mb.kl = A.kl_divergence(logprobs, ref, "k3") * mb.mask
-            rewards = A.token_rewards(mb.rewards, mb.mask, kl=kl, kl_coef=c.kl_coef)
-            mb.advantages, mb.returns = A.gae(rewards, mb.old_values, mb.mask, gamma=c.gamma, lam=c.lam)
-            all_adv.append((mb.advantages, mb.mask))
-        # Whiten over this rank's share of the batch (the usual PPO normalisation).
-        white = A.whiten(torch.cat([a.flatten() for a, _ in all_adv]), torch.cat([m.flatten() for _, m in all_adv]))
-        for mb, part in zip(packed, white.split([mb.advantages.numel() for mb in packed]), strict=True):
-            mb.advantages = part.view_as(mb.advantages)
+    def _logprobs(self, model, mb) -> torch.Tensor:
+        return self._forward_logprobs(model, mb)[0]
+
+    def _critic_values(self, mb) -> torch.Tensor:
+        return self._values(self.critic, mb)
 
     # --- gradient noise scale --------------------------------------------------------
 
