@@ -28,7 +28,7 @@ from pathlib import Path
 
 import yaml
 
-from rlscale.roles import EXIT_BUDGET, EXIT_TARGET
+from rlscale.roles import RunEnd
 
 ROOT = Path(__file__).resolve().parents[1]
 os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(Path.home() / ".cache" / "rlscale" / "torch_extensions"))
@@ -164,7 +164,7 @@ def run_rlscale(spec_doc: dict, prompts: int, steps: int, workdir: Path) -> list
            "--fresh"]
     print("rlscale:", " ".join(cmd), flush=True)
     code = subprocess.run(cmd, stdout=subprocess.DEVNULL, env={**os.environ, "COLUMNS": "100"}).returncode
-    if code not in (EXIT_TARGET, EXIT_BUDGET):  # the run ends at its step budget: exit 3
+    if code not in (RunEnd.TARGET, RunEnd.BUDGET):  # the run ends at its step budget: exit 3
         raise SystemExit(f"rlscale run exited {code}; its logs are in {workdir / 'runs'}")
     (run_dir,) = (workdir / "runs").iterdir()
     lines = (run_dir / "metrics.jsonl").read_text().splitlines()

@@ -12,7 +12,7 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
-from rlscale.plan import model_shape_for
+from rlscale.plan import Plan, model_shape_for
 from rlscale.runconfig import RunConfig
 from rlscale.spec import RLRunSpec
 
@@ -142,12 +142,11 @@ def run_config(run: RunRef, spec: RLRunSpec, plan: dict[str, Any]) -> RunConfig:
     """The resolved run config every role reads from the mounted ConfigMap."""
     n = names(run.name)
     return RunConfig(
-        run=run.name, namespace=run.namespace,
-        spec=spec.model_dump(mode="json", by_alias=True, exclude_none=True), plan=plan,
+        run=run.name, namespace=run.namespace, spec=spec, plan=Plan.from_dict(plan),
         ray_address=f"{n[C.ROLE_RAY_HEAD]}.{run.namespace}.svc:{C.RAY_GCS_PORT}",
         metrics_port=C.METRICS_PORT, checkpoint_dir=spec.checkpoint.path, report_dir=report_dir(spec),
         # The pods resolve the model inside the model volume (built or looked up there).
-        extra={"modelCache": C.MODEL_MOUNT, "objectStoreBytes": object_store_bytes(spec)},
+        model_cache=C.MODEL_MOUNT, object_store_bytes=object_store_bytes(spec),
     )
 
 

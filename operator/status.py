@@ -6,8 +6,9 @@ import datetime as dt
 import json
 from typing import Any
 
-from rlscale.kube_report import finite
 from rlscale.progress import fmt_duration  # one formatter for the CLI, the runner and status
+from rlscale.progress_report import ProgressReport
+from rlscale.records import finite
 
 from . import constants as C
 
@@ -77,10 +78,7 @@ def readiness(role: str, desired: int, ready: int, generation: int | None,
                          f"{ready}/{desired} {what} ready", generation)
 
 
-PROGRESS_KEYS = ("step", "samples", "reward", "targetMetric", "samplesPerSecond", "elapsedSeconds",
-                 "phaseSeconds", "noiseScale",
-                 "timeToTargetSeconds", "samplesToTarget", "targetReached", "failed", "message",
-                 "outcome", "report", "checkpointSeconds")
+PROGRESS_KEYS = ProgressReport.keys()
 
 
 def finished(status: dict[str, Any] | None) -> bool:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import signal
@@ -21,10 +22,11 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from rlscale.metrics_names import DEFAULT_METRICS_PORT
-from rlscale.plan import make_plan
+from rlscale.plan import Plan, make_plan
 from rlscale.progress import fmt_diagnostics, fmt_duration, fmt_lr
-from rlscale.roles import EXIT_BUDGET, EXIT_INTERRUPTED, EXIT_TARGET, free_port
-from rlscale.runconfig import ENV_CONFIG, RunConfig
+from rlscale.records import StepRecord
+from rlscale.roles import RunEnd, free_port
+from rlscale.runconfig import ENV_CONFIG, LocalOptions, RunConfig
 from rlscale.spec import RLRun
 
 console = Console()
@@ -153,7 +155,7 @@ class SharedNodes:
     """A Ray head and rollout processes that runs use one after another (rlscale sweep).
 
     Each run starts only its learners, which attach to the rollout app the first run deployed
-    (`extra.rolloutApp`) and replace its weights with their own before their first request; so the
+    (LocalOptions.rollout_app) and replace its weights with their own before their first request; so the
     Ray nodes' start and the vLLM engine's initialisation (27-40 s of a run's 52-70 s start-up on
     2 cores) happen once per sweep instead of once per run. The nodes run with the first run's
     settings (its run.json, copied here with the nodes' own address and Ray token)."""
@@ -346,7 +348,7 @@ class JsonlTail:
             st = self.path.stat()
             self.offset, self.inode = st.st_size, st.st_ino
 
-    def read(self) -> list[dict[str, Any]]:
+    def read(self) -> list[StepRecord]:
         try:
             st = self.path.stat()
         except FileNotFoundError:
@@ -361,35 +363,33 @@ class JsonlTail:
         out = []
         for line in chunk[:end].splitlines():
             try:
-                out.append(json.loads(line))
-            except json.JSONDecodeError:
+                out.append(StepRecord.from_dict(json.loads(line)))
+            except (json.JSONDecodeError, TypeError, AttributeError):
                 continue
         return out
 
 
-def progress_view(rec: dict[str, Any] | None, target: float, metric: str, budget_samples: int, bar: Progress) -> Group:
+def progress_view(rec: StepRecord | None, target: float, metric: str, budget_samples: int, bar: Progress) -> Group:
     t = Table(show_header=False, box=None, pad_edge=False)
     t.add_column(style="bold cyan")
     t.add_column()
     if rec is None:
         t.add_row("status", "starting roles (Ray head, rollout, learner)...")
         return Group(bar, t)
-    ph = rec.get("phases", {})
-    split = "  ".join(f"{k} {v:.2f}s" for k, v in ph.items())
-    tm = rec.get("target_metric")
-    t.add_row("step", f"{rec['step']}  (batch {rec.get('prompts')}x{rec.get('samples_per_prompt')}, lr "
-              f"{fmt_lr(rec.get('lr', 0))})")
-    t.add_row("samples", f"{rec['samples']:,} of at most {budget_samples:,}")
-    t.add_row("reward", f"{rec.get('reward_mean', 0):.3f}")
+    split = "  ".join(f"{k} {v:.2f}s" for k, v in rec.phases.items())
+    tm = rec.target_metric
+    t.add_row("step", f"{rec.step}  (batch {rec.prompts}x{rec.samples_per_prompt}, lr {fmt_lr(rec.lr)})")
+    t.add_row("samples", f"{rec.samples:,} of at most {budget_samples:,}")
+    t.add_row("reward", f"{rec.reward_mean:.3f}")
     t.add_row(metric, f"{tm:.3f} / {target}" if tm is not None else f"- / {target}")
-    t.add_row("samples/s", f"{rec.get('samples_per_second', 0):.1f}")
-    t.add_row("last step", f"{rec.get('step_seconds', 0):.2f}s = {split}")
+    t.add_row("samples/s", f"{rec.samples_per_second:.1f}")
+    t.add_row("last step", f"{rec.step_seconds:.2f}s = {split}")
     t.add_row("diagnostics", "  ".join(f"{label} {value}" for label, value in fmt_diagnostics(rec)))
-    if rec.get("time_to_target_seconds") is not None:
-        t.add_row("time to target", f"[bold green]{fmt_duration(rec['time_to_target_seconds'])}[/]  "
-                  f"({rec.get('samples_to_target'):,} samples)")
+    if rec.time_to_target_seconds is not None:
+        t.add_row("time to target", f"[bold green]{fmt_duration(rec.time_to_target_seconds)}[/]  "
+                  f"({rec.samples_to_target:,} samples)")
     else:
-        t.add_row("ETA to target", fmt_duration(rec.get("eta_seconds")))
+        t.add_row("ETA to target", fmt_duration(rec.eta_seconds))
     return Group(bar, t)
 
 
@@ -406,11 +406,11 @@ def check_task(spec, model_dir: str) -> None:
                   highlight=False)
 
 
-def prepare_run(rlrun: RLRun, runs_dir: Path, metrics_port: int, fresh: bool,
-                linger: float = 0.0, extra: dict[str, Any] | None = None,
-                ray_address: str | None = None) -> tuple[RunConfig, Path, Any]:
-    """Plan, resolve the model and write run.json + plan.json into runs/<name>/ (`ray_address`:
-    an existing cluster's, else a free port for the run's own head)."""
+def prepare_run(rlrun: RLRun, runs_dir: Path, metrics_port: int, fresh: bool, options: LocalOptions | None = None,
+                seed: int = 0, ray_address: str | None = None) -> tuple[RunConfig, Path, Plan]:
+    """Plan, resolve the model and write run.json into runs/<name>/ (`ray_address`: an existing
+    cluster's, else a free port for the run's own head). `options`: head_cpus and rollout_cpu_threads
+    are filled in from this machine's cores."""
     spec = rlrun.spec
     plan = make_plan(spec)
     run_dir = (runs_dir / rlrun.name).resolve()
@@ -429,23 +429,23 @@ def prepare_run(rlrun: RLRun, runs_dir: Path, metrics_port: int, fresh: bool,
     # replicas never oversubscribes the cores.
     r = spec.rollout.replicas
     most_replicas = max(plan.rollout_replicas, spec.rollout.max_replicas if r == "auto" else r)
+    local = dataclasses.replace(options or LocalOptions(), head_cpus=cores,
+                                rollout_cpu_threads=max(1, cores // most_replicas))
     cfg = RunConfig.from_rlrun(
-        rlrun, plan.to_dict(), ray_address=ray_address or f"127.0.0.1:{free_port()}", metrics_port=port,
+        rlrun, plan, ray_address=ray_address or f"127.0.0.1:{free_port()}", metrics_port=port,
         checkpoint_dir=str(ckpt_dir), report_dir=str(run_dir), model_dir=model_dir,
-        extra={"headCpus": cores, "objectStoreBytes": 512 * 2**20, "local": True,
-               "lingerSeconds": linger, "rolloutCpuThreads": max(1, cores // most_replicas), **(extra or {})},
-    )
+        object_store_bytes=512 * 2**20, seed=seed, local=local)
     cfg.save(run_dir / "run.json")
     return cfg, run_dir, plan
 
 
 def run_embedded(rlrun: RLRun, *, metrics_port: int = DEFAULT_METRICS_PORT, runs_dir: Path = Path("runs"),
-                 fresh: bool = False, linger: float = 0.0, extra: dict[str, Any] | None = None,
-                 render: Callable[[dict[str, Any] | None], Any] | None = None,
+                 fresh: bool = False, linger: float = 0.0, seed: int = 0, replan: bool = True,
+                 render: Callable[[StepRecord | None], Any] | None = None,
                  shared: SharedNodes | None = None) -> int:
     """Run the RLRun on this machine; returns the driver's exit code.
 
-    `extra` goes into the run config's extra (e.g. seed, replan); `render(last_record)` replaces the
+    `seed` and `replan`: see RunConfig.seed and LocalOptions.replan; `render(last_record)` replaces the
     progress view, and the console lines around the run, for a caller that shows its own (rlscale sweep);
     `shared`: Ray nodes and a rollout app kept across runs, which the run joins (started if not up).
     """
@@ -454,10 +454,11 @@ def run_embedded(rlrun: RLRun, *, metrics_port: int = DEFAULT_METRICS_PORT, runs
     if not quiet:
         console.rule(f"[bold]rlscale run[/] {rlrun.name}")
     address = None
+    options = LocalOptions(linger_seconds=linger, replan=replan)
     if shared is not None:
         address = shared.claim_address()
-        extra = {**(extra or {}), "rolloutApp": shared.app}
-    cfg, run_dir, plan = prepare_run(rlrun, runs_dir, metrics_port, fresh, linger, extra, address)
+        options.rollout_app = shared.app
+    cfg, run_dir, plan = prepare_run(rlrun, runs_dir, metrics_port, fresh, options, seed, address)
     if not quiet:
         console.print(f"plan: {plan.summary()}  [dim]({plan.reason})[/]", highlight=False)
         console.print(f"metrics: http://127.0.0.1:{cfg.metrics_port}/metrics   report: {run_dir}", highlight=False)
@@ -501,26 +502,26 @@ def run_embedded(rlrun: RLRun, *, metrics_port: int = DEFAULT_METRICS_PORT, runs
     if quiet:
         return code
     summary = run_dir / "summary.md"
-    if code == EXIT_TARGET:
+    if code == RunEnd.TARGET:
         console.print(f"[bold green]target reached[/] — report: {summary}", highlight=False)
-    elif code == EXIT_BUDGET:
+    elif code == RunEnd.BUDGET:
         console.print(f"[yellow]budget spent before the target[/] — report: {summary}", highlight=False)
-    elif code == EXIT_INTERRUPTED:
+    elif code == RunEnd.INTERRUPTED:
         console.print(f"[yellow]stopped; checkpoint kept[/] — run the same command again to resume. Report: {summary}",
                       highlight=False)
     else:
         console.print(f"[red]the driver failed (exit {code})[/]; see {run_dir / 'logs'}", highlight=False)
-    if summary.exists() and code in (EXIT_TARGET, EXIT_BUDGET):
+    if summary.exists() and code in (RunEnd.TARGET, RunEnd.BUDGET):
         console.print(summary.read_text(), highlight=False)
     return code
 
 
 def _watch(local: LocalRun, driver: Role, rollouts: list[Role], head: Role | None, run_dir: Path, spec,
-           render: Callable[[dict[str, Any] | None], Any] | None = None) -> int:
+           render: Callable[[StepRecord | None], Any] | None = None) -> int:
     """Show progress from metrics.jsonl until the driver exits; keep rollout processes alive."""
     tail = JsonlTail(run_dir / "metrics.jsonl")
     tail.skip_existing()
-    last: dict[str, Any] | None = None
+    last: StepRecord | None = None
     bar = Progress(TextColumn("[bold]{task.description}"), BarColumn(), TextColumn("{task.percentage:>3.0f}%"),
                    TimeElapsedColumn(), console=console)
     task = bar.add_task(f"{spec.target.metric} -> {spec.target.value}", total=spec.target.value)
@@ -533,8 +534,8 @@ def _watch(local: LocalRun, driver: Role, rollouts: list[Role], head: Role | Non
             recs = tail.read()
             if recs:
                 last = recs[-1]
-                if last.get("target_metric") is not None:
-                    bar.update(task, completed=min(spec.target.value, last["target_metric"]))
+                if last.target_metric is not None:
+                    bar.update(task, completed=min(spec.target.value, last.target_metric))
             for r in rollouts:
                 if not r.alive() and r.restarts < 3:
                     # a lost rollout process is restarted; its replica reloads the newest weights on join

@@ -6,6 +6,8 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
+from rlscale.records import StepRecord
+
 
 @dataclass
 class TargetTracker:
@@ -95,10 +97,10 @@ DIAGNOSTIC_FORMATS = (
 )
 
 
-def fmt_diagnostics(rec: dict) -> list[tuple[str, str]]:
+def fmt_diagnostics(rec: StepRecord) -> list[tuple[str, str]]:
     """(label, value) per diagnostic of a step record; "-" where the step has none (skipped, not measured)."""
     out = []
     for key, label, fmt in DIAGNOSTIC_FORMATS:
-        v = rec.get(key)
+        v = rec.diagnostic(key)
         out.append((label, fmt.format(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else "-"))
     return out

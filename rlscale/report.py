@@ -9,19 +9,7 @@ from typing import Any
 from rlscale.metrics_names import PHASES
 from rlscale.plan.calibration import median_present
 from rlscale.progress import DIAGNOSTIC_FORMATS
-
-
-def read_jsonl(path: Path) -> list[dict[str, Any]]:
-    if not path.exists():
-        return []
-    out = []
-    for line in path.read_text(encoding="utf-8").splitlines():
-        if line.strip():
-            try:
-                out.append(json.loads(line))
-            except json.JSONDecodeError:
-                break  # a line cut short by a crash ends the usable log
-    return out
+from rlscale.records import StepRecord, read_records
 
 
 def read_plans(path: Path) -> list[dict[str, Any]]:
@@ -31,7 +19,7 @@ def read_plans(path: Path) -> list[dict[str, Any]]:
     return data.get("plans", []) if isinstance(data, dict) else data
 
 
-def plot_curves(records: list[dict[str, Any]], target: float, metric: str, out: Path) -> Path | None:
+def plot_curves(records: list[StepRecord], target: float, metric: str, out: Path) -> Path | None:
     """Target metric and reward vs samples and vs wall time; phase seconds per step."""
     if not records:
         return None
@@ -40,19 +28,19 @@ def plot_curves(records: list[dict[str, Any]], target: float, metric: str, out: 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    evals = [r for r in records if r.get("eval") is not None]
-    start = records[0].get("eval_at_start")
+    evals = [r for r in records if r.eval is not None]
+    start = records[0].eval_at_start
     if start and metric in start:  # the score before any update, at 0 samples and 0 s
-        evals = [{"samples": 0, "wall_seconds": 0.0, "eval": start[metric]}, *evals]
+        evals = [StepRecord(eval=start[metric]), *evals]
     fig, ax = plt.subplots(2, 2, figsize=(12, 8))
     for a, key, label in ((ax[0][0], "samples", "samples"), (ax[0][1], "wall_seconds", "wall time (s)")):
         if evals:
-            a.plot([r[key] for r in evals], [r["eval"] for r in evals], "o", ms=3, alpha=0.5,
+            a.plot([getattr(r, key) for r in evals], [r.eval for r in evals], "o", ms=3, alpha=0.5,
                    label=f"{metric} (each eval)")
-            ma = [r for r in evals if r.get("target_metric") is not None]
-            a.plot([r[key] for r in ma], [r["target_metric"] for r in ma], "-", lw=2,
+            ma = [r for r in evals if r.target_metric is not None]
+            a.plot([getattr(r, key) for r in ma], [r.target_metric for r in ma], "-", lw=2,
                    label=f"{metric} (moving average)")
-        a.plot([r[key] for r in records], [r.get("reward_mean", 0) for r in records], "-", lw=0.8, alpha=0.6,
+        a.plot([getattr(r, key) for r in records], [r.reward_mean for r in records], "-", lw=0.8, alpha=0.6,
                label="reward (train batch)")
         a.axhline(target, color="k", ls="--", lw=1, label=f"target {target}")
         a.set_xlabel(label)
@@ -61,14 +49,14 @@ def plot_curves(records: list[dict[str, Any]], target: float, metric: str, out: 
         a.legend(fontsize=8, loc="lower right")
     ax[0][0].set_title(f"{metric} vs samples")
     ax[0][1].set_title(f"{metric} vs wall time")
-    steps = [r["step"] for r in records]
+    steps = [r.step for r in records]
     bottom = [0.0] * len(records)
     a = ax[1][0]
     for phase in PHASES:
-        vals = [r.get("phases", {}).get(phase, 0.0) for r in records]
+        vals = [r.phases.get(phase, 0.0) for r in records]
         a.bar(steps, vals, bottom=bottom, width=1.0, label=phase)
         bottom = [b + v for b, v in zip(bottom, vals, strict=True)]
-    pred = [r.get("predicted_step_seconds") for r in records]
+    pred = [r.predicted_step_seconds for r in records]
     if any(p is not None for p in pred):
         a.plot(steps, [p if p is not None else float("nan") for p in pred], "k-", lw=1, label="planned step")
     a.set_xlabel("step")
@@ -76,7 +64,7 @@ def plot_curves(records: list[dict[str, Any]], target: float, metric: str, out: 
     a.set_title("phase seconds per step")
     a.legend(fontsize=8)
     a = ax[1][1]
-    a.plot(steps, [r.get("samples_per_second", 0) for r in records], lw=1, label="samples/s")
+    a.plot(steps, [r.samples_per_second for r in records], lw=1, label="samples/s")
     a.set_xlabel("step")
     a.set_title("throughput")
     a.grid(alpha=0.3)
@@ -88,7 +76,7 @@ def plot_curves(records: list[dict[str, Any]], target: float, metric: str, out: 
     return out
 
 
-def plot_diagnostics(records: list[dict[str, Any]], out: Path) -> Path | None:
+def plot_diagnostics(records: list[StepRecord], out: Path) -> Path | None:
     """One panel per step diagnostic (rlscale.progress.DIAGNOSTIC_FORMATS) against the step."""
     if not records:
         return None
@@ -101,7 +89,7 @@ def plot_diagnostics(records: list[dict[str, Any]], out: Path) -> Path | None:
     rows = -(-len(DIAGNOSTIC_FORMATS) // cols)
     fig, axes = plt.subplots(rows, cols, figsize=(4 * cols, 3 * rows), squeeze=False)
     for a, (key, label, _) in zip((a for row in axes for a in row), DIAGNOSTIC_FORMATS, strict=False):
-        pts = [(r["step"], r[key]) for r in records if isinstance(r.get(key), (int, float))]
+        pts = [(r.step, r.diagnostic(key)) for r in records if _num(r.diagnostic(key)) is not None]
         if pts:
             a.plot([x for x, _ in pts], [y for _, y in pts], "-", lw=1)
         else:
@@ -120,7 +108,7 @@ def plot_diagnostics(records: list[dict[str, Any]], out: Path) -> Path | None:
     return out
 
 
-def diagnostics_table(records: list[dict[str, Any]]) -> list[str]:
+def diagnostics_table(records: list[StepRecord]) -> list[str]:
     """Markdown rows: each diagnostic's median over the first and the last quarter of the steps, and its last value."""
     n = len(records)
     quarter = max(1, n // 4)
@@ -130,8 +118,9 @@ def diagnostics_table(records: list[dict[str, Any]]) -> list[str]:
     for key, label, fmt in DIAGNOSTIC_FORMATS:
         def show(v: float | None, fmt: str = fmt) -> str:
             return fmt.format(v) if v is not None else "-"
-        first, last = (median_present(_num(r.get(key)) for r in part) for part in (head, tail))
-        latest = next((_num(r.get(key)) for r in reversed(records) if _num(r.get(key)) is not None), None)
+        first, last = (median_present(_num(r.diagnostic(key)) for r in part) for part in (head, tail))
+        latest = next((_num(r.diagnostic(key)) for r in reversed(records) if _num(r.diagnostic(key)) is not None),
+                      None)
         lines.append(f"| {label} | {show(first)} | {show(last)} | {show(latest)} |")
     return lines
 
@@ -140,46 +129,45 @@ def _num(v: Any) -> float | None:
     return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
 
 
-def summarize(records: list[dict[str, Any]], plans: list[dict[str, Any]], target: float, metric: str, name: str) -> str:
+def summarize(records: list[StepRecord], plans: list[dict[str, Any]], target: float, metric: str, name: str) -> str:
     """summary.md: time- and samples-to-target, throughput, and the plan's predicted vs measured step time."""
     lines = [f"# RLRun {name}", ""]
     if not records:
         return "\n".join(lines + ["No steps were recorded."])
     last = records[-1]
-    reached = next((r for r in records if r.get("time_to_target_seconds") is not None), None)
+    reached = next((r for r in records if r.time_to_target_seconds is not None), None)
     if reached:
-        lines.append(f"- **time to target**: {reached['time_to_target_seconds']:.1f} s "
+        lines.append(f"- **time to target**: {reached.time_to_target_seconds:.1f} s "
                      f"({metric} moving average >= {target})")
-        lines.append(f"- **samples to target**: {reached['samples_to_target']:,} (step {reached['step']})")
+        lines.append(f"- **samples to target**: {reached.samples_to_target:,} (step {reached.step})")
     else:
-        best = max((r.get("target_metric") or 0.0) for r in records)
+        best = max((r.target_metric or 0.0) for r in records)
         lines.append(f"- target {metric} >= {target} **not reached**; best moving average {best:.3f}")
-    lines.append(f"- steps: {last['step']}, samples: {last['samples']:,}, "
-                 f"wall time: {last.get('wall_seconds', 0):.1f} s")
-    start = records[0].get("eval_at_start") or {}
-    evals = [r for r in records if r.get("eval") is not None]
+    lines.append(f"- steps: {last.step}, samples: {last.samples:,}, wall time: {last.wall_seconds:.1f} s")
+    start = records[0].eval_at_start or {}
+    evals = [r for r in records if r.eval is not None]
     if metric in start and evals:
         lines.append(f"- held-out {metric}: {start[metric]:.3f} before training, "
-                     f"{evals[-1]['eval']:.3f} at the last eval "
-                     f"(step {evals[-1]['step']}), best {max(r['eval'] for r in evals):.3f}")
+                     f"{evals[-1].eval:.3f} at the last eval "
+                     f"(step {evals[-1].step}), best {max(r.eval for r in evals):.3f}")
     tail = records[len(records) // 2:] or records  # skip the warm-up half when summarising speed
-    sps = median_present([r.get("samples_per_second") for r in tail])
-    step_s = median_present([r.get("step_seconds") for r in tail])
-    pred = median_present([r.get("predicted_step_seconds") for r in tail])
+    sps = median_present([r.samples_per_second for r in tail])
+    step_s = median_present([r.step_seconds for r in tail])
+    pred = median_present([r.predicted_step_seconds for r in tail])
     if sps:
         lines.append(f"- measured throughput: {sps:.1f} samples/s (median over the second half)")
     if step_s:
         ratio = f" (measured/predicted = {step_s / pred:.2f})" if pred else ""
         lines.append(f"- step time: measured {step_s:.3f} s, planned {pred:.3f} s{ratio}" if pred
                      else f"- step time: measured {step_s:.3f} s")
-    phases = {p: median_present([r.get("phases", {}).get(p) for r in tail]) for p in PHASES}
+    phases = {p: median_present([r.phases.get(p) for r in tail]) for p in PHASES}
     if any(phases.values()):
         total = sum(v for v in phases.values() if v) or 1.0
         lines += ["", "| phase | median seconds | share |", "|---|---:|---:|"]
         for p, v in phases.items():
             if v is not None:
                 lines.append(f"| {p} | {v:.4f} | {100 * v / total:.0f}% |")
-    over = median_present([r.get("overhead_seconds") for r in tail])
+    over = median_present([r.overhead_seconds for r in tail])
     if over is not None and step_s:
         lines.append("\nLoop overhead (step time not spent in generation or training compute): "
                      f"{over:.3f} s per step, {100 * over / step_s:.0f}% of the step.")
@@ -197,7 +185,7 @@ def summarize(records: list[dict[str, Any]], plans: list[dict[str, Any]], target
             lines.append(f"- step {at}: {p.get('prompts')}x{p.get('samplesPerPrompt')}, "
                          f"lr {p.get('learningRate', 0):.3g}, rollout {p.get('rolloutReplicas')}, "
                          f"learner {p.get('learnerReplicas')} — {p.get('reason', '')}"
-                         + (f" (re-planned: {p['why']})" if p.get("why") else ""))
+                         + (f" (re-planned: {p['why']})" if p.get("why") and p["why"] != p.get("reason") else ""))
     lines += ["", "![curves](curves.png)", ""]
     return "\n".join(lines)
 
@@ -205,7 +193,7 @@ def summarize(records: list[dict[str, Any]], plans: list[dict[str, Any]], target
 def write_report(run_dir: str | Path, target: float, metric: str, name: str) -> Path:
     """Write curves.png, diagnostics.png and summary.md into run_dir; returns the summary path."""
     d = Path(run_dir)
-    records = read_jsonl(d / "metrics.jsonl")
+    records = read_records(d / "metrics.jsonl")
     plans = read_plans(d / "plan.json")
     plot_curves(records, target, metric, d / "curves.png")
     plot_diagnostics(records, d / "diagnostics.png")

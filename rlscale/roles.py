@@ -7,17 +7,48 @@ import random
 import shutil
 import socket
 import sys
+from enum import IntEnum, StrEnum
 from pathlib import Path
 
 from rlscale.runconfig import load_run_config
 
 DEFAULT_RAY_PORT = 6379
+
+
+class Role(StrEnum):
+    """The processes of a run: one entrypoint each (`rlscale ray-head|rollout|learner`), a pod each on Kubernetes."""
+
+    RAY_HEAD = "ray-head"
+    ROLLOUT = "rollout"
+    LEARNER = "learner"
+
+
+class Outcome(StrEnum):
+    """How a run ended, in the driver's last report; the operator makes each a condition and a phase."""
+
+    SUCCEEDED = "Succeeded"
+    BUDGET_EXHAUSTED = "BudgetExhausted"
+    # An error a restart cannot fix (a reward that does not import, a spec the code cannot carry
+    # out): the run stops at once instead of crash-looping to its backoff limit.
+    FAILED = "Failed"
+
+
+class RunEnd(IntEnum):
+    """The driver's (learner rank 0's) exit code; the local runner passes it on."""
+
+    TARGET = 0
+    BUDGET = 3
+    INTERRUPTED = 130
+
+    @property
+    def outcome(self) -> Outcome | None:
+        """The outcome it reports; an interrupted run has none (it resumes)."""
+        return {RunEnd.TARGET: Outcome.SUCCEEDED, RunEnd.BUDGET: Outcome.BUDGET_EXHAUSTED}.get(self)
+
 # The Ray resource a rollout node offers, one per rollout pod / `rlscale rollout` process; Serve
 # places one replica per slot. Here, not in rollout/serve.py: the rollout role starts its node
 # without importing Ray Serve (3.6 s of its start-up).
-ROLLOUT_RESOURCE = "rollout"
-# How the driver (learner rank 0) ends; the local runner passes the code on.
-EXIT_TARGET, EXIT_BUDGET, EXIT_INTERRUPTED = 0, 3, 130
+ROLLOUT_RESOURCE = Role.ROLLOUT.value
 
 
 def split_address(address: str | None, default_port: int = DEFAULT_RAY_PORT) -> tuple[str, int]:
@@ -110,7 +141,6 @@ def ray_head_command(ray_address: str | None, num_cpus: int | None = None,
 def ray_head_main(config_path: str | os.PathLike | None) -> int:
     """Become the run's Ray head: exec `ray start --head --block` so signals reach Ray directly."""
     cfg = load_run_config(config_path)
-    extra = cfg.extra or {}
-    cmd = ray_head_command(cfg.ray_address, extra.get("headCpus"), extra.get("objectStoreBytes"))
+    cmd = ray_head_command(cfg.ray_address, cfg.local.head_cpus if cfg.local else None, cfg.object_store_bytes)
     os.execvpe(cmd[0], cmd, ray_node_env())
     return 0  # not reached

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
 from rlscale import metrics_names as m
+from rlscale.plan import Plan
+from rlscale.records import StepRecord
 
 # Step phases on 2 CPU cores run from ~10 ms to seconds; on GPUs up to minutes.
 PHASE_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
@@ -57,42 +57,42 @@ class RunMetrics:
         for p in m.PHASES:  # make every phase series exist from the start
             self.phase.labels(phase=p)
 
-    def set_plan(self, plan: dict[str, Any]) -> None:
-        self.planned_prompts.set(plan["prompts"])
-        self.planned_spp.set(plan["samplesPerPrompt"])
-        self.planned_lr.set(plan["learningRate"])
-        self.replicas.labels(role="rollout").set(plan["rolloutReplicas"])
-        self.replicas.labels(role="learner").set(plan["learnerReplicas"])
-        self.predicted_step.set(plan["predicted"]["stepSeconds"])
+    def set_plan(self, plan: Plan) -> None:
+        self.planned_prompts.set(plan.prompts)
+        self.planned_spp.set(plan.samples_per_prompt)
+        self.planned_lr.set(plan.learning_rate)
+        self.replicas.labels(role="rollout").set(plan.rollout_replicas)
+        self.replicas.labels(role="learner").set(plan.learner_replicas)
+        self.predicted_step.set(plan.predicted.step_seconds)
 
-    def observe_step(self, rec: dict[str, Any]) -> None:
-        """Update from one metrics.jsonl record (the same dict the report reads)."""
+    def observe_step(self, rec: StepRecord) -> None:
+        """Update from one step record (the same record metrics.jsonl and the report hold)."""
         self.steps.inc()
-        self.samples.inc(rec["batch_samples"])
-        self.generated_tokens.inc(rec["generated_tokens"])
-        self.trained_tokens.inc(rec["trained_tokens"])
-        for p, s in rec["phases"].items():
+        self.samples.inc(rec.batch_samples)
+        self.generated_tokens.inc(rec.generated_tokens)
+        self.trained_tokens.inc(rec.trained_tokens)
+        for p, s in rec.phases.items():
             self.phase.labels(phase=p).observe(s)
-        self.sps.set(rec["samples_per_second"])
-        self.reward.set(rec["reward_mean"])
-        if rec.get("target_metric") is not None:
-            self.target_metric.set(rec["target_metric"])
-        if rec.get("noise_scale") is not None:
-            self.noise.set(rec["noise_scale"])
+        self.sps.set(rec.samples_per_second)
+        self.reward.set(rec.reward_mean)
+        if rec.target_metric is not None:
+            self.target_metric.set(rec.target_metric)
+        if rec.noise_scale is not None:
+            self.noise.set(rec.noise_scale)
         for key, gauge in self.diagnostics.items():
-            if rec.get(key) is not None:  # a skipped step trains nothing: the last trained step's stay
-                gauge.set(rec[key])
-        self.version.set(rec["weights_version"])
-        if rec.get("time_to_target_seconds") is not None:
-            self.ttt.set(rec["time_to_target_seconds"])
-            self.stt.set(rec["samples_to_target"])
+            if rec.diagnostic(key) is not None:  # a skipped step trains nothing: the last trained step's stay
+                gauge.set(rec.diagnostic(key))
+        self.version.set(rec.weights_version)
+        if rec.time_to_target_seconds is not None:
+            self.ttt.set(rec.time_to_target_seconds)
+            self.stt.set(rec.samples_to_target)
 
-    def restore_totals(self, last: dict[str, Any]) -> None:
+    def restore_totals(self, step: int, samples: int, generated_tokens: int, trained_tokens: int) -> None:
         """After a resume, counters continue from the checkpointed totals."""
-        self.steps.inc(last.get("step", 0))
-        self.samples.inc(last.get("samples", 0))
-        self.generated_tokens.inc(last.get("generated_tokens_total", 0))
-        self.trained_tokens.inc(last.get("trained_tokens_total", 0))
+        self.steps.inc(step)
+        self.samples.inc(samples)
+        self.generated_tokens.inc(generated_tokens)
+        self.trained_tokens.inc(trained_tokens)
 
     def serve(self, port: int, addr: str = "0.0.0.0"):
         return start_http_server(port, addr=addr, registry=self.registry)

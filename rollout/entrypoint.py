@@ -47,7 +47,7 @@ def main(config_path: str | None = None) -> int:
             file=sys.stderr,
         )
         return 2
-    cmd = ray_start_command(address, object_store_bytes=(config.extra or {}).get("objectStoreBytes"))
+    cmd = ray_start_command(address, object_store_bytes=config.object_store_bytes)
     proc = subprocess.Popen(cmd, env=ray_node_env())
 
     # `ray start --block` stops its raylet and workers on SIGTERM; pass ours on so that

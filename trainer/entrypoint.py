@@ -18,20 +18,17 @@ def resolve_model_dir(cfg, progress: bool = False) -> str:
 
     if cfg.model_dir:
         return str(cfg.model_dir)
-    spec = cfg.parsed_spec()
-    return str(resolve_model_path(spec.model.path, cache_dir=(cfg.extra or {}).get("modelCache"),
-                                  progress=progress, download=spec.model.download))
+    spec = cfg.spec
+    return str(resolve_model_path(spec.model.path, cache_dir=cfg.model_cache, progress=progress,
+                                  download=spec.model.download))
 
 
 def learner_config_from_run(cfg):
     """The LearnerConfig for a resolved run config (spec + plan + model directory)."""
     from rlscale.trainer.learner import LearnerConfig
 
-    spec = cfg.parsed_spec()
-    lr = (cfg.plan or {}).get("learningRate")
-    seed = int((cfg.extra or {}).get("seed", 0))
-    return LearnerConfig.from_spec(spec, resolve_model_dir(cfg), learning_rate=lr, seed=seed,
-                                   checkpoint_dir=cfg.checkpoint_dir)
+    return LearnerConfig.from_spec(cfg.spec, resolve_model_dir(cfg), learning_rate=cfg.the_plan().learning_rate,
+                                   seed=cfg.seed, checkpoint_dir=cfg.checkpoint_dir)
 
 
 def prepare_model_main(config_path: str | None) -> int:
@@ -56,7 +53,8 @@ def main(config_path: str | None) -> int:
         return _main(config_path)
     except Exception as exc:
         if os.environ.get("KUBERNETES_SERVICE_HOST") and int(os.environ.get("RANK", "0")) == 0:
-            from rlscale.trainer.driver import permanent, report_failure, wait_for_termination
+            from rlscale.trainer.driver import permanent
+            from rlscale.trainer.run_env import report_failure, wait_for_termination
 
             report_failure(exc)
             if permanent(exc):
@@ -77,7 +75,7 @@ def _main(config_path: str | None) -> int:
     if int(os.environ.get("RANK", "0")) == 0:
         check_reward(cfg)
     cfg.model_dir = resolve_model_dir(cfg)  # one lookup for the learner, the tokenizer and the replicas
-    in_pod = not (cfg.extra or {}).get("local")
+    in_pod = cfg.in_pod
     rank = int(os.environ.get("RANK", "0"))
     if in_pod and rank == 0:
         # The driver reaches Ray through a node of its own (its object store holds the weights it
@@ -109,11 +107,11 @@ def _main(config_path: str | None) -> int:
         if in_pod and not stopping:
             # Rank 0 released this rank because the run ended (it drives the exit otherwise);
             # exiting would restart the pod, so wait for the operator's scale-down.
-            from rlscale.trainer.driver import wait_for_termination
+            from rlscale.trainer.run_env import wait_for_termination
 
             wait_for_termination()
         return 0
-    from rlscale.trainer.driver import drive
+    from rlscale.trainer.run_env import drive
 
     try:
         return drive(cfg, learner, rollout.result() if rollout else None)
@@ -141,7 +139,7 @@ def check_reward(cfg) -> None:
     from rlscale.trainer.rewards import resolve_reward
 
     try:
-        t = cfg.parsed_spec().task
+        t = cfg.spec.task
         resolve_reward(t.reward, format_pattern=t.format_pattern, timeout_s=t.reward_timeout)
     except ValueError as exc:
         raise PermanentRunError(str(exc)) from exc
@@ -155,9 +153,8 @@ def start_ray_node(cfg) -> None:
 
     cmd = [ray_executable(), "start", f"--address={cfg.ray_address}", "--num-cpus=0", "--disable-usage-stats",
            NO_LOG_MONITOR]
-    store = (cfg.extra or {}).get("objectStoreBytes")
-    if store:
-        cmd.append(f"--object-store-memory={int(store)}")
+    if cfg.object_store_bytes:
+        cmd.append(f"--object-store-memory={int(cfg.object_store_bytes)}")
     log.info("starting this pod's Ray node: %s", " ".join(cmd))
     deadline = time.monotonic() + 300  # the head's pod may still be starting
     while True:
@@ -180,7 +177,7 @@ def watch_ray_head(cfg) -> None:
 
 
 def _connect_rollout(cfg):
-    from rlscale.trainer.driver import connect_rollout
+    from rlscale.trainer.run_env import connect_rollout
 
     return connect_rollout(cfg)
 

@@ -3,14 +3,22 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from statistics import median
 from typing import Any
 
 from rlscale.metrics_names import PHASES
+from rlscale.records import StepRecord
 
-__all__ = ["PHASES", "Calibration", "noise_from_steps"]
+__all__ = ["CAMEL_FIELDS", "PHASES", "Calibration", "noise_from_steps"]
+
+
+# Calibration's figures in camelCase (to_dict, a sweep's patch), phase seconds aside under "phases".
+CAMEL_FIELDS = {"prompts": "prompts", "samplesPerPrompt": "samples_per_prompt", "rolloutReplicas": "rollout_replicas",
+                "learnerReplicas": "learner_replicas", "promptTokens": "prompt_tokens",
+                "responseTokens": "response_tokens", "tokensPerSample": "tokens_per_sample",
+                "noiseScale": "noise_scale", "evalSeconds": "eval_s", "steps": "steps"}
 
 
 @dataclass(frozen=True)
@@ -56,37 +64,55 @@ class Calibration:
                 return float(v)
         return None
 
+    def to_dict(self) -> dict[str, Any]:
+        """camelCase, JSON-able, measured figures only: the progress report carries it, status.calibration
+        and a sweep's calibration patch keep it."""
+        out: dict[str, Any] = {key: getattr(self, attr) for key, attr in CAMEL_FIELDS.items()
+                               if getattr(self, attr) is not None}
+        phases = {p: self.measured(p) for p in PHASES if self.measured(p) is not None}
+        if phases:
+            out["phases"] = phases
+        return out
+
     @classmethod
-    def from_steps(cls, records: Iterable[Mapping[str, Any]], last: int = 10,
+    def from_dict(cls, d: dict[str, Any] | None) -> Calibration | None:
+        """From to_dict's form; None when nothing in it was measured."""
+        d = d or {}
+        kw = {attr: d[key] for key, attr in CAMEL_FIELDS.items() if d.get(key) is not None}
+        kw.update({f"{p}_s": float(v) for p, v in (d.get("phases") or {}).items() if p in PHASES and _ok(v)})
+        cal = cls(**kw)
+        return cal if cal.calibrated else None
+
+    @classmethod
+    def from_steps(cls, records: Sequence[StepRecord], last: int = 10,
                    noise_last: int | None = None) -> Calibration:
         """Median over the last `last` step records that ran the latest configuration (robust to slow outliers).
 
-        Records are the driver's, as in metrics.jsonl (snake_case). The noise scale comes from
-        the last `noise_last` records (default `last`) of any configuration: see noise_from_steps.
+        The noise scale comes from the last `noise_last` records (default `last`) of any
+        configuration: see noise_from_steps.
         """
-        recs = [r for r in records if isinstance(r, Mapping)]
+        recs = list(records)
         if not recs:
             return cls()
-        key = _config(recs[-1])
-        same = [r for r in recs if _config(r) == key][-last:]
-        phases = {p: median_present(_get(r.get("phases") or {}, p) for r in same) for p in PHASES}
+        key = recs[-1].config()
+        same = [r for r in recs if r.config() == key][-last:]
+        phases = {p: median_present(_get(r.phases, p) for r in same) for p in PHASES}
         window = noise_last or last
         # An eval runs on the rollout replicas only: any batch at the same replica count will do.
-        evals = [r for r in recs if _config(r)[2] == key[2]]
+        evals = [r for r in recs if r.rollout_replicas == key[2]]
         prompts, spp, rollout, learner = key
         return cls(
-            prompts=prompts, samples_per_prompt=spp, rollout_replicas=rollout or 1, learner_replicas=learner or 1,
+            prompts=prompts or None, samples_per_prompt=spp or None, rollout_replicas=rollout or 1,
+            learner_replicas=learner or 1,
             generate_s=phases["generate"], reward_s=phases["reward"], train_s=phases["train"], sync_s=phases["sync"],
-            prompt_tokens=median_present(_get(r, "prompt_tokens") for r in same),
-            response_tokens=median_present(_get(r, "response_tokens") for r in same),
             tokens_per_sample=median_present(_tokens_per_sample(r) for r in same),
             noise_scale=noise_from_steps(recs[-window:]),
-            eval_s=median_present(_get(r, "eval_seconds") for r in evals[-window:]),
+            eval_s=median_present(_num(r.eval_seconds) for r in evals[-window:]),
             steps=len(same),
         )
 
 
-def noise_from_steps(records: list[Mapping[str, Any]], min_pairs: int = 5, z: float = 2.0) -> float | None:
+def noise_from_steps(records: Sequence[StepRecord], min_pairs: int = 5, z: float = 2.0) -> float | None:
     """B_simple = mean tr(Sigma) / mean |G|^2 over records with both estimates, else the median B_simple.
 
     One step's estimates are very noisy, and the ratio of means is the consistent estimator.
@@ -96,8 +122,8 @@ def noise_from_steps(records: list[Mapping[str, Any]], min_pairs: int = 5, z: fl
     thousands, which would swing the batch back and forth. Not measured, the planner keeps
     the spec's or the default noise scale.
     """
-    pairs = [(float(r["noise_grad_sq"]), float(r["noise_trace"])) for r in records
-             if _finite(r.get("noise_grad_sq")) and _finite(r.get("noise_trace"))]
+    pairs = [(float(r.noise_grad_sq), float(r.noise_trace)) for r in records
+             if _finite(r.noise_grad_sq) and _finite(r.noise_trace)]
     if len(pairs) >= min_pairs:
         gs = [g for g, _ in pairs]
         g_sq = sum(gs) / len(gs)
@@ -106,7 +132,7 @@ def noise_from_steps(records: list[Mapping[str, Any]], min_pairs: int = 5, z: fl
             return None
         trace = sum(t for _, t in pairs) / len(pairs)
         return max(trace, 0.0) / g_sq
-    return median_present(_get(r, "noise_scale") for r in records)
+    return median_present(_num(r.noise_scale) for r in records)
 
 
 def _finite(v: Any) -> bool:
@@ -117,12 +143,16 @@ def _ok(v: Any) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v > 0
 
 
-def _get(d: Mapping[str, Any], name: str) -> float | None:
-    return float(d[name]) if _ok(d.get(name)) else None
+def _num(v: Any) -> float | None:
+    return float(v) if _ok(v) else None
 
 
-def _tokens_per_sample(r: Mapping[str, Any]) -> float | None:
-    tokens, samples = _get(r, "generated_tokens"), _get(r, "batch_samples")
+def _get(d: dict[str, Any], name: str) -> float | None:
+    return _num(d.get(name))
+
+
+def _tokens_per_sample(r: StepRecord) -> float | None:
+    tokens, samples = _num(r.generated_tokens), _num(r.batch_samples)
     return tokens / samples if tokens is not None and samples is not None else None
 
 
@@ -130,10 +160,3 @@ def median_present(values: Iterable[float | None]) -> float | None:
     """The median of the values that are there (None where a record lacks one), or None."""
     vs = [v for v in values if v is not None]
     return median(vs) if vs else None
-
-
-def _config(r: Mapping[str, Any]) -> tuple[int | None, int | None, int | None, int | None]:
-    def i(name: str) -> int | None:
-        v = _get(r, name)
-        return int(v) if v is not None else None
-    return i("prompts"), i("samples_per_prompt"), i("rollout_replicas"), i("learner_replicas")

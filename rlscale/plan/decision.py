@@ -61,6 +61,13 @@ class Prediction:
                 "timeToTargetSeconds": self.time_to_target_seconds, "samplesToTarget": self.samples_to_target,
                 "phases": self.phases.to_dict(), "evalSecondsPerStep": self.eval_seconds_per_step}
 
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Prediction:
+        return cls(samples_per_second=float(d["samplesPerSecond"]), step_seconds=float(d["stepSeconds"]),
+                   time_to_target_seconds=float(d["timeToTargetSeconds"]),
+                   samples_to_target=float(d["samplesToTarget"]), phases=Phases.from_dict(d["phases"]),
+                   eval_seconds_per_step=float(d.get("evalSecondsPerStep") or 0.0))
+
 
 @dataclass(frozen=True)
 class Candidate:
@@ -82,12 +89,30 @@ class Candidate:
     def batch(self) -> int:
         return self.prompts * self.samples_per_prompt
 
+    @property
+    def key(self) -> tuple[int, int]:
+        """(prompts, rollout replicas): what a re-plan may change while the learner ranks stay."""
+        return self.prompts, self.rollout_replicas
+
     def to_dict(self) -> dict[str, Any]:
-        return {"prompts": self.prompts, "samplesPerPrompt": self.samples_per_prompt, "batch": self.batch,
+        return {"prompts": self.prompts, "samplesPerPrompt": self.samples_per_prompt,
+                "batch": batch_label(self.prompts, self.samples_per_prompt), "batchSamples": self.batch,
                 "rolloutReplicas": self.rollout_replicas, "learnerReplicas": self.learner_replicas,
                 "learningRate": self.learning_rate, "gpus": self.gpus, "predicted": self.predicted.to_dict(),
-                "samplesPenalty": self.noise_penalty * self.lr_penalty, "lrPenalty": self.lr_penalty,
-                "decodeConcurrency": self.concurrency, "generationBound": self.bound}
+                "samplesPenalty": self.noise_penalty * self.lr_penalty, "noisePenalty": self.noise_penalty,
+                "lrPenalty": self.lr_penalty, "decodeConcurrency": self.concurrency, "generationBound": self.bound}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Candidate:
+        lr_pen = float(d.get("lrPenalty", 1.0))
+        noise = d.get("noisePenalty")
+        return cls(prompts=int(d["prompts"]), samples_per_prompt=int(d["samplesPerPrompt"]),
+                   rollout_replicas=int(d["rolloutReplicas"]), learner_replicas=int(d["learnerReplicas"]),
+                   learning_rate=float(d["learningRate"]), gpus=int(d.get("gpus") or 0),
+                   predicted=Prediction.from_dict(d["predicted"]),
+                   noise_penalty=float(noise) if noise is not None else float(d.get("samplesPenalty", 1.0)) / lr_pen,
+                   lr_penalty=lr_pen, concurrency=int(d.get("decodeConcurrency") or 0),
+                   bound=str(d.get("generationBound") or ""))
 
 
 @dataclass(frozen=True)
@@ -112,20 +137,55 @@ class Plan:
     def batch(self) -> int:
         return self.prompts * self.samples_per_prompt
 
+    @property
+    def key(self) -> tuple[int, int]:
+        """(prompts, rollout replicas): what a re-plan may change while the learner ranks stay."""
+        return self.prompts, self.rollout_replicas
+
     def summary(self) -> str:
         return (f"{self.prompts}x{self.samples_per_prompt} lr={fmt_lr(self.learning_rate)} "
                 f"rollout={self.rollout_replicas} learner={self.learner_replicas}")
 
-    def to_dict(self) -> dict[str, Any]:
-        """camelCase, JSON-able: what `rlscale plan --json` prints and the operator writes to status.plan."""
-        return {"prompts": self.prompts, "samplesPerPrompt": self.samples_per_prompt,
-                "batch": f"{self.prompts}x{self.samples_per_prompt}",
-                "learningRate": self.learning_rate, "rolloutReplicas": self.rollout_replicas,
-                "learnerReplicas": self.learner_replicas, "gpus": self.gpus,
-                "predicted": self.predicted.to_dict(), "reason": self.reason,
-                "candidates": [c.to_dict() for c in self.candidates], "noiseScale": self.noise_scale,
-                "samplesToTargetAtReference": self.samples_to_target_ref,
-                "calibrated": self.calibrated, "notes": list(self.notes)}
+    def with_choice(self, c: Candidate, reason: str) -> Plan:
+        """This plan's candidates and figures, with `c` chosen instead of the winner, for `reason`."""
+        return replace(self, prompts=c.prompts, samples_per_prompt=c.samples_per_prompt,
+                       learning_rate=c.learning_rate, rollout_replicas=c.rollout_replicas,
+                       learner_replicas=c.learner_replicas, predicted=c.predicted, gpus=c.gpus, reason=reason)
+
+    def with_prediction(self, predicted: Prediction) -> Plan:
+        """The same choice, predicted anew by a calibrated model (so predicted-vs-measured stays honest)."""
+        return replace(self, predicted=predicted, calibrated=True)
+
+    def to_dict(self, candidates: bool = True) -> dict[str, Any]:
+        """camelCase, JSON-able: what `rlscale plan --json` prints, the run config carries and (without
+        the candidates) the operator keeps in status.plan."""
+        out = {"prompts": self.prompts, "samplesPerPrompt": self.samples_per_prompt,
+               "batch": batch_label(self.prompts, self.samples_per_prompt), "batchSamples": self.batch,
+               "learningRate": self.learning_rate, "rolloutReplicas": self.rollout_replicas,
+               "learnerReplicas": self.learner_replicas, "gpus": self.gpus,
+               "predicted": self.predicted.to_dict(), "reason": self.reason, "noiseScale": self.noise_scale,
+               "samplesToTargetAtReference": self.samples_to_target_ref,
+               "calibrated": self.calibrated, "notes": list(self.notes)}
+        if candidates:
+            out["candidates"] = [c.to_dict() for c in self.candidates]
+        return out
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Plan:
+        """From to_dict's form (status.plan has no candidates: they come back empty)."""
+        return cls(prompts=int(d["prompts"]), samples_per_prompt=int(d["samplesPerPrompt"]),
+                   learning_rate=float(d["learningRate"]), rollout_replicas=int(d["rolloutReplicas"]),
+                   learner_replicas=int(d["learnerReplicas"]), predicted=Prediction.from_dict(d["predicted"]),
+                   reason=str(d.get("reason") or ""),
+                   candidates=[Candidate.from_dict(c) for c in d.get("candidates") or []],
+                   noise_scale=float(d.get("noiseScale") or 0.0), calibrated=bool(d.get("calibrated")),
+                   gpus=int(d.get("gpus") or 0), samples_to_target_ref=float(d.get("samplesToTargetAtReference") or 0),
+                   notes=tuple(d.get("notes") or ()))
+
+
+def batch_label(prompts: int, samples_per_prompt: int) -> str:
+    """"16x8": prompts x samples per prompt, as the printer column and `rlscale plan` show a batch."""
+    return f"{prompts}x{samples_per_prompt}"
 
 
 # Held-out prompts of one eval when the run has not timed one: the builtin task's split.

@@ -54,6 +54,10 @@ class Phases:
     def to_dict(self) -> dict[str, float]:
         return {"generate": self.generate, "reward": self.reward, "train": self.train, "sync": self.sync}
 
+    @classmethod
+    def from_dict(cls, d: dict[str, float]) -> Phases:
+        return cls(*(float(d.get(p) or 0.0) for p in ("generate", "reward", "train", "sync")))
+
 
 ONES = Phases(1.0, 1.0, 1.0, 1.0)
 

@@ -14,6 +14,7 @@ from typing import Any
 
 from rlscale.metrics_names import PHASES
 from rlscale.plan.calibration import noise_from_steps
+from rlscale.records import StepRecord
 
 # Steps left out of the throughput medians: the first ones compile and warm caches.
 WARMUP_STEPS = 3
@@ -37,7 +38,7 @@ class RunData:
     rule: str
     seed: int
     lr: float
-    records: list[dict[str, Any]]
+    records: list[StepRecord]
     metric: str = "eval/accuracy"
     window: int = 3
     startup_seconds: float | None = None  # launch to the first step record, measured by the runner
@@ -48,19 +49,19 @@ class RunData:
     def batch(self) -> int:
         return self.prompts * self.samples_per_prompt
 
-    def steps(self) -> list[dict[str, Any]]:
-        return [r for r in self.records if isinstance(r.get("step_seconds"), (int, float))]
+    def steps(self) -> list[StepRecord]:
+        return self.records
 
     def evals(self) -> list[Point]:
         """The held-out metric at each eval (the start eval at 0 samples first), on the step clock."""
         pts, clock = [], 0.0
-        start = (self.records[0].get("eval_at_start") or {}) if self.records else {}
+        start = (self.records[0].eval_at_start or {}) if self.records else {}
         if self.metric in start:
             pts.append(Point(0.0, 0.0, float(start[self.metric])))
         for r in self.steps():
-            clock += float(r["step_seconds"])
-            if r.get("eval") is not None:
-                pts.append(Point(float(r["samples"]), clock, float(r["eval"])))
+            clock += r.step_seconds
+            if r.eval is not None:
+                pts.append(Point(float(r.samples), clock, float(r.eval)))
         return pts
 
     def smoothed(self) -> list[Point]:
@@ -82,14 +83,13 @@ class RunData:
 
     def throughput(self) -> float | None:
         """Median samples per second of the steps after the warm-up."""
-        xs = [r["batch_samples"] / r["step_seconds"] for r in self.steps()[WARMUP_STEPS:] if r["step_seconds"] > 0]
+        xs = [r.batch_samples / r.step_seconds for r in self.steps()[WARMUP_STEPS:] if r.step_seconds > 0]
         return median(xs) if xs else None
 
     def phases(self) -> dict[str, float]:
         out = {}
         for p in PHASES:
-            vs = [r["phases"][p] for r in self.steps()[WARMUP_STEPS:] if isinstance(r.get("phases"), dict)
-                  and isinstance(r["phases"].get(p), (int, float))]
+            vs = [r.phases[p] for r in self.steps()[WARMUP_STEPS:] if isinstance(r.phases.get(p), (int, float))]
             if vs:
                 out[p] = median(vs)
         return out
@@ -100,10 +100,10 @@ class RunData:
 
     def samples_total(self) -> int:
         s = self.steps()
-        return int(s[-1]["samples"]) if s else 0
+        return int(s[-1].samples) if s else 0
 
     def eval_seconds(self) -> float:
-        return sum(float(r.get("eval_seconds") or 0.0) for r in self.records)
+        return sum(r.eval_seconds or 0.0 for r in self.records)
 
 
 def crossing(curve: list[Point], level: float) -> Point | None:

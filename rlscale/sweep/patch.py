@@ -15,13 +15,12 @@ from typing import Any
 import yaml
 
 from rlscale.plan import Calibration
+from rlscale.plan.calibration import CAMEL_FIELDS
 from rlscale.spec import FULL_API_VERSION, MISSING, FieldError, SpecError, parse_rlrun
 
 PATCH_KIND = "RLRunCalibration"
-_FIELDS = {"prompts": "prompts", "samplesPerPrompt": "samples_per_prompt", "rolloutReplicas": "rollout_replicas",
-           "learnerReplicas": "learner_replicas", "promptTokens": "prompt_tokens",
-           "responseTokens": "response_tokens", "tokensPerSample": "tokens_per_sample", "evalSeconds": "eval_s",
-           "steps": "steps"}
+# The noise scale goes into the spec (optimizer.noiseScale), not the calibration.
+_FIELDS = {k: v for k, v in CAMEL_FIELDS.items() if k != "noiseScale"}
 
 
 def patch_dict(res: Any, source: str) -> dict[str, Any]:
@@ -33,14 +32,9 @@ def patch_dict(res: Any, source: str) -> dict[str, Any]:
         out["spec"]["optimizer"] = {"noiseScale": round(float(b), 1)}
     cal = res.fitted
     if cal is not None and cal.has_phases:
-        c: dict[str, Any] = {}
-        for key, attr in _FIELDS.items():
-            v = getattr(cal, attr)
-            if v is not None:
-                c[key] = round(float(v), 6) if isinstance(v, float) else int(v)
-        c["phases"] = {p: round(float(cal.measured(p)), 6) for p in ("generate", "reward", "train", "sync")
-                       if cal.measured(p) is not None}
-        out["calibration"] = c
+        c = {k: v for k, v in cal.to_dict().items() if k in _FIELDS or k == "phases"}
+        c["phases"] = {p: round(float(v), 6) for p, v in c["phases"].items()}
+        out["calibration"] = {k: round(float(v), 6) if isinstance(v, float) else v for k, v in c.items()}
     out["measured"] = {  # for the reader; rlscale plan ignores it
         "level": res.level, "referencePrompts": res.ref_prompts,
         "samplesToLevel": {f"{c.rule}/{c.prompts}": round(c.e_mean) for c in res.cells if c.e_mean},

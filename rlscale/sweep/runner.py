@@ -20,15 +20,15 @@ from rich.console import Console, Group
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
 from rlscale.progress import fmt_lr
-from rlscale.report import read_jsonl
-from rlscale.roles import EXIT_BUDGET, EXIT_INTERRUPTED, EXIT_TARGET
+from rlscale.records import StepRecord, read_records
+from rlscale.roles import RunEnd
 from rlscale.spec import RLRUN_NAME_MAX, RLRUN_NAME_RE, SpecError, parse_rlrun
 from rlscale.sweep.analysis import RunData
 from rlscale.sweep.predict import predict, run_spec
 
 console = Console()
 RULES = ("sqrt", "linear", "none")
-DONE_CODES = (EXIT_TARGET, EXIT_BUDGET)
+DONE_CODES = (RunEnd.TARGET, RunEnd.BUDGET)
 STOP_AFTER_FAILURES = 2  # consecutive failed runs that stop the sweep (an environment problem, not a run's)
 
 
@@ -157,8 +157,8 @@ def load_runs(sweep_dir: Path, rlrun: Any, state: dict) -> list[RunData]:
     out = []
     for c, src in run_sources(rlrun.spec, combos(st["batches"], st["rules"], st["seeds"])).items():
         name = src.run_name(rlrun.name)
-        recs = read_jsonl(sweep_dir / "runs" / name / "metrics.jsonl")
-        if not [r for r in recs if r.get("step_seconds") is not None]:
+        recs = read_records(sweep_dir / "runs" / name / "metrics.jsonl")
+        if not recs:
             continue
         info = state["runs"].get(name, {})
         pred = predict(rlrun.spec, c.prompts, c.rule)
@@ -212,26 +212,26 @@ def _run_all(rlrun: Any, sweep_dir: Path, todo: list[Combo], state: SweepState, 
         seen: dict[str, float] = {}
         done_before = sum(int(state.data["runs"].get(x.run_name(rlrun.name), {}).get("samples", 0)) for x in todo)
 
-        def render(rec: dict | None, i=i, name=name, run=run, t0=t0, seen=seen, done_before=done_before) -> Group:
+        def render(rec: StepRecord | None, i=i, name=name, run=run, t0=t0, seen=seen,
+                   done_before=done_before) -> Group:
             if rec is not None and "first" not in seen:
-                seen["first"] = time.monotonic() - t0 - float(rec.get("step_seconds") or 0.0)
-            now = int(rec["samples"]) if rec else 0
+                seen["first"] = time.monotonic() - t0 - rec.step_seconds
+            now = rec.samples if rec else 0
             overall.update(bar, samples=f"{(done_before + now) / 1000:,.0f}k of {total_samples / 1000:,.0f}k samples")
             return Group(overall, current_line(i, len(todo), name, run, rec, samples))
 
         try:
             code = run_embedded(run, metrics_port=0, runs_dir=sweep_dir / "runs", fresh=False,
-                                extra={"seed": c.seed, "replan": False}, render=render, shared=shared)
+                                seed=c.seed, replan=False, render=render, shared=shared)
         except KeyboardInterrupt:  # Ctrl-C before the run's processes started
-            code = EXIT_INTERRUPTED
+            code = RunEnd.INTERRUPTED
         except Exception as exc:  # a role that never came up: this run failed, the sweep goes on
             console.print(f"[red]{name}: {exc}[/]", highlight=False)
             code = 1
         if code not in DONE_CODES:
             shared.stop()  # the next run (or the resumed sweep) starts from fresh nodes
-        recs = read_jsonl(sweep_dir / "runs" / name / "metrics.jsonl")
-        info.update(exitCode=code, wallSeconds=round(time.monotonic() - t0, 1),
-                    samples=int(recs[-1]["samples"]) if recs else 0)
+        recs = read_records(sweep_dir / "runs" / name / "metrics.jsonl")
+        info.update(exitCode=code, wallSeconds=round(time.monotonic() - t0, 1), samples=recs[-1].samples if recs else 0)
         if "first" in seen:
             info["startupSeconds"] = round(seen["first"], 1)
         if code in DONE_CODES:
@@ -239,12 +239,12 @@ def _run_all(rlrun: Any, sweep_dir: Path, todo: list[Combo], state: SweepState, 
             finished += 1
             failures = 0
             overall.update(bar, completed=finished)
-        elif code == EXIT_INTERRUPTED or code < 0:  # Ctrl-C (twice: the driver was killed); its checkpoint is kept
+        elif code == RunEnd.INTERRUPTED or code < 0:  # Ctrl-C (twice: the driver was killed); its checkpoint is kept
             info["status"] = "interrupted"
             state.save()
             console.print(f"[yellow]sweep stopped at {name}[/]; run the same command again to resume "
                           f"({finished} of {len(todo)} runs done)", highlight=False)
-            return finished, EXIT_INTERRUPTED
+            return finished, RunEnd.INTERRUPTED
         else:
             info["status"] = "failed"
             failures += 1
@@ -257,15 +257,14 @@ def _run_all(rlrun: Any, sweep_dir: Path, todo: list[Combo], state: SweepState, 
     return finished, 0 if finished == len(todo) else 1
 
 
-def current_line(i: int, n: int, name: str, run: Any, rec: dict | None, samples: int) -> str:
+def current_line(i: int, n: int, name: str, run: Any, rec: StepRecord | None, samples: int) -> str:
     s = run.spec
     head = f"run {i}/{n} [bold]{name}[/]: {s.batch.prompts}x{s.batch.samples_per_prompt}"
     if rec is None:
         return head + " — starting (Ray head, rollout, learner, first eval)..."
-    tm = rec.get("target_metric")
-    return (f"{head}, lr {fmt_lr(rec.get('lr', 0))} — step {rec['step']}, {rec['samples']:,}/{samples:,} samples, "
-            f"{s.target.metric} {'-' if tm is None else format(tm, '.3f')}, "
-            f"{rec.get('samples_per_second', 0):.0f} samples/s")
+    tm = rec.target_metric
+    return (f"{head}, lr {fmt_lr(rec.lr)} — step {rec.step}, {rec.samples:,}/{samples:,} samples, "
+            f"{s.target.metric} {'-' if tm is None else format(tm, '.3f')}, {rec.samples_per_second:.0f} samples/s")
 
 
 def write_sweep_report(rlrun: Any, sweep_dir: Path, calibration_out: Path | None = None) -> tuple[Path, Any]:

@@ -11,7 +11,8 @@ import pytest
 from prometheus_client import generate_latest
 
 from rlscale.progress import TargetTracker, fmt_duration, fmt_lr
-from rlscale.report import read_jsonl, write_report
+from rlscale.records import StepRecord, read_jsonl
+from rlscale.report import write_report
 from rlscale.run_metrics import RunMetrics
 
 
@@ -52,7 +53,7 @@ def test_tracker_state_round_trip():
     assert u.add(4, 400, 4.0, 0.9) == t.add(4, 400, 4.0, 0.9)
 
 
-def _records(n: int = 30) -> list[dict]:
+def _dicts(n: int = 30) -> list[dict]:
     recs = []
     for i in range(1, n + 1):
         ev = 0.4 + 0.5 * i / n if i % 5 == 0 else None
@@ -72,8 +73,12 @@ def _records(n: int = 30) -> list[dict]:
     return recs
 
 
+def _records(n: int = 30) -> list[StepRecord]:
+    return [StepRecord.from_dict(d) for d in _dicts(n)]
+
+
 def test_report_files(tmp_path: Path):
-    recs = _records()
+    recs = _dicts()
     (tmp_path / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in recs) + "\n{\"step\": 31, \"trunc")
     (tmp_path / "plan.json").write_text(json.dumps({"plans": [{"atStep": 0, "prompts": 16, "samplesPerPrompt": 8,
                                                                "learningRate": 1e-4,
@@ -97,7 +102,7 @@ def test_report_files(tmp_path: Path):
 
 def test_report_of_a_run_without_diagnostics_says_so(tmp_path: Path):
     keys = ("mixed_group_fraction", "entropy", "clip_fraction", "grad_norm", "logprob_diff", "logprob_abs_diff")
-    recs = [{k: v for k, v in r.items() if k not in keys} for r in _records(4)]  # a log written before them
+    recs = [{k: v for k, v in r.items() if k not in keys} for r in _dicts(4)]  # a log written before them
     (tmp_path / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in recs) + "\n")
     summary = write_report(tmp_path, 0.8, "eval/accuracy", "t").read_text()
     assert "| clipped | - | - | - |" in summary
@@ -135,8 +140,11 @@ def test_run_metrics_expose_every_name_and_pass_promtool(tmp_path: Path):
 
     m = RunMetrics()
     assert "rlscale_gradient_norm NaN" in generate_latest(m.registry).decode()  # before any step: not measured
-    m.set_plan({"prompts": 16, "samplesPerPrompt": 8, "learningRate": 1e-4, "rolloutReplicas": 1, "learnerReplicas": 1,
-                "predicted": {"stepSeconds": 0.4}})
+    from rlscale.plan import make_plan
+    from rlscale.spec import load_rlrun
+    from tests.conftest import EXAMPLES
+
+    m.set_plan(make_plan(load_rlrun(EXAMPLES / "quickstart.yaml").spec))
     for r in _records(30)[:3]:
         m.observe_step(r)
     text = generate_latest(m.registry).decode()
@@ -170,14 +178,14 @@ def test_tail_follows_appends_and_a_rewrite(tmp_path):
     assert t.read() == []
     with open(p, "a") as f:
         f.write('{"step": 3}\n{"step": 4, "half')
-    assert [r["step"] for r in t.read()] == [3]  # the half-written line waits
+    assert [r.step for r in t.read()] == [3]  # the half-written line waits
     with open(p, "a") as f:
         f.write('": 1}\n')
-    assert [r["step"] for r in t.read()] == [4]
+    assert [r.step for r in t.read()] == [4]
     tmp = tmp_path / "m.tmp"
     tmp.write_text('{"step": 1}\n')  # a resume rewrites the log shorter, atomically
     os.replace(tmp, p)
-    assert [r["step"] for r in t.read()] == [1]
+    assert [r.step for r in t.read()] == [1]
 
 
 def test_one_duration_and_lr_format_for_every_reader():

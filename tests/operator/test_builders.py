@@ -13,8 +13,10 @@ from rlscale.spec import parse_spec
 
 RUN = B.RunRef(name="grpo-7b", namespace="team-a", uid="0000-1111")
 PLAN = {"prompts": 32, "samplesPerPrompt": 8, "learningRate": 2e-5, "rolloutReplicas": 3,
-        "learnerReplicas": 2, "predicted": {"samplesPerSecond": 120.0, "stepSeconds": 2.1,
-                                            "timeToTargetSeconds": 900.0}, "reason": "N=256 wins"}
+        "learnerReplicas": 2, "predicted": {"samplesPerSecond": 120.0, "stepSeconds": 2.1, "timeToTargetSeconds": 900.0,
+                                            "samplesToTarget": 108_000.0,
+                                            "phases": {"generate": 1.0, "reward": 0.01, "train": 1.0, "sync": 0.09}},
+        "reason": "N=256 wins"}
 
 
 def spec(**over):
@@ -121,14 +123,14 @@ def test_every_pod_has_a_memory_backed_shm_sized_for_the_object_store():
     kids = B.build_children(RUN, spec(model={"path": "Qwen/Qwen2.5-7B", "dtype": "bfloat16"}), PLAN)
     cfg = json.loads(kids[0]["data"][C.CONFIG_KEY])
     # 7.6B bf16 weights are ~15 GB: the store holds a few versions, /dev/shm holds the store.
-    assert cfg["extra"]["objectStoreBytes"] > 3 * 15e9
+    assert cfg["object_store_bytes"] > 3 * 15e9
     for m in kids:
         pod = m.get("spec", {}).get("template", {}).get("spec")
         if pod:
             (shm,) = [v for v in pod["volumes"] if v["name"] == "shm"]
             assert shm["emptyDir"]["medium"] == "Memory"
             size_mi = int(shm["emptyDir"]["sizeLimit"].removesuffix("Mi"))
-            assert size_mi * 2**20 > cfg["extra"]["objectStoreBytes"]
+            assert size_mi * 2**20 > cfg["object_store_bytes"]
             assert {"name": "shm", "mountPath": "/dev/shm"} in pod["containers"][0]["volumeMounts"]
 
 
@@ -140,7 +142,7 @@ def test_checkpoint_volume_named_by_the_spec_is_shared_by_every_rank_and_holds_t
     assert {"name": "checkpoints", **vol} in sts["spec"]["template"]["spec"]["volumes"]
     cfg = json.loads(B.build_configmap(RUN, s, PLAN)["data"][C.CONFIG_KEY])
     assert cfg["checkpoint_dir"] == "/ckpt" and cfg["report_dir"] == "/ckpt/report"
-    assert cfg["extra"]["modelCache"] == C.MODEL_MOUNT
+    assert cfg["model_cache"] == C.MODEL_MOUNT
 
 
 def test_gpu_requests_follow_gpus_per_replica_and_cpu_has_none():
@@ -194,7 +196,9 @@ def test_configmap_holds_the_resolved_run_config():
     cm = B.build_configmap(RUN, spec(), PLAN)
     cfg = json.loads(cm["data"][C.CONFIG_KEY])
     assert cfg["kind"] == RUNCONFIG_KIND and cfg["run"] == "grpo-7b" and cfg["namespace"] == "team-a"
-    assert cfg["plan"] == PLAN
+    from rlscale.plan import Plan
+
+    assert Plan.from_dict(cfg["plan"]) == Plan.from_dict(PLAN)  # the plan, whole, as the roles read it back
     assert cfg["spec"]["learner"]["gpusPerReplica"] == 2  # camelCase, as in the RLRun
     assert cfg["ray_address"] == "grpo-7b-ray-head.team-a.svc:6379"
 

@@ -25,8 +25,9 @@ def test_unknown_kind_is_refused_by_name():
 
 def test_every_built_child_has_a_path():
     from rlscale.operator import builders as B
+    from rlscale.plan import make_plan
     from rlscale.spec import parse_spec
 
-    plan = {"prompts": 8, "samplesPerPrompt": 8, "rolloutReplicas": 1, "learnerReplicas": 1}
-    for m in B.build_children(B.RunRef("r", "ns", "u"), parse_spec({"hardware": {"accelerator": "cpu"}}), plan):
+    spec = parse_spec({"hardware": {"accelerator": "cpu"}})
+    for m in B.build_children(B.RunRef("r", "ns", "u"), spec, make_plan(spec).to_dict()):
         assert kube.object_path(m["apiVersion"], m["kind"], "ns", m["metadata"]["name"])

@@ -3,10 +3,13 @@ scale replaces the default."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from rlscale.plan import Calibration, make_plan
 from rlscale.plan.decision import system_model
+from rlscale.records import StepRecord
 from rlscale.spec import parse_spec
 
 BASE = {"model": {"path": "Qwen/Qwen2.5-7B", "maxLength": 2048},
@@ -64,13 +67,11 @@ def test_measured_response_length_changes_generation():
     assert generated.response_tokens == 300 and generated.prompt_tokens == 256
 
 
-def _step(prompts, gen, noise=None, spp=8):
+def _step(prompts, gen, noise=None, spp=8, **more):
     # A step record as the driver writes it to metrics.jsonl.
-    r = {"prompts": prompts, "samples_per_prompt": spp, "rollout_replicas": 1, "learner_replicas": 1,
-         "phases": {"generate": gen, "reward": 0.01, "train": 2 * gen, "sync": 0.1}}
-    if noise is not None:
-        r["noise_scale"] = noise
-    return r
+    return StepRecord(prompts=prompts, samples_per_prompt=spp, rollout_replicas=1, learner_replicas=1,
+                      phases={"generate": gen, "reward": 0.01, "train": 2 * gen, "sync": 0.1}, noise_scale=noise,
+                      **more)
 
 
 def test_from_steps_takes_the_median_of_the_latest_configuration():
@@ -87,8 +88,8 @@ def test_from_steps_takes_the_median_of_the_latest_configuration():
 
 
 def test_from_steps_tolerates_missing_values():
-    recs = [{"prompts": 4, "samples_per_prompt": 8, "phases": {"generate": 0.2, "train": None}},
-            {"prompts": 4, "samples_per_prompt": 8, "phases": {"generate": 0.4}, "noise_scale": float("nan")}]
+    recs = [StepRecord(prompts=4, samples_per_prompt=8, phases={"generate": 0.2, "train": None}),
+            StepRecord(prompts=4, samples_per_prompt=8, phases={"generate": 0.4}, noise_scale=float("nan"))]
     cal = Calibration.from_steps(recs)
     assert cal.generate_s == pytest.approx(0.3)
     assert cal.train_s is None and cal.noise_scale is None
@@ -97,15 +98,15 @@ def test_from_steps_tolerates_missing_values():
 
 
 def test_from_steps_counts_generated_tokens_per_sample():
-    recs = [{**_step(4, 0.2), "generated_tokens": 320, "batch_samples": 32},
-            {**_step(4, 0.2), "generated_tokens": 384, "batch_samples": 32}]
+    recs = [_step(4, 0.2, generated_tokens=320, batch_samples=32),
+            _step(4, 0.2, generated_tokens=384, batch_samples=32)]
     assert Calibration.from_steps(recs).tokens_per_sample == pytest.approx(11.0)
 
 
 def test_plan_from_step_records_end_to_end():
     spec = parse_spec({**BASE, "batch": {**BASE["batch"], "prompts": 16},
                        "rollout": {"replicas": 1}, "learner": {"replicas": 2, "zeroStage": 3}})
-    recs = [{**_step(16, 20.0, noise=300.0), "learner_replicas": 2} for _ in range(5)]
+    recs = [replace(_step(16, 20.0, noise=300.0), learner_replicas=2) for _ in range(5)]
     p = make_plan(spec, Calibration.from_steps(recs))
     assert p.predicted.generate == pytest.approx(20.0)
     assert p.predicted.train == pytest.approx(40.0)
@@ -132,8 +133,7 @@ def test_noise_scale_from_the_spec_unless_measured():
 
 
 def _noisy(g, t, prompts=16):
-    return [{**_step(prompts, 1.0, noise=1e6), "noise_grad_sq": gi, "noise_trace": ti}
-            for gi, ti in zip(g, t, strict=True)]
+    return [_step(prompts, 1.0, noise=1e6, noise_grad_sq=gi, noise_trace=ti) for gi, ti in zip(g, t, strict=True)]
 
 
 def test_noise_scale_is_the_ratio_of_mean_estimates_when_steps_carry_them():
@@ -156,7 +156,7 @@ def test_a_gradient_lost_in_its_noise_gives_no_noise_scale():
 
 
 def test_noise_scale_falls_back_to_the_median_of_reported_values():
-    few = [{**_step(16, 1.0, noise=300.0), "noise_grad_sq": 1.0, "noise_trace": 5.0} for _ in range(3)]
+    few = [_step(16, 1.0, noise=300.0, noise_grad_sq=1.0, noise_trace=5.0) for _ in range(3)]
     assert Calibration.from_steps(few).noise_scale == 300.0  # too few pairs: the reported B_simple
 
 
@@ -165,10 +165,10 @@ def test_a_measured_eval_is_charged_per_step_and_favours_larger_batches(root):
 
     spec = load_rlrun(root / "examples" / "quickstart.yaml").spec  # cpu, 8-32 prompts
     per_step = 6.0 / spec.target.eval_every
-    steps = [{**_step(16, 0.2), "eval_seconds": None} for _ in range(20)]
-    costly_cal = Calibration.from_steps(steps[:-5] + [{**_step(16, 0.2), "eval_seconds": 6.0}] + steps[-4:])
+    steps = [_step(16, 0.2) for _ in range(20)]
+    costly_cal = Calibration.from_steps(steps[:-5] + [_step(16, 0.2, eval_seconds=6.0)] + steps[-4:])
     assert costly_cal.eval_s == 6.0  # one eval in the window, 6 s / evalEvery per step at any batch
-    cheap = make_plan(spec, Calibration.from_steps(steps + [{**_step(16, 0.2), "eval_seconds": 0.001}]))
+    cheap = make_plan(spec, Calibration.from_steps(steps + [_step(16, 0.2, eval_seconds=0.001)]))
     costly = make_plan(spec, costly_cal)
     for c in costly.candidates:
         assert c.predicted.eval_seconds_per_step == pytest.approx(per_step)

@@ -9,6 +9,7 @@ import sys
 import pytest
 
 from rlscale.plan.samples import lr_mismatch, mismatch_penalty
+from rlscale.records import StepRecord
 from rlscale.spec import load_rlrun
 from rlscale.sweep.analysis import Point, RunData, crossing, fit_noise_scale, measurement_level
 from rlscale.sweep.report import analyse, markdown
@@ -51,7 +52,7 @@ def synthetic_run(prompts: int, rule: str, seed: int, *, b_noise: float = math.i
         recs.append(rec)
     recs[0]["eval_at_start"] = {"eval/accuracy": accuracy(0), "eval/reward": accuracy(0)}
     lr = 1e-4 * (math.sqrt(n / N_REF) if rule == "sqrt" else 1.0)
-    return RunData(prompts, SPP, rule, seed, lr, recs, window=window)
+    return RunData(prompts, SPP, rule, seed, lr, [StepRecord.from_dict(r) for r in recs], window=window)
 
 
 def sweep(rules=("sqrt", "none"), batches=(8, 16, 32, 64), seeds=(0, 1), **kw) -> list[RunData]:

@@ -124,34 +124,34 @@ def test_resume_refuses_other_flags(quick, tmp_path):
 def test_an_interrupted_sweep_resumes_where_it_stopped(quick, tmp_path, monkeypatch):
     """The orchestration with a stand-in runner: finished runs are kept, the interrupted one runs again."""
     import rlscale.embedded
-    from rlscale.roles import EXIT_BUDGET, EXIT_INTERRUPTED
+    from rlscale.roles import RunEnd
     from rlscale.sweep.runner import run_sweep, write_sweep_report
     from tests.plan.test_sweep_analysis import synthetic_run
 
     calls = []
     stop_at = {"name": "quickstart-p16-sqrt-s0"}
 
-    def fake_run(rlrun, *, runs_dir, fresh, extra, render, metrics_port=0, **_):
-        calls.append((rlrun.name, extra))
-        assert extra["replan"] is False and fresh is False
+    def fake_run(rlrun, *, runs_dir, fresh, seed, replan, render, metrics_port=0, **_):
+        calls.append((rlrun.name, {"seed": seed, "replan": replan}))
+        assert replan is False and fresh is False
         s = rlrun.spec
         d = runs_dir / rlrun.name
         d.mkdir(parents=True, exist_ok=True)
-        run = synthetic_run(s.batch.prompts, s.optimizer.scaling, extra["seed"], samples=s.budget.max_samples,
+        run = synthetic_run(s.batch.prompts, s.optimizer.scaling, seed, samples=s.budget.max_samples,
                             eval_every=1024)
-        (d / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in run.records))
+        (d / "metrics.jsonl").write_text("".join(r.to_json() + "\n" for r in run.records))
         render(None)
         render(run.records[-1])
         if rlrun.name == stop_at.get("name"):
             stop_at.clear()
-            return EXIT_INTERRUPTED
-        return EXIT_BUDGET
+            return RunEnd.INTERRUPTED
+        return RunEnd.BUDGET
 
     monkeypatch.setattr(rlscale.embedded, "run_embedded", fake_run)
     rlrun = load_rlrun(quick)
     out = tmp_path / "quickstart-sweep"
     done, code = run_sweep(rlrun, out, [8, 16], ["sqrt", "none"], 1, 8192, 1024)
-    assert (done, code) == (1, EXIT_INTERRUPTED)
+    assert (done, code) == (1, RunEnd.INTERRUPTED)
     state = json.loads((out / "sweep.json").read_text())["runs"]
     assert state["quickstart-p8-sqrt-s0"]["status"] == "done"
     assert state["quickstart-p16-sqrt-s0"]["status"] == "interrupted"

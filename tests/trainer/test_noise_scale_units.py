@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from rlscale.plan.calibration import noise_from_steps
+from rlscale.records import StepRecord
 from rlscale.trainer.batching import group_micro_batches, groups_per_micro_batch, micro_batches
 from rlscale.trainer.noise import NoiseScale, in_batch_samples, noise_components
 
@@ -66,7 +67,7 @@ def estimate(rng: np.random.Generator, steps: int, world_size: int, micro_batch:
         g_sq, trace = np.mean(pairs, axis=0)
         if convert:
             g_sq, trace = in_batch_samples(g_sq, trace, trained=len(samples), batch=GROUPS * SPP)
-        records.append({"noise_grad_sq": g_sq, "noise_trace": trace})
+        records.append(StepRecord(noise_grad_sq=g_sq, noise_trace=trace))
     return noise_from_steps(records)
 
 

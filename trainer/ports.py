@@ -1,0 +1,47 @@
+"""The driver's two ports: the rollout (vLLM replicas behind Ray Serve) and the learner (DeepSpeed ranks).
+
+rlscale.rollout.serve.RolloutClient and rlscale.trainer.learner.Learner are what a run plugs in;
+tests plug in fakes. Only what the loop calls is here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any, Protocol
+
+
+class Generated(Protocol):
+    """One sampled completion (rlscale.rollout.engine.Sample)."""
+
+    token_ids: list[int]
+    logprobs: list[float] | None
+    finish_reason: str
+
+
+class Rollout(Protocol):
+    def generate(self, prompt_token_ids: Sequence[Sequence[int]], samples_per_prompt: int, *, temperature: float,
+                 top_p: float, max_new_tokens: int, seed: int | None = None,
+                 version: int = 0) -> list[list[Generated]]:
+        """Samples grouped prompt by prompt, generated with weights of at least `version`."""
+        ...
+
+    def publish_weights(self, version: int, named_tensors: Mapping[str, Any]) -> None: ...
+
+    def scale(self, num_replicas: int) -> None: ...
+
+    def generation_seconds_total(self) -> float | None: ...
+
+
+class Learner(Protocol):
+    def step(self, batch: Any, lr: float | None = None) -> dict[str, Any]:
+        """One optimiser step over a RolloutBatch; stats, with skipped=1.0 when nothing was trained."""
+        ...
+
+    def export_weights(self) -> dict[str, Any]: ...
+
+    def save_checkpoint(self, directory: str | Path, state: dict | None = None, keep: int = 2) -> Path | None: ...
+
+    def load_checkpoint(self, directory: str | Path) -> dict | None: ...
+
+    def shutdown(self) -> None: ...

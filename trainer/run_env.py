@@ -1,0 +1,180 @@
+"""Where rank 0's loop runs: on one machine (`rlscale run`: the driver re-plans itself, serves /metrics on
+loopback, ends by exiting) or in a pod (the operator re-plans; the driver reports progress to its RLRun,
+serves /metrics to the cluster, and at the end waits to be scaled to zero). One object says which, so the
+loop itself never asks `if local`."""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import threading
+import time
+from typing import Any
+
+from rlscale.kube_report import KubeTarget, ProgressReporter
+from rlscale.progress_report import ProgressReport
+from rlscale.records import StepRecord
+from rlscale.roles import RunEnd, ray_auth_env
+from rlscale.runconfig import ENV_CONFIG, RunConfig
+from rlscale.trainer.driver import Driver, permanent
+from rlscale.trainer.plan_source import FixedPlan, FollowOperator, PlanSource, Replanner
+from rlscale.trainer.sinks import KubeSink, Sink
+
+log = logging.getLogger("rlscale.driver")
+
+
+class LocalEnvironment:
+    """`rlscale run` and `rlscale sweep`: processes of this machine, started and stopped by the runner."""
+
+    metrics_addr = "127.0.0.1"
+
+    def __init__(self, cfg: RunConfig):
+        self.options = cfg.local
+
+    def replica_metrics_port(self, cfg: RunConfig) -> int | None:
+        return None  # locally no replica serves /metrics of its own
+
+    def plan_source(self, cfg: RunConfig) -> PlanSource:
+        return Replanner(cfg.spec) if self.options.replan else FixedPlan()
+
+    def sinks(self, cfg: RunConfig, report_location: str) -> list[Sink]:
+        return []
+
+    def finish(self, end: RunEnd, client: Any, learner: Any) -> None:
+        if self.options.linger_seconds > 0:
+            time.sleep(self.options.linger_seconds)  # a scraper's last look at the final values
+
+    def release(self, client: Any) -> None:
+        # The runner kills the run's whole Ray cluster next: deleting the Serve app first (the
+        # replica's graceful stop, the engine's teardown) only delayed that.
+        pass
+
+
+class PodEnvironment:
+    """A learner pod: the operator re-plans and scales; the driver reports progress to its RLRun."""
+
+    metrics_addr = "0.0.0.0"
+
+    def replica_metrics_port(self, cfg: RunConfig) -> int | None:
+        return cfg.metrics_port  # each replica serves /metrics on the port its pod declares
+
+    def plan_source(self, cfg: RunConfig) -> PlanSource:
+        return FollowOperator(os.environ.get(ENV_CONFIG))
+
+    def sinks(self, cfg: RunConfig, report_location: str) -> list[Sink]:
+        target = KubeTarget.in_cluster(cfg.run, cfg.namespace)
+        return [KubeSink(ProgressReporter(target), report_location)] if target else []
+
+    def finish(self, end: RunEnd, client: Any, learner: Any) -> None:
+        if end in (RunEnd.TARGET, RunEnd.BUDGET):
+            # The run has ended. Exiting would make the StatefulSet start it again; the operator
+            # scales the run to zero instead. Free the replicas and the other ranks now, and keep
+            # /metrics up (the final values) until the kubelet's SIGTERM.
+            client.shutdown()
+            learner.shutdown()
+            wait_for_termination()
+
+    def release(self, client: Any) -> None:
+        client.shutdown()
+
+
+def environment(cfg: RunConfig) -> LocalEnvironment | PodEnvironment:
+    return LocalEnvironment(cfg) if cfg.local is not None else PodEnvironment()
+
+
+def report_location(cfg: RunConfig) -> str:
+    """Where the report lives, as a person finds it: this pod's volume and the path in it."""
+    path = os.path.realpath(cfg.report_dir or ".")
+    pod = os.environ.get("POD_NAME")
+    return f"{path} on {pod}" if pod else path
+
+
+def report_failure(exc: BaseException, last_record: StepRecord | None = None) -> bool:
+    """Tell the operator why rank 0 stops (in a pod; elsewhere a no-op). Returns True if sent."""
+    target = KubeTarget.in_cluster()
+    if target is None:
+        return False
+    body = ProgressReport.failure(last_record, f"{type(exc).__name__}: {exc}", permanent=permanent(exc))
+    return ProgressReporter(target).report(body, force=True)
+
+
+def wait_for_termination() -> None:
+    """Block until SIGTERM or SIGINT (the kubelet's stop)."""
+    from rlscale.trainer.gang import stop_head_watches
+
+    log.info("run finished; waiting to be scaled to zero")
+    stop_head_watches()
+    done = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: done.set())
+    done.wait()
+
+
+def install_stop_handlers(driver: Driver) -> None:
+    """SIGTERM/SIGINT: finish the current step, checkpoint, exit 130."""
+    signal.signal(signal.SIGTERM, driver.request_stop)
+    signal.signal(signal.SIGINT, driver.request_stop)
+
+
+def connect_rollout(cfg: RunConfig):
+    """Join the run's Ray cluster and deploy its rollout replicas; returns once they serve."""
+    os.environ.update(ray_auth_env())  # read by Ray at import
+    import ray
+
+    from rlscale.rollout.engine import EngineConfig
+    from rlscale.rollout.serve import RolloutClient, RolloutOptions
+
+    spec = cfg.spec
+    ray.init(address=cfg.ray_address, namespace=f"rlscale-{cfg.run}", log_to_driver=False,
+             logging_level=logging.WARNING)
+    engine = EngineConfig(model=str(cfg.model_dir), dtype=spec.model.dtype, max_model_len=spec.model.max_length,
+                          seed=cfg.seed)
+    local = cfg.local
+    if local is not None and local.rollout_cpu_threads:
+        # The local runner knows how many cores each replica may use; a pod keeps the default.
+        engine.cpu_threads = int(local.rollout_cpu_threads)
+    on_gpu = spec.hardware.accelerator != "cpu"
+    # A rollout app kept across runs (rlscale sweep's shared nodes): a run attaches to its
+    # replicas when the engine settings match, and replaces their weights.
+    kept = local.rollout_app if local is not None else None
+    return RolloutClient.deploy(engine, RolloutOptions(
+        app_name=kept or f"rollout-{cfg.run}", num_replicas=cfg.the_plan().rollout_replicas, keep=bool(kept),
+        metrics_port=environment(cfg).replica_metrics_port(cfg),
+        num_gpus=float(spec.rollout.gpus_per_replica) if on_gpu else 0.0))
+
+
+def drive(cfg: RunConfig, learner, client=None) -> int:
+    """Rank 0's whole job: connect to the run's Ray cluster, deploy rollout, run the loop, clean up.
+
+    `client`: a RolloutClient from connect_rollout, when rank 0 deployed it beside the learner's start-up.
+    """
+    os.environ.update(ray_auth_env())  # read by Ray at import
+    import ray
+    from transformers import AutoTokenizer
+
+    env = environment(cfg)
+    tok = AutoTokenizer.from_pretrained(cfg.model_dir, local_files_only=True)
+    if client is None:
+        client = connect_rollout(cfg)
+    driver = Driver.from_config(cfg, learner, client, tok, env.sinks(cfg, report_location(cfg)), env.plan_source(cfg))
+    pids = sorted(i.get("pid") for i in client.replicas().values())
+    log.info("rollout app %s: %s, replica pids %s", client.options.app_name,
+             "attached to its running replicas (kept from an earlier run)" if client.attached else "deployed", pids)
+    driver.resume_or_start()
+    if client.published_version is not None and client.published_version >= driver.state.version:
+        # The Ray cluster outlived an earlier driver: versions only move forward.
+        driver.state.version = client.published_version + 1
+    install_stop_handlers(driver)
+    server = driver.metrics.serve(cfg.metrics_port, addr=env.metrics_addr)
+    try:
+        end = driver.run()
+        env.finish(end, client, learner)
+    finally:
+        try:
+            env.release(client)
+        finally:
+            ray.shutdown()
+            if server is not None and isinstance(server, tuple):
+                server[0].shutdown()
+    return int(end)
