@@ -26,11 +26,7 @@ app = typer.Typer(
 out = Console()
 err = Console(stderr=True)
 
-# The default sweep: 4 batches x 2 rules x 2 seeds, 14 runs (one serves both rules at the reference
-# batch), 24,576 samples a run, sharing one Ray head and vLLM replica. Measured on a 2-core AVX2 machine
-# from the builtin model's 0.724: 66 min 24 s (`/usr/bin/time -v rlscale sweep examples/quickstart.yaml`;
-# 70-147 samples/s from 8x8 to 64x8, 17-22 s of start-up a run after the first's 65 s); every run reached
-# 0.76, 2 of 16 the 0.8 target. At 32,768 samples with a Ray head and replica per run it took 94 min.
+# The default sweep: 14 runs of 24,576 samples, 66 min on 2 cores (docs/measurements.md, "The default sweep").
 DEFAULT_SWEEP_SAMPLES = 24576
 DEFAULT_SWEEP_EVAL_SAMPLES = 2048
 FileArg = typer.Argument(..., help="An RLRun YAML file.", show_default=False)

@@ -114,10 +114,8 @@ class LocalRun:
         env["RAY_AUTH_MODE"] = "token"
         env["RAY_AUTH_TOKEN_PATH"] = str(ray_token_file(self.token_dir or self.run_dir))
         env.setdefault("PYTHONUNBUFFERED", "1")
-        # Serve's controller reconciles every 0.1 s by default: 0.047 of a core through a local run
-        # on 2 cores (per-process CPU from /proc during bench/loop_vs_plain.py), each wake-up
-        # beside the engine's or the learner's threads. A run here deploys once and re-plans
-        # rarely, so every 0.5 s is soon enough.
+        # Serve's controller every 0.5 s, not 0.1 s: a local run deploys once and re-plans rarely, and each
+        # wake-up stalls the engine's or learner's threads (docs/measurements.md, "A quiet Ray").
         env.setdefault("RAY_SERVE_CONTROL_LOOP_INTERVAL_S", "0.5")
         env.update(extra)
         return env
@@ -140,11 +138,9 @@ class LocalRun:
         for r in [r for r in self.roles if r.name.startswith("learner")]:
             r.stop(timeout=60.0)
         # Then Ray, both nodes and every worker at once, killed: the learners have written all
-        # the run keeps (checkpoints, metrics, report), and the run's Ray cluster holds nothing
-        # else. Ray's drain on SIGTERM ("Draining for up to 30.0 seconds") and the reap's grace
-        # period took 11 s of every run's end (a 6-step quickstart run's logs, head SIGTERM to exit).
-        # Ray starts some workers (the Serve controller) in sessions of their own; they carry
-        # the run's environment, which is how we find them beside the roles' process groups.
+        # the run keeps, and Ray's drain on SIGTERM cost every run's end 11 s (docs/measurements.md,
+        # "A local run's start and end"). Ray starts some workers (the Serve controller) in sessions of
+        # their own; they carry the run's environment, which is how we find them beside the roles' groups.
         kill_and_wait(processes_of_run(str(self.run_dir / "run.json")))
         for r in [r for r in self.roles if not r.name.startswith("learner")]:
             r.stop(signal.SIGKILL, timeout=5.0)
@@ -477,9 +473,8 @@ def run_embedded(rlrun: RLRun, *, metrics_port: int = DEFAULT_METRICS_PORT, runs
     code = 1
     pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="task-check")
     try:
-        # The task's checks import transformers (13.7 s of the CLI's 15 s before the head started,
-        # cProfile of prepare_run): the Ray nodes come up meanwhile, the learners start only once
-        # the checks pass, and a failed check stops the nodes (the finally below).
+        # The task's checks (importing transformers: most of the CLI's start) run while the Ray nodes
+        # come up; the learners start only once they pass, and a failed check stops the nodes.
         check = pool.submit(check_task, spec, cfg.model_dir)
 
         def check_failed() -> None:  # a failed check ends the wait for the head at once, with its error
@@ -547,8 +542,7 @@ def _watch(local: LocalRun, driver: Role, rollouts: list[Role], head: Role | Non
                     console.print(f"[red]{other.name} exited with {other.proc.returncode}[/]; stopping the run")
                     driver.send(signal.SIGTERM)
             if head is not None and not head.alive():
-                # Seen on a 2-core machine at load 14: the raylet timed out waiting for its dashboard
-                # agent and the head exited, while the driver retried the GCS for minutes on end.
+                # A head that exits mid-run leaves the driver retrying the GCS for minutes: stop the run.
                 if head_lost is None:
                     head_lost = time.monotonic()
                     console.print(f"[red]the Ray head exited[/] (see {head.log}); stopping the run", highlight=False)

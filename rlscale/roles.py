@@ -47,7 +47,7 @@ class RunEnd(IntEnum):
 
 # The Ray resource a rollout node offers, one per rollout pod / `rlscale rollout` process; Serve
 # places one replica per slot. Here, not in rollout/serve.py: the rollout role starts its node
-# without importing Ray Serve (3.6 s of its start-up).
+# without importing Ray Serve (docs/measurements.md, "A local run's start and end").
 ROLLOUT_RESOURCE = Role.ROLLOUT.value
 
 
@@ -115,11 +115,8 @@ def ray_node_env(environ=None) -> dict[str, str]:
     return env
 
 
-# Every node of a run starts without Ray's log monitor: it tails the workers' log files to send
-# their lines to drivers, and the driver joins with log_to_driver=False, so nothing reads them.
-# Two of them (head and rollout node) took 0.028 of a core through a local run on 2 cores
-# (per-process CPU from /proc during bench/loop_vs_plain.py), where every wake-up beside the
-# engine's or learner's two threads stalls them.
+# Every node of a run starts without Ray's log monitor: it tails the workers' logs for drivers, and
+# the driver joins with log_to_driver=False, so it only costs CPU (docs/measurements.md, "A quiet Ray").
 NO_LOG_MONITOR = "--include-log-monitor=false"
 
 

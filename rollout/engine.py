@@ -13,8 +13,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-# The engine must live in the calling process: start-up drops from ~25 s to ~3 s and
-# weight tensors pass to the worker by reference instead of being serialised. These
+# The engine must live in the calling process: start-up and weight updates are far faster there
+# (docs/measurements.md, "vLLM on CPU"). These
 # must be set before vLLM reads its environment, i.e. before the first vllm import.
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 os.environ.setdefault("VLLM_NO_USAGE_STATS", "1")
@@ -65,11 +65,9 @@ class EngineConfig:
     kv_cache_bytes: int = 512 * 2**20
     # GPU: fraction of device memory vLLM may take (weights + KV cache).
     gpu_memory_utilization: float = 0.5
-    # CPU: compute threads of this engine, unbound. vLLM's default binds one OpenMP thread
-    # per core, and every kernel then waits at a barrier for all of them: on shared,
-    # oversubscribed machines (several replicas, a learner, neighbours) a descheduled
-    # thread costs each op a time slice, measured here as ~5 ms per op and 60x slower
-    # decoding at concurrency 1. None keeps vLLM's binding (a dedicated CPU node).
+    # CPU: compute threads of this engine, unbound: vLLM's default (one bound thread per core, every
+    # kernel waiting for all) decoded 60x slower on shared cores (docs/measurements.md, "vLLM on CPU").
+    # None keeps vLLM's binding (a dedicated CPU node).
     cpu_threads: int | None = 1
     block_size: int | None = None  # None: vLLM's default for the platform
     # None: eager on CPU (start-up matters more than torch.compile there), CUDA graphs

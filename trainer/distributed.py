@@ -10,11 +10,9 @@ import torch.distributed as dist
 def skip_inference_all_reduce_op() -> None:
     """On CPU, keep DeepSpeed from compiling its shared-memory all-reduce kernel at comm init.
 
-    Only DeepSpeed's inference all-reduce uses that kernel; training reduces through the
-    process group. Built at first use it cost a learner 75-85 s of g++ on 2 cores at every
-    start with an empty or stale TORCH_EXTENSIONS_DIR (a fresh machine, or a venv at another
-    path): `bench/loop_vs_plain.py` with per-process CPU sampled from /proc showed two cc1plus
-    processes for 75 s of the run's start-up.
+    Only DeepSpeed's inference all-reduce uses that kernel (training reduces through the process
+    group), and building it cost every fresh start over a minute of g++ (docs/measurements.md,
+    "DeepSpeed's shared-memory kernel").
     """
     from deepspeed.accelerator import get_accelerator
 

@@ -49,15 +49,8 @@ class AcceleratorProfile:
 #   19.5 TFLOP/s FP32, NVLink 600 GB/s; 200 Gb/s HDR NICs.
 # - L4: NVIDIA L4 datasheet: 300 GB/s GDDR6, 24 GB, 121 TFLOP/s dense BF16 (242 with
 #   sparsity), 30.3 TFLOP/s FP32, PCIe Gen4 x16 (no NVLink); cloud nodes have 50-100 Gb/s.
-# - cpu: a 2-core x86 cloud VM. ROUGH numbers, not a datasheet: 20 GB/s is assumed for
-#   both cores; one core's numpy stream read measured 7.8 GB/s on this machine while other
-#   jobs held both cores (load average 6.4): `python -c "import numpy as np, time;
-#   a = np.ones(2**26); a.sum(); t = time.perf_counter(); [a.sum() for _ in range(10)];
-#   print(10 * a.nbytes / (time.perf_counter() - t) / 1e9)"`. 2 cores x 3 GHz x 2 FMA x 8 fp32
-#   lanes x 2 = ~190 GFLOP/s peak with AVX2 (no bf16 matrix units assumed, so bf16 gets
-#   no speed-up). Per-iteration overhead from vLLM's CPU build: 8 sequences x 16 tokens
-#   took 0.09 s (~5 ms per decode iteration). Calibration from measured steps fixes all
-#   of these; the planner says when it is uncalibrated.
+# - cpu: a 2-core x86 cloud VM; ROUGH numbers measured there, not a datasheet, which
+#   calibration from measured steps replaces (docs/measurements.md, "The cpu accelerator profile").
 PROFILES: dict[str, AcceleratorProfile] = {
     "H100": AcceleratorProfile(
         name="H100", memory_bandwidth=3.35 * TB, flops_bf16=989e12, flops_fp32=67e12, memory=80 * GB,
@@ -77,13 +70,10 @@ PROFILES: dict[str, AcceleratorProfile] = {
     ),
     "cpu": AcceleratorProfile(
         name="cpu", memory_bandwidth=20 * GB, flops_bf16=190e9, flops_fp32=190e9, memory=24 * GB,
-        # Weight sync, assumed. Measured: the builtin model's in-place update took 20 ms for
-        # 13 MiB (`python bench/rollout_throughput.py`), most of it a fixed cost (sync_latency_s).
+        # Weight sync and the generation overhead: docs/measurements.md, "The cpu accelerator profile".
         interconnect_bandwidth=2 * GB, collective_bandwidth=5 * GB,
         bandwidth_efficiency=0.75, decode_flops_efficiency=0.5, train_mfu=0.5, memory_utilization=0.8,
         decode_iteration_overhead_s=4e-3, micro_batch_overhead_s=0.01, sync_latency_s=0.05,
-        # measured: a 16x8 generation phase took 0.204 s, 0.137 s of it in the engine; the rest is
-        # the Serve call and loading the new weights into vLLM, whatever the batch
         generate_overhead_s=0.065,
         shared_host=True,
     ),
