@@ -179,7 +179,8 @@ def test_rollout_entrypoint_joins_the_cluster_with_one_rollout_slot(ray_cluster,
 
     ray = ray_cluster
     address = ray.get_runtime_context().gcs_address
-    config = RunConfig(run="t", spec={}, plan={}, ray_address=address).save(tmp_path / "run.json")
+    config = RunConfig(run="t", spec={"hardware": {"accelerator": "cpu"}}, ray_address=address).save(
+        tmp_path / "run.json")
     slots = ray.cluster_resources().get("rollout", 0)
     # As the runner or a pod starts it: nothing inherited from this test's ray.init,
     # which sets RAY_AUTH_MODE=token in this process.
