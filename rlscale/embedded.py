@@ -25,7 +25,7 @@ from rlscale.metrics_names import DEFAULT_METRICS_PORT
 from rlscale.plan import Plan, make_plan
 from rlscale.progress import fmt_diagnostics, fmt_duration, fmt_lr
 from rlscale.records import StepRecord
-from rlscale.roles import RunEnd, free_port
+from rlscale.roles import Role, RunEnd, free_port
 from rlscale.runconfig import ENV_CONFIG, LocalOptions, RunConfig
 from rlscale.spec import RLRun
 
@@ -45,8 +45,8 @@ def _die_with_parent() -> None:
 
 
 @dataclass
-class Role:
-    """One local process running a role entrypoint, in its own process group."""
+class RoleProcess:
+    """One local process running a role entrypoint (named `<role>` or `<role>-<index>`), in its own process group."""
 
     name: str
     argv: list[str]
@@ -61,6 +61,10 @@ class Role:
         self.proc = subprocess.Popen(self.argv, env=self.env, stdout=fh, stderr=subprocess.STDOUT,
                                      stdin=subprocess.DEVNULL, start_new_session=True, preexec_fn=_die_with_parent)
         fh.close()
+
+    @property
+    def role(self) -> Role:
+        return next(r for r in Role if self.name == r or self.name.startswith(f"{r}-"))
 
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
@@ -104,7 +108,7 @@ class LocalRun:
 
     cfg: RunConfig
     run_dir: Path
-    roles: list[Role] = field(default_factory=list)
+    roles: list[RoleProcess] = field(default_factory=list)
     token_dir: Path | None = None  # whose Ray token the roles use (shared nodes': theirs)
 
     def role_env(self, **extra: str) -> dict[str, str]:
@@ -120,29 +124,29 @@ class LocalRun:
         env.update(extra)
         return env
 
-    def start(self, role: Role) -> Role:
+    def start(self, role: RoleProcess) -> RoleProcess:
         role.start()
         self.roles.append(role)
         return role
 
     @property
-    def head(self) -> Role | None:
-        return next((r for r in self.roles if r.name == "ray-head"), None)
+    def head(self) -> RoleProcess | None:
+        return next((r for r in self.roles if r.role == Role.RAY_HEAD), None)
 
     @property
-    def rollouts(self) -> list[Role]:
-        return [r for r in self.roles if r.name.startswith("rollout")]
+    def rollouts(self) -> list[RoleProcess]:
+        return [r for r in self.roles if r.role == Role.ROLLOUT]
 
     def stop_all(self) -> None:
         # Learners first: the driver checkpoints on SIGTERM and writes the report.
-        for r in [r for r in self.roles if r.name.startswith("learner")]:
+        for r in [r for r in self.roles if r.role == Role.LEARNER]:
             r.stop(timeout=60.0)
         # Then Ray, both nodes and every worker at once, killed: the learners have written all
         # the run keeps, and Ray's drain on SIGTERM cost every run's end 11 s (docs/measurements.md,
         # "A local run's start and end"). Ray starts some workers (the Serve controller) in sessions of
         # their own; they carry the run's environment, which is how we find them beside the roles' groups.
         kill_and_wait(processes_of_run(str(self.run_dir / "run.json")))
-        for r in [r for r in self.roles if not r.name.startswith("learner")]:
+        for r in [r for r in self.roles if r.role != Role.LEARNER]:
             r.stop(signal.SIGKILL, timeout=5.0)
 
 
@@ -162,11 +166,11 @@ class SharedNodes:
     local: LocalRun | None = None
 
     @property
-    def head(self) -> Role | None:
+    def head(self) -> RoleProcess | None:
         return self.local.head if self.local else None
 
     @property
-    def rollouts(self) -> list[Role]:
+    def rollouts(self) -> list[RoleProcess]:
         return self.local.rollouts if self.local else []
 
     def up(self) -> bool:
@@ -200,20 +204,22 @@ def _start_nodes(local: LocalRun, address: str, replicas: int, poll: Callable[[]
     logs = local.run_dir / "logs"
     if local.head is None or not local.head.alive():
         host, _, port = address.rpartition(":")
-        _start_head(local, Role("ray-head", exe + ["ray-head"], local.role_env(), logs / "ray-head.log"),
+        _start_head(local, RoleProcess(Role.RAY_HEAD, exe + [Role.RAY_HEAD], local.role_env(),
+                                       logs / f"{Role.RAY_HEAD}.log"),
                     host, int(port), poll=poll)
     for i in range(len(local.rollouts), replicas):
-        local.start(Role(f"rollout-{i}", exe + ["rollout"], local.role_env(), logs / f"rollout-{i}.log"))
+        local.start(RoleProcess(f"{Role.ROLLOUT}-{i}", exe + [Role.ROLLOUT], local.role_env(),
+                                 logs / f"{Role.ROLLOUT}-{i}.log"))
 
 
-def _start_learners(local: LocalRun, world: int) -> list[Role]:
+def _start_learners(local: LocalRun, world: int) -> list[RoleProcess]:
     """The learner ranks (rank 0 drives the run), meeting on a free local port."""
-    exe = [sys.executable, "-m", "rlscale.cli", "learner"]
+    exe = [sys.executable, "-m", "rlscale.cli", Role.LEARNER]
     master_port = str(free_port())
-    return [local.start(Role(f"learner-{rank}", exe,
+    return [local.start(RoleProcess(f"{Role.LEARNER}-{rank}", exe,
                              local.role_env(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world),
                                             MASTER_ADDR="127.0.0.1", MASTER_PORT=master_port),
-                             local.run_dir / f"logs/learner-{rank}.log"))
+                             local.run_dir / f"logs/{Role.LEARNER}-{rank}.log"))
             for rank in range(world)]
 
 
@@ -268,7 +274,7 @@ def ray_token_file(run_dir: Path) -> Path:
     return path
 
 
-def _wait_port(host: str, port: int, proc: Role, timeout: float, poll: Callable[[], Any] | None = None) -> None:
+def _wait_port(host: str, port: int, proc: RoleProcess, timeout: float, poll: Callable[[], Any] | None = None) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if poll is not None:
@@ -286,8 +292,8 @@ def _wait_port(host: str, port: int, proc: Role, timeout: float, poll: Callable[
 HEAD_READY = "Ray runtime started."  # what `ray start --head` logs once its node is registered
 
 
-def _start_head(local: LocalRun, role: Role, host: str, port: int, attempts: int = 3,
-                poll: Callable[[], Any] | None = None) -> Role:
+def _start_head(local: LocalRun, role: RoleProcess, host: str, port: int, attempts: int = 3,
+                poll: Callable[[], Any] | None = None) -> RoleProcess:
     """Start the Ray head and wait until its node is up, not only its GCS port; `poll()` is called
     while waiting, and what it raises ends the wait.
 
@@ -316,7 +322,7 @@ def _start_head(local: LocalRun, role: Role, host: str, port: int, attempts: int
                 raise
         head.stop()
         local.roles.remove(head)
-        role = Role(role.name, role.argv, role.env, role.log)
+        role = RoleProcess(role.name, role.argv, role.env, role.log)
     raise RuntimeError(f"the Ray head did not start in {attempts} attempts; see {role.log}")
 
 
@@ -466,7 +472,7 @@ def run_embedded(rlrun: RLRun, *, metrics_port: int = DEFAULT_METRICS_PORT, runs
         interrupted["n"] += 1
         sig = signal.SIGTERM if interrupted["n"] == 1 else signal.SIGKILL
         for r in local.roles:
-            if r.name.startswith("learner"):
+            if r.role == Role.LEARNER:
                 r.send(sig)
 
     old = {s: signal.signal(s, on_sigint) for s in (signal.SIGINT, signal.SIGTERM)}
@@ -511,8 +517,8 @@ def run_embedded(rlrun: RLRun, *, metrics_port: int = DEFAULT_METRICS_PORT, runs
     return code
 
 
-def _watch(local: LocalRun, driver: Role, rollouts: list[Role], head: Role | None, run_dir: Path, spec,
-           render: Callable[[StepRecord | None], Any] | None = None) -> int:
+def _watch(local: LocalRun, driver: RoleProcess, rollouts: list[RoleProcess], head: RoleProcess | None,
+           run_dir: Path, spec, render: Callable[[StepRecord | None], Any] | None = None) -> int:
     """Show progress from metrics.jsonl until the driver exits; keep rollout processes alive."""
     tail = JsonlTail(run_dir / "metrics.jsonl")
     tail.skip_existing()
@@ -537,7 +543,7 @@ def _watch(local: LocalRun, driver: Role, rollouts: list[Role], head: Role | Non
                     r.restarts += 1
                     r.start()
             for other in local.roles:
-                if (other.name.startswith("learner") and other is not driver and not other.alive()
+                if (other.role == Role.LEARNER and other is not driver and not other.alive()
                         and other.proc.returncode):
                     console.print(f"[red]{other.name} exited with {other.proc.returncode}[/]; stopping the run")
                     driver.send(signal.SIGTERM)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 
-from rlscale.embedded import LocalRun, Role, _watch
+from rlscale.embedded import LocalRun, RoleProcess, _watch
 from rlscale.spec import load_rlrun
 
 
@@ -12,8 +12,8 @@ def test_a_dead_ray_head_stops_the_run(tmp_path, root):
     spec = load_rlrun(root / "examples" / "quickstart.yaml").spec
     local = LocalRun(cfg=None, run_dir=tmp_path)
     env = {"PATH": "/usr/bin:/bin"}
-    head = local.start(Role("ray-head", ["true"], env, tmp_path / "head.log"))
-    driver = local.start(Role("learner-0", ["sleep", "120"], env, tmp_path / "driver.log"))
+    head = local.start(RoleProcess("ray-head", ["true"], env, tmp_path / "head.log"))
+    driver = local.start(RoleProcess("learner-0", ["sleep", "120"], env, tmp_path / "driver.log"))
     t0 = time.monotonic()
     code = _watch(local, driver, [], head, tmp_path, spec)
     assert code == 1 and time.monotonic() - t0 < 20

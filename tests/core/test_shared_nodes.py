@@ -4,15 +4,15 @@ from __future__ import annotations
 
 import signal
 
-from rlscale.embedded import LocalRun, Role, SharedNodes
+from rlscale.embedded import LocalRun, RoleProcess, SharedNodes
 
 
-def _fake_nodes(tmp_path, shared: SharedNodes) -> tuple[Role, Role]:
+def _fake_nodes(tmp_path, shared: SharedNodes) -> tuple[RoleProcess, RoleProcess]:
     """Stand-ins for the head and a rollout process (the real ones are `ray start` processes)."""
     shared.local = LocalRun(cfg=None, run_dir=tmp_path)
     env = {"PATH": "/usr/bin:/bin"}
-    head = shared.local.start(Role("ray-head", ["sleep", "60"], env, tmp_path / "head.log"))
-    rollout = shared.local.start(Role("rollout-0", ["sleep", "60"], env, tmp_path / "rollout.log"))
+    head = shared.local.start(RoleProcess("ray-head", ["sleep", "60"], env, tmp_path / "head.log"))
+    rollout = shared.local.start(RoleProcess("rollout-0", ["sleep", "60"], env, tmp_path / "rollout.log"))
     return head, rollout
 
 
