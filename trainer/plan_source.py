@@ -60,7 +60,9 @@ class FollowOperator:
 
     def __init__(self, config_path: str | None):
         self.path = config_path
-        self._stamp = self._read_stamp()
+        # Unread: the first step compares the mounted plan with the driver's, so a driver resumed from
+        # its checkpoint and plan.json takes a plan the operator changed while it was down.
+        self._stamp: tuple | None = None
 
     def _read_stamp(self) -> tuple | None:
         try:

@@ -228,3 +228,21 @@ def test_the_pods_progress_report_carries_what_the_operator_re_plans_from(tmp_pa
     last = bodies[-1]
     assert last.outcome.value == "BudgetExhausted" and last.report.endswith("t-learner-0")
     assert last.measurements["step"] == 3 and last.measurements["calibration"]["prompts"] == 2
+
+
+def test_a_pods_driver_follows_the_plan_the_operator_writes_even_one_changed_while_it_was_down(tmp_path):
+    from rlscale.runconfig import RunConfig
+    from rlscale.trainer.plan_source import FollowOperator
+
+    d = driver("2", tmp_path)
+    path = tmp_path / "run.json"
+    RunConfig(run="t", spec=d.spec, plan=d.plan).save(path)
+    follow = FollowOperator(str(path))
+    assert follow.after_step(d.plan, []) is None  # the same plan: nothing to do
+    moved = replace(d.plan, prompts=4, rollout_replicas=2)
+    RunConfig(run="t", spec=d.spec, plan=moved).save(path)
+    change = follow.after_step(d.plan, [])
+    assert change is not None and change.plan.key == (4, 2) and change.why == "the operator re-planned"
+    assert follow.after_step(moved, []) is None  # read once per change of the file
+    # A driver that starts (or resumes) after the operator moved the plan takes it at its first step.
+    assert FollowOperator(str(path)).after_step(d.plan, []).plan.key == (4, 2)
