@@ -6,7 +6,6 @@ from __future__ import annotations
 import re
 
 import kopf
-from clusterkit import REPO
 from fakekube import FakeKube
 
 from rlscale.operator import builders as B
@@ -14,6 +13,7 @@ from rlscale.operator import constants as C
 from rlscale.operator import settings as OS
 from rlscale.operator.handlers import INDEX_DEPLOYMENTS, INDEX_PODS, INDEX_STATEFULSETS, Handlers
 from rlscale.operator.observed import IndexObserver, index_entry
+from tests.conftest import ROOT
 
 
 class Recorder:
@@ -84,7 +84,7 @@ def test_the_index_keeps_what_a_pass_reads_by_run():
 
 
 def test_settings_come_from_the_environment_the_chart_sets():
-    chart = (REPO / "charts" / "rlscale" / "templates" / "deployment.yaml").read_text()
+    chart = (ROOT / "charts" / "rlscale" / "templates" / "deployment.yaml").read_text()
     names = set(re.findall(r"name: (RLSCALE_\w+)", chart))
     assert names and names <= set(OS.ENV_NAMES), names - set(OS.ENV_NAMES)
     s = OS.OperatorSettings.from_env({OS.ENV_PROGRESS_INTERVAL: "2.5", OS.ENV_CHECKPOINT_STORAGE: "50Gi",

@@ -3,15 +3,15 @@
 from __future__ import annotations
 
 import pytest
-from clusterkit import REPO
 
 from rlscale.operator.planning import plan_for
 from rlscale.plan import Calibration
 from rlscale.spec import load_rlrun
+from tests.conftest import EXAMPLES
 
 
 def spec():
-    return load_rlrun(REPO / "examples" / "grpo-h100.yaml").spec
+    return load_rlrun(EXAMPLES / "grpo-h100.yaml").spec
 
 
 def test_a_stored_calibration_calibrates_the_new_plan():

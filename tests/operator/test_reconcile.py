@@ -8,7 +8,6 @@ import copy
 
 import pytest
 import yaml
-from clusterkit import REPO
 from driverkit import measured, step_seconds
 from fakekube import FakeKube
 from kubernetes.client.exceptions import ApiException
@@ -23,6 +22,7 @@ from rlscale.operator.settings import OperatorSettings
 from rlscale.plan import Calibration, Plan
 from rlscale.progress_report import ProgressReport
 from rlscale.spec import parse_spec
+from tests.conftest import EXAMPLES
 
 NS, RUN = "team", "r"
 ROLES = {C.ROLE_RAY_HEAD: ("apps/v1", "Deployment"), C.ROLE_ROLLOUT: ("apps/v1", "Deployment"),
@@ -41,7 +41,7 @@ def ctl(fake) -> Controller:
 
 def create(fake: FakeKube, name: str = RUN, **spec_over) -> dict:
     """The GPU example as `name`, top-level spec fields merged with spec_over."""
-    obj = yaml.safe_load((REPO / "examples" / "grpo-h100.yaml").read_text())
+    obj = yaml.safe_load((EXAMPLES / "grpo-h100.yaml").read_text())
     obj["metadata"] = {"name": name, "namespace": NS}
     for k, v in spec_over.items():
         obj["spec"][k] = {**obj["spec"].get(k, {}), **v} if isinstance(v, dict) else v
