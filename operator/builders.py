@@ -8,8 +8,7 @@ from __future__ import annotations
 import copy
 import hashlib
 import json
-import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from rlscale.plan import Plan, model_shape_for
@@ -39,7 +38,8 @@ class RunRef:
 
 @dataclass(frozen=True)
 class Images:
-    """Default images when the spec names none (set by the chart through the environment)."""
+    """What the children get when the spec says nothing: images, checkpoint claims, the network
+    policy (the operator's settings carry one, from the chart's values)."""
 
     trainer: str = C.DEFAULT_TRAINER_IMAGE
     rollout: str = C.DEFAULT_ROLLOUT_IMAGE
@@ -47,16 +47,6 @@ class Images:
     # A NetworkPolicy per run, and the namespaces whose pods may scrape its metrics port.
     network_policy: bool = True
     metrics_from: tuple[str, ...] = ("monitoring",)
-
-    @classmethod
-    def from_env(cls, env: dict[str, str] | None = None) -> Images:
-        env = os.environ if env is None else env
-        return cls(trainer=env.get(C.ENV_TRAINER_IMAGE, C.DEFAULT_TRAINER_IMAGE),
-                   rollout=env.get(C.ENV_ROLLOUT_IMAGE, C.DEFAULT_ROLLOUT_IMAGE),
-                   checkpoint_storage=env.get("RLSCALE_CHECKPOINT_STORAGE", ""),
-                   network_policy=env.get(C.ENV_NETWORK_POLICY, "true").lower() not in ("0", "false", "no"),
-                   metrics_from=tuple(n.strip() for n in env.get(C.ENV_METRICS_FROM, "monitoring").split(",")
-                                      if n.strip()))
 
 
 def child_name(run: str, suffix: str) -> str:
@@ -88,25 +78,26 @@ def labels(run: str, role: str) -> dict[str, str]:
     return {C.LABEL_RUN: run, C.LABEL_ROLE: role, C.LABEL_MANAGED_BY: C.MANAGED_BY}
 
 
-def plan_hash(plan: dict[str, Any]) -> str:
-    return hashlib.sha256(json.dumps(plan, sort_keys=True).encode()).hexdigest()[:12]
+def plan_hash(plan: Plan) -> str:
+    """The plan the workloads were built from (their annotation), as status.plan shows it."""
+    return hashlib.sha256(json.dumps(plan.to_dict(candidates=False), sort_keys=True).encode()).hexdigest()[:12]
 
 
-def desired_replicas(spec: RLRunSpec, plan: dict[str, Any], finished: bool = False,
+def desired_replicas(spec: RLRunSpec, plan: Plan | None, finished: bool = False,
                      admitted: dict[str, int] | None = None, draining: int | None = None) -> dict[str, int]:
     """Replicas by role: the plan's, zero while suspended, and zero (the Ray head too) once
     the run has ended, so its accelerators are free. `admitted` (a run queued in Kueue): the
     counts Kueue admitted by role, all zero until it has; no role runs more than that.
     `draining`: learner pods are still stopping, so the rollout replicas (this many) and the
     head stay until they are gone: rank 0's last step, and its checkpoint on SIGTERM, need
-    both (stopped together, the replicas could go first and the step never finish)."""
+    both (stopped together, the replicas could go first and the step never finish). `plan`
+    None: the Ray head's count alone is asked for."""
     if finished:
         return {C.ROLE_RAY_HEAD: 0, C.ROLE_ROLLOUT: 0, C.ROLE_LEARNER: 0}
-    if spec.suspend:
+    if spec.suspend or plan is None:
         out = {C.ROLE_RAY_HEAD: 1, C.ROLE_ROLLOUT: 0, C.ROLE_LEARNER: 0}
     else:
-        out = {C.ROLE_RAY_HEAD: 1, C.ROLE_ROLLOUT: int(plan["rolloutReplicas"]),
-               C.ROLE_LEARNER: int(plan["learnerReplicas"])}
+        out = {C.ROLE_RAY_HEAD: 1, C.ROLE_ROLLOUT: plan.rollout_replicas, C.ROLE_LEARNER: plan.learner_replicas}
     if admitted is not None:
         out = {role: min(n, int(admitted.get(role, 0))) for role, n in out.items()}
     if draining is not None and out[C.ROLE_LEARNER] == 0:
@@ -138,11 +129,13 @@ def report_dir(spec: RLRunSpec) -> str:
     return f"{spec.checkpoint.path.rstrip('/')}/{C.REPORT_DIR}"
 
 
-def run_config(run: RunRef, spec: RLRunSpec, plan: dict[str, Any]) -> RunConfig:
-    """The resolved run config every role reads from the mounted ConfigMap."""
+def run_config(run: RunRef, spec: RLRunSpec, plan: Plan) -> RunConfig:
+    """The resolved run config every role reads from the mounted ConfigMap. The plan goes without
+    its candidates, as status.plan keeps it: a fresh plan and the same plan read back from status
+    then write the same ConfigMap (no edit reaches the pods for nothing)."""
     n = names(run.name)
     return RunConfig(
-        run=run.name, namespace=run.namespace, spec=spec, plan=Plan.from_dict(plan),
+        run=run.name, namespace=run.namespace, spec=spec, plan=replace(plan, candidates=[]),
         ray_address=f"{n[C.ROLE_RAY_HEAD]}.{run.namespace}.svc:{C.RAY_GCS_PORT}",
         metrics_port=C.METRICS_PORT, checkpoint_dir=spec.checkpoint.path, report_dir=report_dir(spec),
         # The pods resolve the model inside the model volume (built or looked up there).
@@ -150,7 +143,7 @@ def run_config(run: RunRef, spec: RLRunSpec, plan: dict[str, Any]) -> RunConfig:
     )
 
 
-def build_configmap(run: RunRef, spec: RLRunSpec, plan: dict[str, Any]) -> dict[str, Any]:
+def build_configmap(run: RunRef, spec: RLRunSpec, plan: Plan) -> dict[str, Any]:
     return {
         "apiVersion": "v1", "kind": "ConfigMap",
         "metadata": _meta(run, names(run.name)[C.ROLE_CONFIG], C.ROLE_CONFIG),
@@ -357,8 +350,7 @@ def build_ray_head(run: RunRef, spec: RLRunSpec, images: Images, finished: bool 
         "apiVersion": "apps/v1", "kind": "Deployment",
         "metadata": _meta(run, n[C.ROLE_RAY_HEAD], C.ROLE_RAY_HEAD),
         "spec": {
-            "replicas": desired_replicas(spec, {"rolloutReplicas": 0, "learnerReplicas": 0}, finished,
-                                         admitted, draining)[C.ROLE_RAY_HEAD],
+            "replicas": desired_replicas(spec, None, finished, admitted, draining)[C.ROLE_RAY_HEAD],
             # Never two heads of one run: the old one goes before its replacement starts.
             "strategy": {"type": "Recreate"},
             "selector": {"matchLabels": {C.LABEL_RUN: run.name, C.LABEL_ROLE: C.ROLE_RAY_HEAD}},
@@ -376,7 +368,7 @@ def build_ray_head_service(run: RunRef) -> dict[str, Any]:
             "spec": {"selector": labels(run.name, C.ROLE_RAY_HEAD), "ports": ports}}
 
 
-def build_rollout_deployment(run: RunRef, spec: RLRunSpec, plan: dict[str, Any], images: Images,
+def build_rollout_deployment(run: RunRef, spec: RLRunSpec, plan: Plan, images: Images,
                              finished: bool = False, admitted: dict[str, int] | None = None,
                              draining: int | None = None) -> dict[str, Any]:
     """vLLM replicas; the count comes from the plan (zero while suspended or once ended)."""
@@ -403,12 +395,12 @@ def build_rollout_deployment(run: RunRef, spec: RLRunSpec, plan: dict[str, Any],
     }
 
 
-def build_learner_statefulset(run: RunRef, spec: RLRunSpec, plan: dict[str, Any], images: Images,
+def build_learner_statefulset(run: RunRef, spec: RLRunSpec, plan: Plan, images: Images,
                               finished: bool = False, admitted: dict[str, int] | None = None) -> dict[str, Any]:
     """DeepSpeed ranks: RANK from the pod ordinal, rank 0 is MASTER_ADDR, the driver and a Ray node."""
     n = names(run.name)
     gpu = spec.hardware.accelerator != "cpu"
-    world = int(plan["learnerReplicas"])
+    world = plan.learner_replicas
     master = f"{n[C.ROLE_LEARNER]}-0.{n[C.ROLE_LEARNER]}.{run.namespace}.svc"
     env = _env(run, spec, [
         {"name": "RANK", "valueFrom": {"fieldRef": {"fieldPath": f"metadata.labels['{C.LABEL_POD_INDEX}']"}}},
@@ -493,7 +485,7 @@ def build_runner_account(run: RunRef) -> list[dict[str, Any]]:
     ]
 
 
-def build_children(run: RunRef, spec: RLRunSpec, plan: dict[str, Any], images: Images | None = None,
+def build_children(run: RunRef, spec: RLRunSpec, plan: Plan, images: Images | None = None,
                    finished: bool = False, admitted: dict[str, int] | None = None,
                    draining: int | None = None) -> list[dict[str, Any]]:
     """Everything the run owns; the ConfigMap and the pods' account first (pods need both).
@@ -520,7 +512,7 @@ def build_children(run: RunRef, spec: RLRunSpec, plan: dict[str, Any], images: I
 POD_GROUP_TIMEOUT_S = 300
 
 
-def build_pod_group(run: RunRef, spec: RLRunSpec, plan: dict[str, Any]) -> dict[str, Any]:
+def build_pod_group(run: RunRef, spec: RLRunSpec, plan: Plan) -> dict[str, Any]:
     """The Coscheduling PodGroup every pod of the run belongs to (the label in
     _template_meta): minMember is the planned pod count, so the scheduler binds all of them or
     none, and a run never holds half its GPUs waiting for the rest."""
@@ -534,7 +526,7 @@ def build_pod_group(run: RunRef, spec: RLRunSpec, plan: dict[str, Any]) -> dict[
 QUEUED_ROLES = (C.ROLE_RAY_HEAD, C.ROLE_ROLLOUT, C.ROLE_LEARNER)
 
 
-def build_workload(run: RunRef, spec: RLRunSpec, plan: dict[str, Any],
+def build_workload(run: RunRef, spec: RLRunSpec, plan: Plan,
                    children: list[dict[str, Any]]) -> dict[str, Any]:
     """Kueue's Workload for a queued run (spec.scheduling.queueName): one pod set per role at
     the planned count, with the pod templates the operator runs, so Kueue admits the whole run

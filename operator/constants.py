@@ -98,15 +98,6 @@ RAY_CLIENT_PORT = 10001
 MASTER_PORT = 29500
 GPU_RESOURCE = "nvidia.com/gpu"
 
-# Images when the spec names none (the chart sets these through the environment).
-ENV_TRAINER_IMAGE = "RLSCALE_TRAINER_IMAGE"
-ENV_ROLLOUT_IMAGE = "RLSCALE_ROLLOUT_IMAGE"
-# The chart's networkPolicy values: a NetworkPolicy per run (true/false), and the namespaces
-# (comma-separated names) whose pods may scrape the runs' metrics port.
-ENV_NETWORK_POLICY = "RLSCALE_NETWORK_POLICY"
-ENV_METRICS_FROM = "RLSCALE_METRICS_FROM"
+# Images when the spec names none (the chart sets others: operator/settings.py).
 DEFAULT_TRAINER_IMAGE = "ghcr.io/rlscale/trainer:0.1.0"
 DEFAULT_ROLLOUT_IMAGE = "ghcr.io/rlscale/rollout:0.1.0"
-
-# Re-plan when measured throughput departs from the plan by more than this fraction.
-DRIFT_THRESHOLD = 0.20

@@ -3,33 +3,34 @@
 from __future__ import annotations
 
 import logging
-import os
 
 import kopf
 
 from rlscale.metrics_names import OPERATOR_METRICS_PORT
 
-from . import (
-    handlers,  # noqa: F401  (registers the handlers with kopf)
-    metrics,
-)
+from . import metrics
+from .handlers import Handlers
+from .kube import Kube
+from .reconcile import Controller
+from .settings import OperatorSettings
 
 
-def run(namespaces: list[str] | None = None, metrics_port: int = OPERATOR_METRICS_PORT) -> int:
+def run(namespaces: list[str] | None = None, metrics_port: int = OPERATOR_METRICS_PORT,
+        settings: OperatorSettings | None = None) -> int:
     """Serve /metrics, then reconcile RLRuns in the given namespaces (all when empty) until stopped."""
-    logging.basicConfig(level=os.environ.get("RLSCALE_LOG_LEVEL", "INFO"),
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    # kopf logs every handler call at INFO; at 100 runs that drowns what matters.
-    logging.getLogger("kopf").setLevel(os.environ.get("RLSCALE_KOPF_LOG_LEVEL", "WARNING"))
+    settings = settings or OperatorSettings.from_env()
+    logging.basicConfig(level=settings.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("kopf").setLevel(settings.kopf_log_level)
     # One access line per liveness probe (every 20 s in the chart) buries the operator's own.
     logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
-    bind = os.environ.get("RLSCALE_OPERATOR_BIND", "0.0.0.0")
-    metrics.serve(metrics_port, bind)
-    health = os.environ.get("RLSCALE_OPERATOR_HEALTH", "")  # e.g. http://0.0.0.0:8081/healthz
+    metrics.serve(metrics_port, settings.bind)
+    registry = kopf.OperatorRegistry()
+    Handlers(Controller(Kube(settings.kubeconfig), settings), settings).register(registry)
     kopf.run(
+        registry=registry,
         standalone=True,
         clusterwide=not namespaces,
         namespaces=namespaces or (),
-        liveness_endpoint=health or None,
+        liveness_endpoint=settings.health or None,
     )
     return 0

@@ -15,29 +15,32 @@ from typing import Any
 import kopf
 from kubernetes.client.exceptions import ApiException
 
+from rlscale.plan import Plan
+
 from . import builders as B
 from . import constants as C
-from . import kube
 from . import status as S
+from .kube import KubeAPI
 
 log = logging.getLogger("rlscale.operator")
 
 
-def sync_workload(run: B.RunRef, spec: Any, plan: dict[str, Any], images: B.Images,
-                  finished: bool) -> tuple[dict[str, int], tuple[bool, str, str]]:
+def sync_workload(api: KubeAPI, run: B.RunRef, spec: Any, plan: Plan, images: B.Images, finished: bool,
+                  pods: list[dict[str, Any]]) -> tuple[dict[str, int], tuple[bool, str, str]]:
     """Keep the run's Workload in step with its plan and spec, and return what Kueue has
-    admitted by role, with the RLRun's Admitted condition (status, reason, message)."""
+    admitted by role, with the RLRun's Admitted condition (status, reason, message). `pods`: the
+    run's pods as observed (an evicted run gives its reservation back once they are gone)."""
     zeros = dict.fromkeys(B.QUEUED_ROLES, 0)
     queue = spec.scheduling.queue_name
     want = B.build_workload(run, spec, plan, B.build_children(run, spec, plan, images))
-    have = kube.get(C.KUEUE_API, "Workload", run.namespace, want["metadata"]["name"])
+    have = api.get(C.KUEUE_API, "Workload", run.namespace, want["metadata"]["name"])
     if finished:
         if have is not None and not _true(have, "Finished"):
-            _set_conditions(have, [("Finished", True, "Succeeded", "the RLRun has ended")])
+            _set_conditions(api, have, [("Finished", True, "Succeeded", "the RLRun has ended")])
         return zeros, (False, "Finished", "the run has ended; its Workload is Finished")
     if have is None:
         try:
-            kube.apply(want)
+            api.apply(want)
         except ApiException as exc:
             if exc.status != 404:
                 raise
@@ -49,19 +52,19 @@ def sync_workload(run: B.RunRef, spec: Any, plan: dict[str, Any], images: B.Imag
     st = have.get("status") or {}
     if _true(have, "Evicted"):
         evicted = S.condition(st.get("conditions"), "Evicted")
-        if st.get("admission") and not [p for p in kube.list_pods(run.namespace, run.name)
+        if st.get("admission") and not [p for p in pods
                                         if p["metadata"]["labels"].get(C.LABEL_ROLE) in B.QUEUED_ROLES]:
-            _set_conditions(have, [("QuotaReserved", False, "Pending", evicted.get("message") or "evicted"),
+            _set_conditions(api, have, [("QuotaReserved", False, "Pending", evicted.get("message") or "evicted"),
                                    ("Admitted", False, "NoReservation", "the run's pods have stopped")],
                             release=True)
-        _set_active(have, not spec.suspend)
+        _set_active(api, have, not spec.suspend)
         return zeros, (False, "Evicted", f"Kueue evicted the run ({evicted.get('reason')}: "
                                          f"{evicted.get('message')}); it waits in LocalQueue {queue} again")
     if not st.get("admission"):
         if _spec_key(have) != _spec_key(want):
-            kube.apply(want)  # nothing reserved yet: the new plan's pod sets queue instead
+            api.apply(want)  # nothing reserved yet: the new plan's pod sets queue instead
         return zeros, (False, "Queued", f"waiting for Kueue to admit the run in LocalQueue {queue}")
-    _set_active(have, not spec.suspend)
+    _set_active(api, have, not spec.suspend)
     admitted = B.admitted_counts(have)
     if not any(admitted.values()):
         return zeros, (False, "QuotaReserved", "Kueue reserved quota; waiting for admission checks")
@@ -70,13 +73,13 @@ def sync_workload(run: B.RunRef, spec: Any, plan: dict[str, Any], images: B.Imag
                                         + ", ".join(f"{r} {n}" for r, n in admitted.items()))
 
 
-def out_of_step(namespace: str, name: str, status: dict[str, Any]) -> bool:
+def out_of_step(api: KubeAPI, namespace: str, name: str, status: dict[str, Any]) -> bool:
     """A queued run's status does not say what its Workload does: admitted or not, or evicted
     with its reservation still held (the operator gives it back)."""
     cond = S.condition(status.get("conditions"), C.COND_ADMITTED) or {}
     if S.finished(status) or cond.get("reason") == "KueueNotInstalled":
         return False  # nothing to do, or the condition already says what the cluster lacks
-    wl = kube.get(C.KUEUE_API, "Workload", namespace, B.names(name)[C.ROLE_QUEUE])
+    wl = api.get(C.KUEUE_API, "Workload", namespace, B.names(name)[C.ROLE_QUEUE])
     if wl is None:
         return True
     said = cond.get("status") == "True"
@@ -91,17 +94,18 @@ def _spec_key(wl: dict[str, Any]) -> tuple:
             json.dumps([(p["name"], p["count"], p.get("template")) for p in sp.get("podSets") or []], sort_keys=True))
 
 
-def _set_active(wl: dict[str, Any], active: bool) -> None:
+def _set_active(api: KubeAPI, wl: dict[str, Any], active: bool) -> None:
     """spec.active follows the run's suspend: an inactive Workload is evicted and not queued."""
     if bool((wl.get("spec") or {}).get("active", True)) != active:
-        kube.merge_patch(wl, {"spec": {"active": active}})
+        api.merge_patch(wl, {"spec": {"active": active}})
 
 
 def _true(wl: dict[str, Any], type_: str) -> bool:
     return S.is_true((wl.get("status") or {}).get("conditions"), type_)
 
 
-def _set_conditions(wl: dict[str, Any], changes: list[tuple[str, bool, str, str]], release: bool = False) -> None:
+def _set_conditions(api: KubeAPI, wl: dict[str, Any], changes: list[tuple[str, bool, str, str]],
+                    release: bool = False) -> None:
     """Set conditions on a Workload's status (and drop its admission when `release`), guarded by
     its resourceVersion: a Kueue write in between makes this a 409, and the next event retries."""
     conds = (wl.get("status") or {}).get("conditions")
@@ -111,7 +115,7 @@ def _set_conditions(wl: dict[str, Any], changes: list[tuple[str, bool, str, str]
     if release:
         patch["status"]["admission"] = None
     try:
-        kube.merge_patch(wl, patch, status=True)
+        api.merge_patch(wl, patch, status=True)
     except ApiException as exc:
         if exc.status != 409:
             raise

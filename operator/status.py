@@ -1,16 +1,19 @@
-"""Pure status logic: conditions, phase, progress and drift, from what the operator observed."""
+"""Pure status logic: conditions, phase, progress and the run's pods' health, and the one function that
+computes an RLRun's whole status from what a reconcile pass observed (compute_status)."""
 
 from __future__ import annotations
 
+import copy
 import datetime as dt
 import json
 from typing import Any
 
+from rlscale.plan.calibration import Calibration
 from rlscale.progress import fmt_duration  # one formatter for the CLI, the runner and status
 from rlscale.progress_report import ProgressReport
-from rlscale.records import finite
 
 from . import constants as C
+from .observed import Observed
 
 
 def now_iso() -> str:
@@ -67,18 +70,15 @@ def phase(conditions: list[dict[str, Any]] | None, suspended: bool) -> str:
 
 
 def readiness(role: str, desired: int, ready: int, generation: int | None,
-              conditions: list[dict[str, Any]] | None) -> list[dict[str, Any]]:
+              conditions: list[dict[str, Any]] | None, now: str | None = None) -> list[dict[str, Any]]:
     """Set RolloutReady or LearnersReady from the workload's desired and ready replicas."""
     type_ = C.COND_ROLLOUT_READY if role == C.ROLE_ROLLOUT else C.COND_LEARNERS_READY
     what = "rollout replicas" if role == C.ROLE_ROLLOUT else "learner ranks"
     if desired == 0:
-        return set_condition(conditions, type_, False, "ScaledToZero", f"0 {what} desired", generation)
+        return set_condition(conditions, type_, False, "ScaledToZero", f"0 {what} desired", generation, now)
     ok = ready >= desired
     return set_condition(conditions, type_, ok, "AllReady" if ok else "Waiting",
-                         f"{ready}/{desired} {what} ready", generation)
-
-
-PROGRESS_KEYS = ProgressReport.keys()
+                         f"{ready}/{desired} {what} ready", generation, now)
 
 
 def finished(status: dict[str, Any] | None) -> bool:
@@ -88,7 +88,7 @@ def finished(status: dict[str, Any] | None) -> bool:
 
 
 def outcome_conditions(conditions: list[dict[str, Any]] | None, progress: dict[str, Any], metric: str,
-                       target: float, generation: int | None) -> list[dict[str, Any]]:
+                       target: float, generation: int | None, now: str | None = None) -> list[dict[str, Any]]:
     """Succeeded or BudgetExhausted from the driver's last report, with the figures in words."""
     outcome = progress.get("outcome")
     if outcome not in C.OUTCOME_PHASES:
@@ -97,7 +97,8 @@ def outcome_conditions(conditions: list[dict[str, Any]] | None, progress: dict[s
     if outcome == C.COND_FAILED:
         msg = (f"the driver (learner rank 0) stopped at step {progress.get('step', 0)}: "
                f"{progress.get('message') or 'no message'}")
-        return set_condition(conditions, outcome, True, "DriverFailed", msg + "; workloads scaled to zero", generation)
+        return set_condition(conditions, outcome, True, "DriverFailed", msg + "; workloads scaled to zero",
+                             generation, now)
     if outcome == C.COND_SUCCEEDED:
         ttt = progress.get("timeToTargetSeconds")
         msg = (f"{metric} reached {progress.get('targetMetric')} (target {target}) after "
@@ -108,11 +109,12 @@ def outcome_conditions(conditions: list[dict[str, Any]] | None, progress: dict[s
                f"{progress.get('targetMetric')} (target {target})")
     if progress.get("report"):
         msg += f"; report in {progress['report']}"
-    return set_condition(conditions, outcome, True, outcome, msg + "; workloads scaled to zero", generation)
+    return set_condition(conditions, outcome, True, outcome, msg + "; workloads scaled to zero", generation, now)
 
 
 def parse_progress(raw: str | None) -> tuple[dict[str, Any] | None, str | None]:
-    """The learner's progress annotation -> (progress, error); unknown keys are dropped."""
+    """The learner's progress annotation -> (report in wire form, error); keys this version does not
+    know are dropped (ProgressReport.from_wire)."""
     if not raw:
         return None, None
     try:
@@ -122,8 +124,12 @@ def parse_progress(raw: str | None) -> tuple[dict[str, Any] | None, str | None]:
                       "the learner writes a JSON object such as {\"step\": 3, \"samples\": 384}")
     if not isinstance(data, dict):
         return None, f"metadata.annotations[{C.ANNOTATION_PROGRESS}]: {data!r} is not a JSON object"
-    # An older driver may have written NaN (Python's json reads it; the API server would not).
-    return finite({k: data[k] for k in PROGRESS_KEYS if k in data}), None
+    try:
+        report = ProgressReport.from_wire(data)
+    except TypeError as exc:
+        return None, f"metadata.annotations[{C.ANNOTATION_PROGRESS}]: {exc}"
+    # An older driver may have written NaN (Python's json reads it; the API server would not): to_wire drops it.
+    return report.to_wire(), None
 
 
 def progress_status(progress: dict[str, Any], plan: dict[str, Any], target_value: float,
@@ -147,24 +153,6 @@ def progress_status(progress: dict[str, Any], plan: dict[str, Any], target_value
     if sps > 0:
         out["etaSeconds"] = round(max(stt - samples, 0.0) / sps, 1)
         out["timeToTarget"] = "eta " + fmt_duration(out["etaSeconds"])
-    return out
-
-
-def drift(plan: dict[str, Any], measured_sps: float | None) -> float | None:
-    """Relative departure of measured throughput from the plan (0.25 = 25% off), or None."""
-    predicted = float((plan.get("predicted") or {}).get("samplesPerSecond") or 0)
-    if not measured_sps or predicted <= 0:
-        return None
-    return abs(float(measured_sps) - predicted) / predicted
-
-
-def plan_summary(plan: dict[str, Any]) -> dict[str, Any]:
-    """The plan as kept in status (the candidates list stays out: status stays small)."""
-    keep = ("prompts", "samplesPerPrompt", "learningRate", "rolloutReplicas", "learnerReplicas",
-            "predicted", "reason")
-    out = {k: plan[k] for k in keep if k in plan}
-    if "prompts" in plan and "samplesPerPrompt" in plan:
-        out["batch"] = f"{plan['prompts']}x{plan['samplesPerPrompt']}"
     return out
 
 
@@ -254,9 +242,25 @@ def last_exit(pods: list[dict[str, Any]], role: str) -> str:
     return best[1]
 
 
+def backoff_exceeded(pods: list[dict[str, Any]], backoff_limit: int) -> bool:
+    """Some role's container restarts have passed spec.failurePolicy.backoffLimit: the run has failed."""
+    return any(n > backoff_limit for n in restarts_by_role(pods).values())
+
+
+def pod_signature(pod: dict[str, Any]) -> str:
+    """What of one pod bears on the run's health: its problems and restarts. A pod event that leaves
+    this as it was changes no condition (the pod's handler skips the pass)."""
+    return json.dumps([pod_problems(pod), sum(restarts_by_role([pod]).values())], sort_keys=True)
+
+
+HEALTHY_POD = json.dumps([[], 0])
+
+
 def health_conditions(conditions: list[dict[str, Any]] | None, pods: list[dict[str, Any]], backoff_limit: int,
-                      generation: int | None) -> list[dict[str, Any]]:
-    """Degraded from the pods' current problems; Failed once a role's restarts pass the limit."""
+                      generation: int | None, now: str | None = None,
+                      driver_error: str | None = None) -> list[dict[str, Any]]:
+    """Degraded from the pods' current problems, else from the driver's error report (`driver_error`:
+    it stopped and its pod restarts); Failed once a role's restarts pass the limit."""
     problems = [p for pod in pods for p in pod_problems(pod)]
     restarts = restarts_by_role(pods)
     over = sorted(r for r, n in restarts.items() if n > backoff_limit)
@@ -266,15 +270,137 @@ def health_conditions(conditions: list[dict[str, Any]] | None, pods: list[dict[s
                f"spec.failurePolicy.backoffLimit ({backoff_limit})")
         why = last_exit(pods, role)
         conditions = set_condition(conditions, C.COND_FAILED, True, "BackoffLimitExceeded",
-                                   msg + (f"; last: {why}" if why else "") + "; workloads scaled to zero", generation)
-        if not problems:
+                                   msg + (f"; last: {why}" if why else "") + "; workloads scaled to zero",
+                                   generation, now)
+        if not problems and not driver_error:
             return conditions  # Degraded stays as the pods last showed it
     if problems:
         first = problems[0]
         more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
         return set_condition(conditions, C.COND_DEGRADED, True,
                              f"{first['role'].title().replace('-', '')}{first['reason']}",
-                             first["message"] + more, generation)
+                             first["message"] + more, generation, now)
+    if driver_error:
+        return set_condition(conditions, C.COND_DEGRADED, True, "DriverError",
+                             f"the driver (learner rank 0) stopped: {driver_error}; "
+                             "the pod restarts from the last checkpoint", generation, now)
     if condition(conditions, C.COND_DEGRADED) is not None or any(restarts.values()):
-        return set_condition(conditions, C.COND_DEGRADED, False, "Healthy", "no pod of the run is failing", generation)
+        return set_condition(conditions, C.COND_DEGRADED, False, "Healthy", "no pod of the run is failing",
+                             generation, now)
     return conditions or []
+
+
+# ---------------------------------------------------------------- the whole status of one pass
+
+
+def compute_status(o: Observed, now: str | None = None) -> dict[str, Any]:
+    """The RLRun's new status from one reconcile pass: the previous status moved on by what the pass
+    read (the progress report, the pods, the workloads) and did (the plan, the children it applied),
+    or by the refusal that stopped it. Pure: a pass that changed nothing gives the status it read, so
+    nothing is written. A pass stopped by an error moves on only what it observed (progress, health,
+    readiness seen before it applied anything); the plan part waits for a pass that completes."""
+    now = now or now_iso()
+    st = copy.deepcopy(o.status)
+    gen = o.generation
+    conds = st.get("conditions")
+    if o.retried:
+        conds = set_condition(conds, C.COND_FAILED, False, "SpecChanged",
+                              f"spec changed (generation {gen}): retrying", gen, now)
+        conds = set_condition(conds, C.COND_DEGRADED, False, "SpecChanged", "retrying", gen, now)
+    if o.refusal is not None:
+        reason, message = o.refusal
+        conds = set_condition(conds, C.COND_INVALID, True, reason, message, gen, now)
+        conds = set_condition(conds, C.COND_PLANNED, False, reason, "no plan for an invalid run", gen, now)
+        st.update(conditions=conds, observedGeneration=gen, phase=C.PHASE_FAILED)
+        return st
+    if o.spec is None:  # the pass stopped before it had read the spec
+        return st
+    if o.done:
+        conds = _fold_plan(st, o, conds, gen, now)
+    conds = _fold_report(st, o, conds, gen, now)
+    if not finished({"conditions": conds}) and not is_true(conds, C.COND_INVALID):
+        rep = o.report or {}
+        driver_error = (rep.get("message") or "no message") if rep.get("failed") and \
+            rep.get("outcome") != C.COND_FAILED else None
+        conds = health_conditions(conds, o.pods, o.spec.failure_policy.backoff_limit, gen, now, driver_error)
+    conds = _fold_readiness(st, o, conds, gen, now)
+    if conds:
+        st["conditions"] = conds
+        st["phase"] = phase(conds, o.spec.suspend)
+    return st
+
+
+def _fold_plan(st: dict[str, Any], o: Observed, conds: list[dict[str, Any]] | None, gen: int,
+               now: str) -> list[dict[str, Any]]:
+    """The plan the children were built from, why, and the re-planner's gate and calibration."""
+    assert o.plan is not None and o.spec is not None
+    if o.admission is not None:
+        conds = set_condition(conds, C.COND_ADMITTED, *o.admission, gen, now)
+    conds = set_condition(conds, C.COND_INVALID, False, "Valid", "spec and plan are valid", gen, now)
+    before = condition(conds, C.COND_PLANNED) or {}
+    if o.planned:
+        reason = "PlannedReplan" if o.planned == "replan" else f"Planned{o.planned.capitalize()}"
+    else:  # the plan in status, kept (perhaps predicted anew): still planned for the same reason
+        reason = before["reason"] if before.get("status") == "True" else f"Planned{o.trigger.capitalize()}"
+    conds = set_condition(conds, C.COND_PLANNED, True, reason, o.plan.reason, gen, now)
+    suspend = o.spec.suspend
+    conds = set_condition(conds, C.COND_SUSPENDED, suspend, "SuspendRequested" if suspend else "Active",
+                          "rollout and learners scaled to zero; config and checkpoints kept"
+                          if suspend else "not suspended", gen, now)
+    st["plan"] = o.plan.to_dict(candidates=False)
+    if o.replan is not None:
+        said = o.replan_message or (st.get("replan") or {}).get("message")
+        st["replan"] = {**o.replan.to_dict(), **({"message": said} if said else {})}
+    # What a switching re-plan calibrated from; older operators kept other figures here (a
+    # throughput-drift record), which go.
+    cal = Calibration.from_dict(o.calibration if o.calibration is not None else st.get("calibration"))
+    if cal is None:
+        st.pop("calibration", None)
+    else:
+        st["calibration"] = cal.to_dict()
+    st["observedGeneration"] = gen
+    return conds
+
+
+def _fold_report(st: dict[str, Any], o: Observed, conds: list[dict[str, Any]] | None, gen: int,
+                 now: str) -> list[dict[str, Any]] | None:
+    """status.progress, TargetReached and the outcome from the driver's report (its measurements are
+    the re-planner's input, not progress)."""
+    if o.report is None:
+        return conds
+    assert o.spec is not None
+    rep = {k: v for k, v in o.report.items() if k != "measurements"}
+    target = o.spec.target
+    # A failure report may carry no figures: the last step's stay.
+    merged = {**(st.get("progress") or {}), **rep} if rep.get("failed") else rep
+    st["progress"] = progress_status(merged, st.get("plan") or {}, target.value, o.spec.budget.max_samples)
+    if rep.get("targetReached"):
+        conds = set_condition(conds, C.COND_TARGET_REACHED, True, "TargetReached",
+                              f"{target.metric} reached {rep.get('targetMetric')} (target {target.value})", gen, now)
+    elif rep.get("targetMetric") is not None:
+        conds = set_condition(conds, C.COND_TARGET_REACHED, False, "Training",
+                              f"{target.metric} = {rep.get('targetMetric')} (target {target.value})", gen, now)
+    return outcome_conditions(conds, rep, target.metric, target.value, gen, now)
+
+
+def _fold_readiness(st: dict[str, Any], o: Observed, conds: list[dict[str, Any]] | None, gen: int,
+                    now: str) -> list[dict[str, Any]] | None:
+    """RolloutReady and LearnersReady, status.replicas: desired as this pass applied them (else as the
+    workload has them), ready as the workload reports."""
+    seen = st.get("replicas") or {}
+    for role in (C.ROLE_ROLLOUT, C.ROLE_LEARNER):
+        # What this pass applied counts once the pass completed; an interrupted one shows what it found.
+        w = o.workload(role) if o.done else o.workloads.get(role)
+        if o.desired is not None and o.done:
+            desired = o.desired[role]
+        elif w is not None:
+            desired = int((w.get("spec") or {}).get("replicas") or 0)
+        elif role in seen:
+            desired = int(seen[role].get("desired") or 0)
+        else:
+            continue
+        ready = int(((w or {}).get("status") or {}).get("readyReplicas") or 0) if w is not None \
+            else int((seen.get(role) or {}).get("ready") or 0)
+        conds = readiness(role, desired, ready, gen, conds, now)
+        st.setdefault("replicas", {})[role] = {"desired": desired, "ready": ready}
+    return conds

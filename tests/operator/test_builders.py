@@ -2,21 +2,24 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
 
 from rlscale.operator import builders as B
 from rlscale.operator import constants as C
+from rlscale.operator import settings as OS
+from rlscale.plan import Plan
 from rlscale.runconfig import RUNCONFIG_KIND
 from rlscale.spec import parse_spec
 
 RUN = B.RunRef(name="grpo-7b", namespace="team-a", uid="0000-1111")
-PLAN = {"prompts": 32, "samplesPerPrompt": 8, "learningRate": 2e-5, "rolloutReplicas": 3,
+PLAN = Plan.from_dict({"prompts": 32, "samplesPerPrompt": 8, "learningRate": 2e-5, "rolloutReplicas": 3,
         "learnerReplicas": 2, "predicted": {"samplesPerSecond": 120.0, "stepSeconds": 2.1, "timeToTargetSeconds": 900.0,
                                             "samplesToTarget": 108_000.0,
                                             "phases": {"generate": 1.0, "reward": 0.01, "train": 1.0, "sync": 0.09}},
-        "reason": "N=256 wins"}
+        "reason": "N=256 wins"})
 
 
 def spec(**over):
@@ -196,9 +199,11 @@ def test_configmap_holds_the_resolved_run_config():
     cm = B.build_configmap(RUN, spec(), PLAN)
     cfg = json.loads(cm["data"][C.CONFIG_KEY])
     assert cfg["kind"] == RUNCONFIG_KIND and cfg["run"] == "grpo-7b" and cfg["namespace"] == "team-a"
-    from rlscale.plan import Plan
-
-    assert Plan.from_dict(cfg["plan"]) == Plan.from_dict(PLAN)  # the plan, whole, as the roles read it back
+    assert Plan.from_dict(cfg["plan"]) == PLAN  # the plan, whole, as the roles read it back
+    # Without its candidates, as status.plan keeps it: a fresh plan and the same plan read back from
+    # status write the same ConfigMap.
+    with_candidates = dataclasses.replace(PLAN, candidates=[c for c in _fresh_plan().candidates])
+    assert with_candidates.candidates and B.build_configmap(RUN, spec(), with_candidates) == cm
     assert cfg["spec"]["learner"]["gpusPerReplica"] == 2  # camelCase, as in the RLRun
     assert cfg["ray_address"] == "grpo-7b-ray-head.team-a.svc:6379"
 
@@ -206,9 +211,9 @@ def test_configmap_holds_the_resolved_run_config():
 def test_builders_are_pure_and_deterministic():
     s = spec()
     a = json.dumps(B.build_children(RUN, s, PLAN), sort_keys=True)
-    b = json.dumps(B.build_children(RUN, s, dict(PLAN)), sort_keys=True)
+    b = json.dumps(B.build_children(RUN, s, Plan.from_dict(PLAN.to_dict())), sort_keys=True)
     assert a == b
-    changed = dict(PLAN, rolloutReplicas=4)
+    changed = dataclasses.replace(PLAN, rollout_replicas=4)
     assert B.plan_hash(changed) != B.plan_hash(PLAN)
 
 
@@ -231,7 +236,7 @@ def test_checkpoint_storage_uses_claims_that_survive_scale_to_zero():
 
 
 def test_images_default_from_the_environment_and_spec_wins():
-    imgs = B.Images.from_env({C.ENV_TRAINER_IMAGE: "reg/t:1", C.ENV_ROLLOUT_IMAGE: "reg/r:1"})
+    imgs = OS.OperatorSettings.from_env({OS.ENV_TRAINER_IMAGE: "reg/t:1", OS.ENV_ROLLOUT_IMAGE: "reg/r:1"}).children
     kids = by_kind(B.build_children(RUN, spec(rollout={"gpusPerReplica": 1, "image": "mine/vllm:2"}), PLAN, imgs))
     assert (kids[("Deployment", "grpo-7b-rollout")]["spec"]["template"]["spec"]["containers"][0]["image"]
             == "mine/vllm:2")
@@ -302,7 +307,7 @@ def test_network_policy_admits_the_runs_own_pods_and_metrics_from_monitoring_onl
     assert sel["namespaceSelector"]["matchExpressions"][0]["values"] == ["monitoring", "obs"]
     assert not [m for m in B.build_children(RUN, spec(), PLAN, B.Images(network_policy=False))
                 if m["kind"] == "NetworkPolicy"]
-    env = B.Images.from_env({C.ENV_NETWORK_POLICY: "false", C.ENV_METRICS_FROM: "prom, grafana"})
+    env = OS.OperatorSettings.from_env({OS.ENV_NETWORK_POLICY: "false", OS.ENV_METRICS_FROM: "prom, grafana"}).children
     assert env.network_policy is False and env.metrics_from == ("prom", "grafana")
 
 
@@ -403,3 +408,9 @@ def test_learner_grace_period_grows_with_the_checkpoint_a_rank_writes():
     sts = next(m for m in B.build_children(RUN, spec(model={"path": "Qwen/Qwen2.5-7B"}), PLAN)
                if m["kind"] == "StatefulSet")
     assert sts["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] == big
+
+
+def _fresh_plan() -> Plan:
+    from rlscale.plan import make_plan
+
+    return make_plan(spec())

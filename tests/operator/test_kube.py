@@ -29,5 +29,12 @@ def test_every_built_child_has_a_path():
     from rlscale.spec import parse_spec
 
     spec = parse_spec({"hardware": {"accelerator": "cpu"}})
-    for m in B.build_children(B.RunRef("r", "ns", "u"), spec, make_plan(spec).to_dict()):
+    for m in B.build_children(B.RunRef("r", "ns", "u"), spec, make_plan(spec)):
         assert kube.object_path(m["apiVersion"], m["kind"], "ns", m["metadata"]["name"])
+
+
+def test_a_status_write_removes_what_the_new_status_leaves_out_at_any_depth():
+    old = {"phase": "Running", "progress": {"step": 3, "message": "replica died"}, "drift": 0.3}
+    new = {"phase": "Running", "progress": {"step": 4}}
+    assert kube.status_patch(old, new) == {"phase": "Running", "progress": {"step": 4, "message": None},
+                                           "drift": None}

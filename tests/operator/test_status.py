@@ -1,4 +1,4 @@
-"""Unit tests of the pure status logic: conditions, phase, progress, drift."""
+"""Unit tests of the pure status logic: conditions, phase, progress, the pods' health."""
 
 from __future__ import annotations
 
@@ -53,8 +53,11 @@ def test_progress_parse_rejects_garbage_with_the_field_named():
     assert S.parse_progress(None) == (None, None)
     p, err = S.parse_progress("{not json")
     assert p is None and C.ANNOTATION_PROGRESS in err
-    p, err = S.parse_progress('{"step": 3, "samples": 384, "bogus": 1}')
-    assert err is None and p == {"step": 3, "samples": 384}
+    p, err = S.parse_progress('{"step": 3, "samples": 384, "bogus": 1, "outcome": "Exploded"}')
+    assert err is None and p["step"] == 3 and p["samples"] == 384
+    assert "bogus" not in p and "outcome" not in p  # unknown keys, and an outcome no version sends
+    p, _ = S.parse_progress('{"step": 3, "reward": NaN}')
+    assert "reward" not in p  # the API server would refuse a NaN in status
 
 
 def test_eta_from_planned_samples_to_target():
@@ -63,17 +66,6 @@ def test_eta_from_planned_samples_to_target():
     assert out["etaSeconds"] == 600.0 and out["timeToTarget"] == "eta 10m00s"
     done = S.progress_status({"targetReached": True, "elapsedSeconds": 252}, PLAN, 0.8, 200000)
     assert done["timeToTarget"] == "4m12s" and done["etaSeconds"] == 0
-
-
-def test_drift_is_relative_to_the_plan():
-    assert S.drift(PLAN, 100.0) == 0
-    assert abs(S.drift(PLAN, 70.0) - 0.3) < 1e-9
-    assert S.drift(PLAN, None) is None and S.drift({}, 50.0) is None
-
-
-def test_plan_summary_drops_candidates_and_adds_the_batch_column():
-    s = S.plan_summary(PLAN)
-    assert "candidates" not in s and s["batch"] == "16x8" and s["rolloutReplicas"] == 2
 
 
 def test_the_last_report_ends_the_run_with_its_outcome_and_figures():
@@ -190,19 +182,18 @@ def test_a_progress_report_is_folded_into_status_unless_it_is_stale():
 
     import yaml
 
-    from rlscale.operator.handlers import _fold_progress
+    from rlscale.operator.observed import Observed
     from rlscale.spec import parse_spec
     from tests.conftest import EXAMPLES
 
     spec = parse_spec(yaml.safe_load((EXAMPLES / "quickstart-k8s.yaml").read_text())["spec"])
     prog = {"step": 40, "samples": 5120, "targetMetric": 0.49, "targetReached": True, "elapsedSeconds": 39.0,
-            "samplesPerSecond": 130.0}
-    raw = json.dumps(prog)
-    rl = {"metadata": {"generation": 3, "annotations": {C.ANNOTATION_PROGRESS: raw}}}
-    st = _fold_progress(rl, {"plan": {"prompts": 16, "samplesPerPrompt": 8}}, raw, prog, spec)
-    assert st["progress"]["step"] == 40
+            "samplesPerSecond": 130.0, "measurements": {"step": 40}}
+    rl = {"metadata": {"generation": 3, "annotations": {C.ANNOTATION_PROGRESS: json.dumps(prog)}},
+          "status": {"plan": {"prompts": 16, "samplesPerPrompt": 8}}}
+    st = S.compute_status(Observed(rl, "progress", [], {}, spec=spec, report=prog), now="t")
+    assert st["progress"]["step"] == 40 and "measurements" not in st["progress"]  # the re-planner's input
     reached = {c["type"]: c for c in st["conditions"]}[C.COND_TARGET_REACHED]
     assert reached["status"] == "True" and "0.49" in reached["message"] and reached["observedGeneration"] == 3
-    # A retry removed the report meanwhile (the annotation differs): nothing to write.
-    stale = {"metadata": {"generation": 3, "annotations": {}}}
-    assert _fold_progress(stale, {}, raw, prog, spec) is None
+    # A pass that has no current report (a stale one dropped) leaves progress as it was.
+    assert S.compute_status(Observed(rl, "progress", [], {}, spec=spec), now="t") == rl["status"]

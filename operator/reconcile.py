@@ -1,0 +1,328 @@
+"""One reconcile pass over one RLRun, whatever started it: an ordered chain of steps that reads the run
+and decides what should exist (spec, retry, progress, plan and re-plan, token, queue, children) and
+applies it, then the one status function (status.compute_status) over what the pass observed, then one
+status write if it changed, guarded by the RLRun's resourceVersion (a conflict runs the pass again on
+the RLRun as it is now). Every kopf handler (operator/handlers.py) funnels into Controller.reconcile."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from collections.abc import MutableMapping
+from typing import Any
+
+from kubernetes.client.exceptions import ApiException
+
+from rlscale.plan import Plan
+from rlscale.plan.replan import Measurements, ReplanState, replan
+from rlscale.spec import SpecError, parse_spec
+
+from . import builders as B
+from . import constants as C
+from . import metrics as M
+from . import queueing as Q
+from . import status as S
+from .kube import KubeAPI, NamespaceTerminating, get_rlrun
+from .observed import ApiObserver, Observed, Observer
+from .planning import PlanError, plan_for
+from .settings import OperatorSettings
+
+log = logging.getLogger("rlscale.operator")
+
+# Triggers that (re)apply every child: the spec was created, changed or seen at start-up, a child
+# vanished, Kueue's admission changed, or a stopping run's learner pods are gone. Other passes (the
+# progress timer, pod and workload events) apply only when what the children are built from moved.
+APPLY_TRIGGERS = frozenset({"create", "update", "resume", "repair", "queue", "drain"})
+WRITE_ATTEMPTS = 8  # passes against a conflicting status write before giving up to kopf's retry
+TOKEN_MEMO = "ray_token"  # in the RLRun's kopf memo: its Ray token Secret exists
+
+
+class Controller:
+    """The reconcile logic, over a KubeAPI (the API server, or the tests' in-memory fake)."""
+
+    def __init__(self, api: KubeAPI, settings: OperatorSettings):
+        self.api = api
+        self.settings = settings
+
+    def reconcile(self, namespace: str, name: str, trigger: str, *, body: dict[str, Any] | None = None,
+                  observer: Observer | None = None,
+                  memo: MutableMapping[str, Any] | None = None) -> Observed | None:
+        """One pass; returns it, or None when the run is gone or going. `body`: the RLRun as the
+        caller already has it (kopf's), read afresh otherwise. `memo`: the RLRun's kopf memo, when the
+        caller is one of its handlers. A step's error is raised once status has taken in what the pass
+        observed.
+
+        A status write that meets a newer RLRun (409) is made again on it: the status alone computed
+        anew when what the steps decided from does not differ (another pass wrote readiness, say),
+        else the whole pass again."""
+        t0 = time.monotonic()
+        observer = observer or ApiObserver(self.api)
+        o: Observed | None = None
+        try:
+            for attempt in range(WRITE_ATTEMPTS):
+                rlrun = body if attempt == 0 and body is not None else get_rlrun(self.api, namespace, name)
+                if rlrun is None or rlrun["metadata"].get("deletionTimestamp"):
+                    return None
+                if o is not None and _decided_from(o.rlrun) == _decided_from(rlrun):
+                    o = dataclasses.replace(o, rlrun=rlrun)
+                else:
+                    o = self.run_pass(rlrun, trigger, observer, memo)
+                try:
+                    new = self._write(o)
+                except ApiException as exc:
+                    if exc.status == 409 and attempt + 1 < WRITE_ATTEMPTS:
+                        time.sleep(0.05 * (attempt + 1))
+                        continue
+                    if exc.status == 404:
+                        return None
+                    raise
+                self._after(o, new)
+                if o.error is not None:
+                    raise o.error
+                M.RECONCILES.labels("invalid" if o.refusal else "ok").inc()
+                return o
+            return None
+        except NamespaceTerminating:
+            # The run goes with its namespace; retrying would only fail again.
+            M.RECONCILES.labels("skipped").inc()
+            return None
+        except Exception as exc:
+            M.RECONCILES.labels("error").inc()
+            M.ERRORS.labels(type(exc).__name__).inc()
+            raise
+        finally:
+            M.RECONCILE_SECONDS.observe(time.monotonic() - t0)
+
+    def run_pass(self, rlrun: dict[str, Any], trigger: str, observer: Observer,
+                 memo: MutableMapping[str, Any] | None = None) -> Observed:
+        """The chain of steps over one RLRun; each fills in the Observed, a refusal ends it."""
+        meta = rlrun["metadata"]
+        o = Observed(rlrun=rlrun, trigger=trigger, pods=observer.pods(meta["namespace"], meta["name"]),
+                     workloads=observer.workloads(meta["namespace"], meta["name"]))
+        steps = (self._spec, self._retry, self._report, self._plan, self._replan, self._decide_apply,
+                 lambda o: self._token(o, memo), self._queue, self._children)
+        try:
+            for step in steps:
+                step(o)
+                if o.refusal is not None:
+                    return o
+            o.done = True
+        except NamespaceTerminating:
+            raise
+        except Exception as exc:  # status still takes in what was observed; then it is raised
+            o.error = exc
+        return o
+
+    # ------------------------------------------------------------ the steps, in order
+
+    def _spec(self, o: Observed) -> None:
+        try:
+            o.spec = parse_spec(o.rlrun.get("spec") or {})
+        except SpecError as exc:
+            o.refusal = ("SpecInvalid", str(exc))
+
+    def _retry(self, o: Observed) -> None:
+        """A Failed run whose spec changed since it failed gets another go (a fixed reward, a new image)."""
+        failed = S.condition(o.status.get("conditions"), C.COND_FAILED)
+        if not failed or failed.get("status") != "True" or int(failed.get("observedGeneration") or 0) >= o.generation:
+            return
+        # The failed driver's last report would fail the retried run again.
+        self.api.remove_annotation(o.namespace, o.name, C.ANNOTATION_PROGRESS)
+        (o.rlrun["metadata"].get("annotations") or {}).pop(C.ANNOTATION_PROGRESS, None)
+        o.retried = True
+
+    def _report(self, o: Observed) -> None:
+        """The driver's progress report; whether the run has ended (before, by the report, or by its
+        pods' restarts past the backoff limit)."""
+        assert o.spec is not None
+        raw = (o.rlrun["metadata"].get("annotations") or {}).get(C.ANNOTATION_PROGRESS)
+        report, err = S.parse_progress(raw)
+        if err:
+            log.warning("%s/%s: %s", o.namespace, o.name, err)
+        ended_before = S.finished(o.status) and not o.retried
+        # A failure report from before the run ended changes nothing.
+        o.report = None if report and ended_before and report.get("failed") else report
+        o.finished = (ended_before or (o.report or {}).get("outcome") in C.OUTCOME_PHASES
+                      or (not S.is_true(o.status.get("conditions"), C.COND_INVALID)
+                          and S.backoff_exceeded(o.pods, o.spec.failure_policy.backoff_limit)))
+
+    def _plan(self, o: Observed) -> None:
+        """The plan in status, unless the spec changed since it was made (or there is none): then a
+        new one, calibrated from status.calibration, with the run's learner count kept."""
+        assert o.spec is not None
+        st = o.status
+        old = st.get("plan") or {}
+        planned = S.condition(st.get("conditions"), C.COND_PLANNED) or {}
+        # Planned is True at the generation its plan was made or kept for (False once refused).
+        if old and planned.get("status") == "True" and planned.get("observedGeneration") == o.generation:
+            try:
+                o.plan = Plan.from_dict(old)
+                return
+            except (KeyError, TypeError, ValueError) as exc:  # a status no version of this code wrote
+                log.warning("%s/%s: status.plan unreadable (%s); planning anew", o.namespace, o.name, exc)
+        try:
+            o.plan = plan_for(o.spec, st.get("calibration"), learners=old.get("learnerReplicas"))
+        except PlanError as exc:
+            o.refusal = ("PlanFailed", str(exc))
+            return
+        o.planned = o.trigger
+        if st.get("replan"):  # a proposal made for the old spec does not count for the new one
+            o.replan = ReplanState(ReplanState.from_dict(st["replan"]).last_step)
+
+    def _replan(self, o: Observed) -> None:
+        """rlscale.plan.replan on the report's measurements, as the driver runs it on one machine."""
+        rep = o.report or {}
+        assert o.spec is not None and o.plan is not None
+        if (o.finished or o.spec.suspend or not rep.get("measurements") or rep.get("failed")
+                or rep.get("targetReached")):
+            return
+        try:
+            m = Measurements.from_dict(rep["measurements"])
+        except (KeyError, TypeError, ValueError) as exc:
+            log.warning("%s/%s: progress measurements unreadable: %s", o.namespace, o.name, exc)
+            return
+        d = replan(o.spec, o.plan, m, o.replan or ReplanState.from_dict(o.status.get("replan")))
+        if d is None:
+            return
+        o.plan, o.replan, o.replan_message = d.plan, d.state, d.message
+        if d.switched:
+            o.planned = "replan"
+            o.calibration = m.calibration.to_dict()
+
+    def _decide_apply(self, o: Observed) -> None:
+        """Whether this pass applies the children: asked by its trigger, or what they are built from
+        moved (the plan, the end of the run), or the workloads do not show the plan or the end."""
+        assert o.plan is not None and o.spec is not None
+        o.apply = (o.trigger in APPLY_TRIGGERS or o.status.get("plan") != o.plan.to_dict(candidates=False)
+                   or o.finished != S.finished(o.status) or self._out_of_step(o))
+
+    def _out_of_step(self, o: Observed) -> bool:
+        assert o.plan is not None and o.spec is not None
+        want = B.plan_hash(o.plan)
+        for role in (C.ROLE_ROLLOUT, C.ROLE_LEARNER):
+            w = o.workloads.get(role)
+            if w is None or (w["metadata"].get("annotations") or {}).get(C.ANNOTATION_PLAN_HASH) != want:
+                return True
+        if o.finished and any(int((w.get("spec") or {}).get("replicas") or 0) for w in o.workloads.values()):
+            return True
+        # A queued run not running what Kueue admitted: Workload events cover it when Kueue's CRDs were
+        # there at the operator's start, the progress timer covers the rest.
+        return (o.trigger == "progress" and bool(o.spec.scheduling.queue_name)
+                and Q.out_of_step(self.api, o.namespace, o.name, o.status))
+
+    def _token(self, o: Observed, memo: MutableMapping[str, Any] | None) -> None:
+        """Create the run's Ray token Secret once; an existing one is kept (its pods hold it). The
+        RLRun's memo remembers it; a pass from a child's event has no such memo and asks again (409)."""
+        if not o.apply or (memo is not None and memo.get(TOKEN_MEMO)):
+            return
+        if self.api.create_if_absent(B.build_ray_token_secret(o.run_ref(), B.new_ray_token())):
+            log.info("%s/%s: created the run's Ray token Secret", o.namespace, o.name)
+        if memo is not None:
+            memo[TOKEN_MEMO] = True
+
+    def _queue(self, o: Observed) -> None:
+        """A queued run waits for Kueue to admit it whole; until then, and after an eviction, its
+        workloads stay at zero (the ConfigMap, Services and checkpoints stay)."""
+        assert o.spec is not None and o.plan is not None
+        if o.apply and o.spec.scheduling.queue_name:
+            o.admitted, o.admission = Q.sync_workload(self.api, o.run_ref(), o.spec, o.plan,
+                                                      self.settings.children, o.finished, o.pods)
+
+    def _children(self, o: Observed) -> None:
+        """Server-side apply of every child (an unchanged one is not written)."""
+        assert o.spec is not None and o.plan is not None
+        if not o.apply:
+            return
+        run, spec = o.run_ref(), o.spec
+        draining = None if o.finished else self._draining(o, B.desired_replicas(spec, o.plan, False, o.admitted))
+        for manifest in B.build_children(run, spec, o.plan, self.settings.children, finished=o.finished,
+                                         admitted=o.admitted, draining=draining):
+            try:
+                applied = self.api.apply(manifest)
+            except ApiException as exc:
+                if exc.status != 404 or manifest["kind"] != "PodGroup":
+                    raise
+                o.refusal = ("PodGroupUnavailable",
+                             f"spec.scheduling.podGroup is true, but this cluster serves no {C.POD_GROUP_API} "
+                             "PodGroups: install scheduler-plugins' Coscheduling (its PodGroup CRD and a scheduler "
+                             "that runs the plugin), or set podGroup to false")
+                return
+            if manifest["kind"] in ("Deployment", "StatefulSet"):
+                o.applied[manifest["metadata"]["labels"][C.LABEL_ROLE]] = applied
+            if self.settings.step_delay:
+                time.sleep(self.settings.step_delay)
+        o.desired = B.desired_replicas(spec, o.plan, o.finished, o.admitted, draining)
+
+    def _draining(self, o: Observed, desired: dict[str, int]) -> int | None:
+        """The rollout replicas to keep while the learners are told to stop (suspend, eviction) and
+        some learner pod is still there; None when there is nothing to wait for."""
+        if desired[C.ROLE_LEARNER] > 0:
+            return None
+        if not any(p["metadata"]["labels"].get(C.LABEL_ROLE) == C.ROLE_LEARNER for p in o.pods):
+            return None
+        return int(((o.workloads.get(C.ROLE_ROLLOUT) or {}).get("spec") or {}).get("replicas") or 0)
+
+    # ------------------------------------------------------------ the write, and what follows it
+
+    def _write(self, o: Observed) -> dict[str, Any] | None:
+        """The status the pass computed, written if it changed; None when nothing was written."""
+        new = S.compute_status(o)
+        if new == o.status:
+            return None
+        self.api.update_status(o.rlrun, new)
+        return new
+
+    def _after(self, o: Observed, new: dict[str, Any] | None) -> None:
+        """Events and metrics for what the written status says that the previous one did not."""
+        if new is not None:
+            before, after = o.status.get("conditions"), new.get("conditions")
+            self._announce(o, before, after)
+            if S.finished(new) and not S.finished(o.status):
+                log.info("%s/%s: the run has ended; its workloads go to zero", o.namespace, o.name)
+        if o.planned == "replan" and new is not None:  # once: a pass that lost its write made it again
+            log.info("%s/%s: %s", o.namespace, o.name, o.replan_message)
+            M.REPLANS.labels("replan").inc()
+        if o.done and o.plan is not None:
+            _record_metrics(o.namespace, o.name, o.plan, new if new is not None else o.status)
+
+    def _announce(self, o: Observed, before: Any, after: Any) -> None:
+        degraded, was = S.condition(after, C.COND_DEGRADED) or {}, S.condition(before, C.COND_DEGRADED) or {}
+        if degraded.get("status") == "True" and (was.get("status"), was.get("reason")) != ("True", degraded["reason"]):
+            log.warning("%s/%s degraded: %s", o.namespace, o.name, degraded["message"])
+            self._event(o.rlrun, "Warning", degraded["reason"], degraded["message"])
+        failed = S.condition(after, C.COND_FAILED) or {}
+        if (failed.get("status") == "True" and failed.get("reason") == "BackoffLimitExceeded"
+                and not S.is_true(before, C.COND_FAILED)):
+            log.warning("%s/%s failed: %s", o.namespace, o.name, failed["message"])
+            self._event(o.rlrun, "Warning", "BackoffLimitExceeded", failed["message"])
+
+    def _event(self, rlrun: dict[str, Any], type_: str, reason: str, message: str) -> None:
+        try:
+            self.api.post_event(rlrun, type_, reason, message)
+        except Exception as exc:  # an event is a courtesy; the condition already says it
+            log.warning("posting event %s failed: %s", reason, exc)
+
+
+# Conditions a pass's steps read from the previous status (besides its plan, gate and calibration).
+_DECIDING_CONDITIONS = (C.COND_PLANNED, C.COND_INVALID, C.COND_FAILED, C.COND_SUCCEEDED, C.COND_BUDGET_EXHAUSTED,
+                        C.COND_ADMITTED)
+
+
+def _decided_from(rlrun: dict[str, Any]) -> tuple:
+    """What of an RLRun a pass's steps decide from: its spec (generation), the driver's report, and
+    the parts of status that say which plan holds, whether the run has ended and what Kueue admitted.
+    Readiness, health and progress, which every pass computes anew, are not among them."""
+    meta, st = rlrun["metadata"], rlrun.get("status") or {}
+    conds = [(c.get("type"), c.get("status"), c.get("reason"), c.get("observedGeneration"))
+             for c in st.get("conditions") or [] if c.get("type") in _DECIDING_CONDITIONS]
+    return (meta.get("generation"), (meta.get("annotations") or {}).get(C.ANNOTATION_PROGRESS),
+            st.get("plan"), st.get("replan"), st.get("calibration"), st.get("observedGeneration"), conds)
+
+
+def _record_metrics(namespace: str, name: str, plan: Plan, status: dict[str, Any]) -> None:
+    M.PLANNED_BATCH.labels(namespace, name).set(plan.batch)
+    M.PREDICTED_TTT.labels(namespace, name).set(plan.predicted.time_to_target_seconds)
+    for role, r in (status.get("replicas") or {}).items():
+        M.REPLICAS.labels(namespace, name, role, "desired").set(int(r.get("desired") or 0))
+        M.REPLICAS.labels(namespace, name, role, "ready").set(int(r.get("ready") or 0))

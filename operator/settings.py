@@ -1,0 +1,73 @@
+"""The operator's settings: read once from the environment (the chart's Deployment sets it) and passed
+down, so no module reads the environment on import or in a handler."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from .builders import Images
+
+# The variables the chart's Deployment (charts/rlscale/templates/deployment.yaml) and the tests set.
+ENV_TRAINER_IMAGE = "RLSCALE_TRAINER_IMAGE"
+ENV_ROLLOUT_IMAGE = "RLSCALE_ROLLOUT_IMAGE"
+ENV_CHECKPOINT_STORAGE = "RLSCALE_CHECKPOINT_STORAGE"
+# The chart's networkPolicy values: a NetworkPolicy per run (true/false), and the namespaces
+# (comma-separated names) whose pods may scrape the runs' metrics port.
+ENV_NETWORK_POLICY = "RLSCALE_NETWORK_POLICY"
+ENV_METRICS_FROM = "RLSCALE_METRICS_FROM"
+ENV_PROGRESS_INTERVAL = "RLSCALE_PROGRESS_INTERVAL"
+ENV_LOG_LEVEL = "RLSCALE_LOG_LEVEL"
+ENV_KOPF_LOG_LEVEL = "RLSCALE_KOPF_LOG_LEVEL"
+ENV_BIND = "RLSCALE_OPERATOR_BIND"
+ENV_HEALTH = "RLSCALE_OPERATOR_HEALTH"
+ENV_WORKERS = "RLSCALE_OPERATOR_WORKERS"
+ENV_STEP_DELAY = "RLSCALE_OPERATOR_STEP_DELAY"
+ENV_KUBECONFIG = "KUBECONFIG"
+ENV_NAMES = (ENV_TRAINER_IMAGE, ENV_ROLLOUT_IMAGE, ENV_CHECKPOINT_STORAGE, ENV_NETWORK_POLICY, ENV_METRICS_FROM,
+             ENV_PROGRESS_INTERVAL, ENV_LOG_LEVEL, ENV_KOPF_LOG_LEVEL, ENV_BIND, ENV_HEALTH, ENV_WORKERS,
+             ENV_STEP_DELAY, ENV_KUBECONFIG)
+
+
+def _flag(text: str) -> bool:
+    return text.strip().lower() not in ("0", "false", "no")
+
+
+@dataclass(frozen=True)
+class OperatorSettings:
+    """Everything the operator is configured with; defaults are what a bare `python -m rlscale.operator` gets."""
+
+    # What the run's children get when the spec says nothing (images, checkpoint claims, network policy).
+    children: Images = field(default_factory=Images)
+    progress_interval: float = 10.0  # seconds between progress reads (and re-plans) per run
+    log_level: str = "INFO"
+    # kopf logs every handler call at INFO; at 100 runs that drowns what matters.
+    kopf_log_level: str = "WARNING"
+    bind: str = "0.0.0.0"  # the /metrics endpoint's address
+    health: str = ""  # kopf's liveness endpoint, e.g. http://0.0.0.0:8081/healthz ("" = none)
+    workers: int = 8  # kopf's thread pool for the (synchronous) handlers
+    # Fault injection for the restart test: a pause between child applies widens the window in
+    # which the operator can be killed mid-reconcile. Zero in production.
+    step_delay: float = 0.0
+    kubeconfig: str | None = None  # outside a cluster; None: the client's default (~/.kube/config)
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> OperatorSettings:
+        env = os.environ if env is None else env
+        d = cls()
+        children = Images(
+            trainer=env.get(ENV_TRAINER_IMAGE, d.children.trainer),
+            rollout=env.get(ENV_ROLLOUT_IMAGE, d.children.rollout),
+            checkpoint_storage=env.get(ENV_CHECKPOINT_STORAGE, d.children.checkpoint_storage),
+            network_policy=_flag(env.get(ENV_NETWORK_POLICY, "true")),
+            metrics_from=tuple(n.strip() for n in env.get(ENV_METRICS_FROM, ",".join(d.children.metrics_from))
+                               .split(",") if n.strip()))
+        return cls(children=children,
+                   progress_interval=float(env.get(ENV_PROGRESS_INTERVAL) or d.progress_interval),
+                   log_level=env.get(ENV_LOG_LEVEL) or d.log_level,
+                   kopf_log_level=env.get(ENV_KOPF_LOG_LEVEL) or d.kopf_log_level,
+                   bind=env.get(ENV_BIND) or d.bind, health=env.get(ENV_HEALTH, d.health),
+                   workers=int(env.get(ENV_WORKERS) or d.workers),
+                   step_delay=float(env.get(ENV_STEP_DELAY) or d.step_delay),
+                   kubeconfig=env.get(ENV_KUBECONFIG) or None)

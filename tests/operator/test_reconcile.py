@@ -1,0 +1,345 @@
+"""The operator's reconcile passes against an in-memory API server (fakekube): what each handler's pass
+does to a run's children and status, in milliseconds. The control-plane tests (test_cluster.py) show
+the same against a real API server."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import yaml
+from driverkit import measured, step_seconds
+from fakekube import FakeKube
+from kubernetes.client.exceptions import ApiException
+from prometheus_client import REGISTRY
+
+from rlscale.operator import builders as B
+from rlscale.operator import constants as C
+from rlscale.operator.kube import RLRUN_API
+from rlscale.operator.planning import plan_for
+from rlscale.operator.reconcile import Controller
+from rlscale.operator.settings import OperatorSettings
+from rlscale.plan import Calibration, Plan
+from rlscale.progress_report import ProgressReport
+from rlscale.spec import parse_spec
+from tests.conftest import EXAMPLES
+
+NS, RUN = "team", "r"
+ROLES = {C.ROLE_RAY_HEAD: ("apps/v1", "Deployment"), C.ROLE_ROLLOUT: ("apps/v1", "Deployment"),
+         C.ROLE_LEARNER: ("apps/v1", "StatefulSet")}
+
+
+@pytest.fixture
+def fake() -> FakeKube:
+    return FakeKube()
+
+
+@pytest.fixture
+def ctl(fake) -> Controller:
+    return Controller(fake, OperatorSettings())
+
+
+def create(fake: FakeKube, name: str = RUN, **spec_over) -> dict:
+    """The GPU example as `name`, top-level spec fields merged with spec_over."""
+    obj = yaml.safe_load((EXAMPLES / "grpo-h100.yaml").read_text())
+    obj["metadata"] = {"name": name, "namespace": NS}
+    for k, v in spec_over.items():
+        obj["spec"][k] = {**obj["spec"].get(k, {}), **v} if isinstance(v, dict) else v
+    return fake.create(obj)
+
+
+def rlrun(fake: FakeKube, name: str = RUN) -> dict:
+    return fake.get(RLRUN_API, C.RLRUN_KIND, NS, name)
+
+
+def cond(fake: FakeKube, type_: str, name: str = RUN) -> dict:
+    return next((c for c in rlrun(fake, name)["status"].get("conditions", []) if c["type"] == type_), {})
+
+
+def workload(fake: FakeKube, role: str, name: str = RUN) -> dict | None:
+    return fake.get(*ROLES[role], NS, B.names(name)[role])
+
+
+def replicas(fake: FakeKube, name: str = RUN) -> dict[str, int]:
+    return {role: workload(fake, role, name)["spec"]["replicas"] for role in ROLES}
+
+
+def configmap_plan(fake: FakeKube, name: str = RUN) -> Plan:
+    import json
+
+    cm = fake.get("v1", "ConfigMap", NS, B.names(name)[C.ROLE_CONFIG])
+    return Plan.from_dict(json.loads(cm["data"][C.CONFIG_KEY])["plan"])
+
+
+def become_ready(fake: FakeKube, name: str = RUN) -> None:
+    """What the Deployment and StatefulSet controllers report once their pods are up."""
+    for role in (C.ROLE_ROLLOUT, C.ROLE_LEARNER):
+        w = workload(fake, role, name)
+        fake.patch(*ROLES[role], NS, w["metadata"]["name"], {"status": {"readyReplicas": w["spec"]["replicas"]}})
+
+
+def report(fake: FakeKube, name: str = RUN, **fields) -> None:
+    """The driver's progress annotation, as trainer/sinks.py KubeSink sends it."""
+    fake.patch(RLRUN_API, C.RLRUN_KIND, NS, name,
+               {"metadata": {"annotations": {C.ANNOTATION_PROGRESS: ProgressReport(**fields).to_json()}}})
+
+
+def add_pod(fake: FakeKube, role: str, index: int, *statuses: dict, name: str = RUN) -> str:
+    pod_name = f"{B.names(name)[role]}-{index}"
+    fake.create({"apiVersion": "v1", "kind": "Pod",
+                 "metadata": {"name": pod_name, "namespace": NS, "labels": B.labels(name, role)},
+                 "status": {"containerStatuses": list(statuses)}})
+    return pod_name
+
+
+RUNNING = {"name": "learner", "restartCount": 0, "state": {"running": {}}}
+
+
+def crashing(restarts: int) -> dict:
+    return {"name": "learner", "restartCount": restarts,
+            "state": {"waiting": {"reason": "CrashLoopBackOff", "message": "back-off 40s"}},
+            "lastState": {"terminated": {"exitCode": 1, "reason": "Error", "message": "ImportError: rewardz\n",
+                                         "finishedAt": "2026-12-01T03:00:00Z"}}}
+
+
+def started(fake: FakeKube, ctl: Controller, **spec_over) -> Plan:
+    """A created run, reconciled and Running; its plan."""
+    create(fake, **spec_over)
+    ctl.reconcile(NS, RUN, "create")
+    become_ready(fake)
+    ctl.reconcile(NS, RUN, "learner")
+    assert rlrun(fake)["status"]["phase"] == C.PHASE_RUNNING
+    return Plan.from_dict(rlrun(fake)["status"]["plan"])
+
+
+def test_a_created_run_gets_its_children_and_a_planned_status(fake, ctl):
+    uid = create(fake)["metadata"]["uid"]
+    ctl.reconcile(NS, RUN, "create")
+    kinds = sorted((o["kind"], o["metadata"]["name"]) for o in fake.objects.values() if o["kind"] != "RLRun")
+    assert kinds == sorted((m["kind"], m["metadata"]["name"]) for m in [
+        *B.build_children(B.RunRef(RUN, NS, uid), parse_spec(rlrun(fake)["spec"]), configmap_plan(fake)),
+        B.build_ray_token_secret(B.RunRef(RUN, NS, uid), "x")])
+    assert all(o["metadata"]["ownerReferences"][0]["uid"] == uid for o in fake.objects.values() if o["kind"] != "RLRun")
+    st = rlrun(fake)["status"]
+    plan = Plan.from_dict(st["plan"])
+    assert plan == configmap_plan(fake) and st["plan"]["batch"] == f"{plan.prompts}x{plan.samples_per_prompt}"
+    assert replicas(fake) == {C.ROLE_RAY_HEAD: 1, C.ROLE_ROLLOUT: plan.rollout_replicas,
+                              C.ROLE_LEARNER: plan.learner_replicas}
+    planned = cond(fake, C.COND_PLANNED)
+    assert (planned["status"], planned["reason"], planned["message"]) == ("True", "PlannedCreate", plan.reason)
+    assert st["phase"] == C.PHASE_PENDING and st["observedGeneration"] == 1
+    # The controllers report the pods ready: a workload's event makes the run Running, applying nothing.
+    applies = fake.calls["apply"]
+    become_ready(fake)
+    ctl.reconcile(NS, RUN, "rollout")
+    ctl.reconcile(NS, RUN, "learner")
+    assert rlrun(fake)["status"]["phase"] == C.PHASE_RUNNING and fake.calls["apply"] == applies
+    # A pass that finds nothing new writes nothing.
+    rv = rlrun(fake)["metadata"]["resourceVersion"]
+    ctl.reconcile(NS, RUN, "progress")
+    assert rlrun(fake)["metadata"]["resourceVersion"] == rv
+
+
+def test_a_spec_change_replans_keeping_the_learner_count(fake, ctl):
+    before = started(fake, ctl, budget={"gpus": 4})
+    sts = workload(fake, C.ROLE_LEARNER)
+    fake.patch(RLRUN_API, C.RLRUN_KIND, NS, RUN, {"spec": {"budget": {"gpus": 16}}})
+    spec = parse_spec(rlrun(fake)["spec"])
+    assert plan_for(spec).learner_replicas != before.learner_replicas  # a plan from scratch would move it
+    ctl.reconcile(NS, RUN, "update")
+    after = Plan.from_dict(rlrun(fake)["status"]["plan"])
+    assert after.learner_replicas == before.learner_replicas and after.rollout_replicas > before.rollout_replicas
+    assert configmap_plan(fake) == after and replicas(fake)[C.ROLE_ROLLOUT] == after.rollout_replicas
+    # The learner StatefulSet is not touched: same generation, same ranks.
+    assert workload(fake, C.ROLE_LEARNER)["metadata"]["generation"] == sts["metadata"]["generation"]
+    assert (cond(fake, C.COND_PLANNED)["reason"], rlrun(fake)["status"]["observedGeneration"]) == ("PlannedUpdate", 2)
+
+
+def replans() -> float:
+    return REGISTRY.get_sample_value("rlscale_operator_replans_total", {"trigger": "replan"}) or 0.0
+
+
+def test_measurements_re_plan_only_after_two_agreeing_re_plans(fake, ctl):
+    plan0 = started(fake, ctl)
+    before = replans()
+    # Generation 3x faster and training 3x slower than predicted: fewer prompts on fewer rollout
+    # replicas come out clearly faster.
+    m25 = measured(plan0, 25, generate=0.3, train=3)
+    report(fake, step=25, samples=25 * plan0.batch, samples_per_second=10.0, measurements=m25)
+    ctl.reconcile(NS, RUN, "progress")
+    st = rlrun(fake)["status"]
+    assert st["replan"]["count"] == 1 and "applied if the next re-plan agrees" in st["replan"]["message"]
+    kept = Plan.from_dict(st["plan"])
+    assert kept.key == plan0.key and configmap_plan(fake).key == plan0.key
+    assert replicas(fake)[C.ROLE_ROLLOUT] == plan0.rollout_replicas
+    # Kept, but predicted anew from what was measured.
+    assert kept.calibrated and kept.predicted.step_seconds == pytest.approx(step_seconds(m25), rel=0.05)
+    assert cond(fake, C.COND_PLANNED)["reason"] == "PlannedCreate" and replans() == before
+    # A report between re-plan points changes nothing.
+    report(fake, step=40, samples=40 * plan0.batch, samples_per_second=10.0, measurements=measured(plan0, 40, 0.3, 3))
+    ctl.reconcile(NS, RUN, "progress")
+    assert rlrun(fake)["status"]["replan"] == st["replan"]
+    # The next re-plan agrees: the plan switches, and the children follow.
+    m50 = measured(plan0, 50, generate=0.3, train=3)
+    report(fake, step=50, samples=50 * plan0.batch, samples_per_second=10.0, measurements=m50)
+    ctl.reconcile(NS, RUN, "progress")
+    st = rlrun(fake)["status"]
+    new = Plan.from_dict(st["plan"])
+    assert new.key != plan0.key and new.rollout_replicas != plan0.rollout_replicas
+    assert new.learner_replicas == plan0.learner_replicas  # the ranks the checkpoints were written at
+    assert configmap_plan(fake) == new
+    assert replicas(fake) == {C.ROLE_RAY_HEAD: 1, C.ROLE_ROLLOUT: new.rollout_replicas,
+                              C.ROLE_LEARNER: plan0.learner_replicas}
+    planned = cond(fake, C.COND_PLANNED)
+    assert planned["reason"] == "PlannedReplan" and "in 2 re-plans in a row" in planned["message"]
+    assert st["calibration"] == Calibration.from_dict(m50["calibration"]).to_dict()
+    assert (st["replan"]["lastStep"], st["replan"]["count"]) == (50, 0) and replans() == before + 1
+
+
+@pytest.mark.parametrize("outcome,reason", [("Succeeded", "Succeeded"), ("BudgetExhausted", "BudgetExhausted"),
+                                            ("Failed", "DriverFailed")])
+def test_the_last_report_ends_the_run_and_scales_every_workload_to_zero(fake, ctl, outcome, reason):
+    plan = started(fake, ctl)
+    report(fake, step=60, samples=60 * plan.batch, target_metric=0.86, target_reached=outcome == "Succeeded",
+           failed=outcome == "Failed", message="PermanentRunError: no reward" if outcome == "Failed" else None,
+           outcome=outcome, report="/checkpoints/report on r-learner-0")
+    ctl.reconcile(NS, RUN, "progress")
+    st = rlrun(fake)["status"]
+    assert st["phase"] == C.OUTCOME_PHASES[outcome] and cond(fake, outcome)["reason"] == reason
+    assert "workloads scaled to zero" in cond(fake, outcome)["message"]
+    assert set(replicas(fake).values()) == {0}  # the Ray head too: the accelerators are free
+    # An operator started again keeps the ended run ended.
+    Controller(fake, OperatorSettings()).reconcile(NS, RUN, "resume")
+    assert set(replicas(fake).values()) == {0} and rlrun(fake)["status"]["phase"] == C.OUTCOME_PHASES[outcome]
+
+
+def test_a_failing_pod_degrades_the_run_once_and_its_recovery_clears_it(fake, ctl):
+    started(fake, ctl)
+    pod = add_pod(fake, C.ROLE_LEARNER, 0, crashing(2))
+    ctl.reconcile(NS, RUN, "pod")
+    d = cond(fake, C.COND_DEGRADED)
+    assert (d["status"], d["reason"]) == ("True", "LearnerCrashLoopBackOff") and "ImportError: rewardz" in d["message"]
+    assert rlrun(fake)["status"]["phase"] == C.PHASE_RUNNING
+    ctl.reconcile(NS, RUN, "pod")
+    assert [e["reason"] for e in fake.events] == ["LearnerCrashLoopBackOff"]  # one Event per new cause
+    fake.patch("v1", "Pod", NS, pod, {"status": {"containerStatuses": [dict(RUNNING, restartCount=2)]}})
+    ctl.reconcile(NS, RUN, "pod")
+    assert (cond(fake, C.COND_DEGRADED)["status"], cond(fake, C.COND_DEGRADED)["reason"]) == ("False", "Healthy")
+
+
+def test_restarts_past_the_backoff_limit_fail_the_run_and_free_its_workloads(fake, ctl):
+    started(fake, ctl)
+    add_pod(fake, C.ROLE_LEARNER, 0, crashing(3))
+    add_pod(fake, C.ROLE_LEARNER, 1, crashing(2))
+    ctl.reconcile(NS, RUN, "pod")
+    f = cond(fake, C.COND_FAILED)
+    assert (f["status"], f["reason"]) == ("True", "BackoffLimitExceeded")
+    assert "5 container restarts of the learner pods exceed spec.failurePolicy.backoffLimit (4)" in f["message"]
+    assert rlrun(fake)["status"]["phase"] == C.PHASE_FAILED and set(replicas(fake).values()) == {0}
+    assert "BackoffLimitExceeded" in [e["reason"] for e in fake.events]
+
+
+def test_a_stale_progress_report_is_ignored(fake, ctl):
+    plan = started(fake, ctl)
+    report(fake, step=60, samples=60 * plan.batch, target_metric=0.9, target_reached=True, outcome="Succeeded")
+    ctl.reconcile(NS, RUN, "progress")
+    ended = rlrun(fake)
+    # A failure report from before the end arrives late (the pods were stopping): nothing changes.
+    report(fake, step=59, failed=True, message="RuntimeError: replica died")
+    rv = rlrun(fake)["metadata"]["resourceVersion"]
+    ctl.reconcile(NS, RUN, "progress")
+    assert rlrun(fake)["metadata"]["resourceVersion"] == rv and rlrun(fake)["status"] == ended["status"]
+
+
+def test_a_status_write_against_a_stale_copy_is_made_again_on_the_run_as_it_is(fake, ctl):
+    plan = started(fake, ctl)
+    report(fake, step=5, samples=5 * plan.batch, reward=0.4, samples_per_second=50.0)
+    stale = rlrun(fake)  # kopf's copy, say, from before the driver's latest report
+    report(fake, step=7, samples=7 * plan.batch, reward=0.42, samples_per_second=50.0)
+    writes = fake.calls["update_status"]
+    ctl.reconcile(NS, RUN, "progress", body=stale)
+    assert fake.calls["update_status"] == writes + 2  # a 409 on the stale copy, then the write
+    assert rlrun(fake)["status"]["progress"]["step"] == 7 and rlrun(fake)["status"]["progress"]["reward"] == 0.42
+
+
+def test_a_write_that_meets_another_passs_write_computes_the_status_again_without_applying_again(fake, ctl):
+    started(fake, ctl)
+    rollout = workload(fake, C.ROLE_ROLLOUT)["metadata"]["name"]
+    fake.patch(*ROLES[C.ROLE_ROLLOUT], NS, rollout, {"status": {"readyReplicas": 0}})  # a replica went away
+    other = {"step": 3, "reward": 0.5}
+    fake.before_status_write.append(lambda: fake.patch(RLRUN_API, C.RLRUN_KIND, NS, RUN,
+                                                       {"status": {"progress": other}}))
+    applies, writes = fake.calls["apply"], fake.calls["update_status"]
+    ctl.reconcile(NS, RUN, "repair")
+    assert fake.calls["update_status"] == writes + 2  # a 409, then the write on the run as it is
+    assert fake.calls["apply"] - applies == len(B.build_children(B.RunRef(RUN, NS, "u"), parse_spec(
+        rlrun(fake)["spec"]), configmap_plan(fake)))  # the children once: the pass's decisions held
+    st = rlrun(fake)["status"]
+    assert cond(fake, C.COND_ROLLOUT_READY)["status"] == "False" and st["progress"] == other
+
+
+def test_suspend_drains_the_learners_before_the_rollout_replicas(fake, ctl):
+    plan = started(fake, ctl)
+    pods = [add_pod(fake, C.ROLE_LEARNER, i, RUNNING) for i in range(plan.learner_replicas)]
+    fake.patch(RLRUN_API, C.RLRUN_KIND, NS, RUN, {"spec": {"suspend": True}})
+    ctl.reconcile(NS, RUN, "update")
+    # Rank 0 finishes its step and checkpoints on SIGTERM: the replicas and the head serve it meanwhile.
+    assert replicas(fake) == {C.ROLE_RAY_HEAD: 1, C.ROLE_ROLLOUT: plan.rollout_replicas, C.ROLE_LEARNER: 0}
+    assert rlrun(fake)["status"]["phase"] == C.PHASE_SUSPENDED
+    for p in pods:
+        fake.delete("v1", "Pod", NS, p)
+    ctl.reconcile(NS, RUN, "drain")
+    assert replicas(fake) == {C.ROLE_RAY_HEAD: 1, C.ROLE_ROLLOUT: 0, C.ROLE_LEARNER: 0}
+    fake.patch(RLRUN_API, C.RLRUN_KIND, NS, RUN, {"spec": {"suspend": False}})
+    ctl.reconcile(NS, RUN, "update")
+    assert replicas(fake) == {C.ROLE_RAY_HEAD: 1, C.ROLE_ROLLOUT: plan.rollout_replicas,
+                              C.ROLE_LEARNER: plan.learner_replicas}
+
+
+def test_a_refused_apply_is_raised_and_only_a_missing_pod_group_api_is_reported(fake, ctl):
+    fake.refuse["StatefulSet"] = 422
+    create(fake)
+    with pytest.raises(ApiException) as exc:
+        ctl.reconcile(NS, RUN, "create")
+    assert exc.value.status == 422  # kopf logs it and retries the handler
+    assert "status" not in rlrun(fake)  # as before the port: the refusal is in the log, not in status
+    fake.unserved.add(C.POD_GROUP_API)
+    create(fake, "gang", scheduling={"podGroup": True, "schedulerName": "coscheduler"})
+    o = ctl.reconcile(NS, "gang", "create")
+    invalid = cond(fake, C.COND_INVALID, "gang")
+    assert o.refusal[0] == invalid["reason"] == "PodGroupUnavailable" and "scheduler-plugins" in invalid["message"]
+    assert rlrun(fake, "gang")["status"]["phase"] == C.PHASE_FAILED and workload(fake, C.ROLE_ROLLOUT, "gang") is None
+
+
+def test_a_failed_run_is_retried_when_its_spec_changes(fake, ctl):
+    plan = started(fake, ctl)
+    report(fake, step=3, failed=True, outcome="Failed", message="PermanentRunError: 'nope:f' cannot be imported")
+    ctl.reconcile(NS, RUN, "progress")
+    assert rlrun(fake)["status"]["phase"] == C.PHASE_FAILED and set(replicas(fake).values()) == {0}
+    fake.patch(RLRUN_API, C.RLRUN_KIND, NS, RUN, {"spec": {"task": {"reward": "exact-match"}}})
+    ctl.reconcile(NS, RUN, "update")
+    r = rlrun(fake)
+    assert (cond(fake, C.COND_FAILED)["status"], cond(fake, C.COND_FAILED)["reason"]) == ("False", "SpecChanged")
+    assert C.ANNOTATION_PROGRESS not in r["metadata"].get("annotations", {})  # the old report cannot fail it again
+    assert replicas(fake)[C.ROLE_LEARNER] == plan.learner_replicas and r["status"]["phase"] != C.PHASE_FAILED
+
+
+def test_a_spec_only_the_planner_can_judge_is_invalid_until_fixed(fake, ctl):
+    create(fake, model={"path": "acme/secret-model-7b"})
+    o = ctl.reconcile(NS, RUN, "create")
+    invalid = cond(fake, C.COND_INVALID)
+    assert o.refusal[0] == invalid["reason"] == "PlanFailed" and "acme/secret-model-7b" in invalid["message"]
+    assert rlrun(fake)["status"]["phase"] == C.PHASE_FAILED and workload(fake, C.ROLE_ROLLOUT) is None
+    fake.patch(RLRUN_API, C.RLRUN_KIND, NS, RUN, {"spec": {"model": {"path": "Qwen/Qwen2.5-7B"}}})
+    ctl.reconcile(NS, RUN, "update")
+    assert cond(fake, C.COND_INVALID)["status"] == "False" and cond(fake, C.COND_PLANNED)["status"] == "True"
+    assert workload(fake, C.ROLE_ROLLOUT) is not None
+
+
+def test_a_deleted_child_is_made_again_by_the_repair_pass(fake, ctl):
+    started(fake, ctl)
+    cm = copy.deepcopy(fake.get("v1", "ConfigMap", NS, B.names(RUN)[C.ROLE_CONFIG]))
+    fake.delete("v1", "ConfigMap", NS, cm["metadata"]["name"])
+    ctl.reconcile(NS, RUN, "repair")
+    again = fake.get("v1", "ConfigMap", NS, cm["metadata"]["name"])
+    assert again["data"] == cm["data"] and again["metadata"]["uid"] != cm["metadata"]["uid"]
