@@ -1,10 +1,15 @@
 """Kubernetes operator (kopf) for RLRun, imported as `rlscale.operator`."""
 
 if __name__ == "operator":
-    # Python imports the standard library's `operator` while it starts, before the working
-    # directory joins sys.path, so `python -m ...` in the checkout never lands here. Only an
-    # interpreter started with the checkout itself on PYTHONPATH does (tests/core/test_package_layout.py).
-    raise ImportError(
-        "the rlscale checkout is on PYTHONPATH, so its operator/ folder (the package rlscale.operator) hides "
-        "the standard library's operator module; take the checkout off PYTHONPATH: the editable install "
-        "(`make venv`) already makes rlscale importable, and tests add it to sys.path themselves")
+    # The checkout's root is ahead of the standard library on sys.path and nothing had imported
+    # the stdlib's `operator` yet: `python -m pip` (or any -m) started in the checkout, whose runpy
+    # imports collections, which imports operator; or the checkout on PYTHONPATH. This folder is
+    # then loaded in its place, so it becomes that module: the stdlib's source runs in this
+    # module's namespace (importlib.machinery needs neither collections nor operator).
+    # tests/core/test_package_layout.py starts interpreters both ways.
+    import os
+    import sys
+    from importlib.machinery import SourceFileLoader
+
+    SourceFileLoader(__name__, os.path.join(os.path.dirname(os.__file__), "operator.py")).exec_module(
+        sys.modules[__name__])

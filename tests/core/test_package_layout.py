@@ -15,6 +15,11 @@ CHECK = ("import operator, os, sys, sysconfig; "
          "print(rlscale.operator.__file__)")
 
 
+STDLIB_OPERATOR = ("import collections, functools, operator; "
+                   "assert operator.itemgetter(1)([0, 7]) == 7 and operator.add(2, 3) == 5; "
+                   "assert functools.reduce(operator.mul, [2, 3, 4]) == 24; print('stdlib operator ok')")
+
+
 @pytest.mark.parametrize("how", [["-c", CHECK], ["-I", "-c", CHECK]])
 def test_python_started_in_the_checkout_finds_the_stdlib_operator(how):
     # The repository root is sys.path[0] here. Python imports the stdlib `operator` while it
@@ -24,17 +29,25 @@ def test_python_started_in_the_checkout_finds_the_stdlib_operator(how):
     assert r.stdout.strip().endswith("operator/__init__.py")
 
 
-def test_python_with_the_checkout_on_pythonpath_stops_at_once_naming_the_folder_and_the_fix():
-    # PYTHONPATH puts the root on sys.path before site runs, so the folder would be found first as
-    # `operator` and every stdlib module that needs it would break somewhere far from the cause.
+@pytest.mark.parametrize("python", [sys.executable, sys.base_prefix + "/bin/python3"], ids=["venv", "bare"])
+@pytest.mark.parametrize("how", ["dash-m", "pythonpath"])
+def test_the_folder_found_as_operator_behaves_as_the_stdlib_operator(python, how, tmp_path):
+    # `python -m` started in the checkout (runpy imports collections, which imports operator,
+    # after the root joined sys.path) and a checkout on PYTHONPATH both find the folder first:
+    # a fresh clone's `python3 -m venv .venv` stopped there. The folder then runs the stdlib's
+    # operator in its own namespace, and rlscale.operator is unaffected.
     import os
 
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    r = subprocess.run([sys.executable, "-c", "import collections"], cwd="/", env=env, capture_output=True,
-                       text=True, timeout=60)
-    assert r.returncode != 0
-    assert "the rlscale checkout is on PYTHONPATH" in r.stderr and "take the checkout off PYTHONPATH" in r.stderr, \
-        r.stderr[-2000:]
+    (tmp_path / "probe_operator.py").write_text(STDLIB_OPERATOR)
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    if how == "dash-m":
+        env["PYTHONPATH"] = str(tmp_path)  # after the root, which -m puts first
+        args, cwd = [python, "-m", "probe_operator"], ROOT
+    else:
+        env["PYTHONPATH"] = os.pathsep.join([str(ROOT), str(tmp_path)])
+        args, cwd = [python, "-m", "probe_operator"], tmp_path
+    r = subprocess.run(args, cwd=cwd, env=env, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0 and "stdlib operator ok" in r.stdout, r.stderr[-2000:]
 
 
 def _module_graph() -> dict[str, set[str]]:
