@@ -26,6 +26,11 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 # never started from that venv again until the file was deleted. Headers parsed per kernel cost
 # a few seconds per new kernel, once: compiled kernels are cached.
 os.environ.setdefault("TORCHINDUCTOR_CPP_CACHE_PRECOMPILE_HEADERS", "0")
+# The CPU's vector ISA from /proc/cpuinfo, without inductor's probe: the probe compiles and loads
+# a test library in every new process, and a probe that fails (a compile killed or timed out on
+# a loaded machine) turns vectorisation off silently for that one process, whose kernels then
+# differ from those the other processes compiled and cached.
+os.environ.setdefault("TORCHINDUCTOR_VEC_ISA_OK", "1")
 
 if TYPE_CHECKING:
     import torch

@@ -364,10 +364,20 @@ class RolloutClient:
         )
         # external_scaler_enabled lets scale() change the replica count alone; a second
         # serve.run would be a new code version and restart every replica.
-        self._handle = serve.run(
-            app, name=o.app_name, route_prefix=None, external_scaler_enabled=True
-        )
+        try:
+            self._handle = serve.run(
+                app, name=o.app_name, route_prefix=None, external_scaler_enabled=True
+            )
+        except RuntimeError as e:
+            # Serve's own message names only the deployment; the replica's traceback (why its
+            # constructor failed) is in the deployment's status.
+            raise RuntimeError(f"{e}\n{self._deployment_message()}") from e
         self.options.num_replicas = num_replicas
+
+    def _deployment_message(self) -> str:
+        app = serve.status().applications.get(self.options.app_name)
+        dep = app.deployments.get(DEPLOYMENT_NAME) if app else None
+        return f"{DEPLOYMENT_NAME}: {dep.message}" if dep and dep.message else "(Serve gave no replica message)"
 
     @property
     def num_replicas(self) -> int:
