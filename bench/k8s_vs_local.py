@@ -14,7 +14,6 @@ Needs `make k8s` and the real node free (no `make cluster` running): it starts i
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import statistics
 import subprocess
@@ -26,18 +25,13 @@ from pathlib import Path
 import yaml
 
 REPO = Path(__file__).resolve().parents[1]
+# hack.cluster lives in the checkout, not in the installed package; the root goes last on sys.path
+# so that rlscale still comes from the install.
+if str(REPO) not in sys.path:
+    sys.path.append(str(REPO))
 
-
-def _load(name: str, path: Path):
-    spec = importlib.util.spec_from_file_location(name, path)
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod
-    spec.loader.exec_module(mod)
-    return mod
-
-
-cp = _load("rlscale_controlplane", REPO / "hack" / "cluster" / "controlplane.py")
-qs = _load("rlscale_quickstart", REPO / "hack" / "cluster" / "quickstart.py")
+from hack import cluster as cp  # noqa: E402
+from hack.cluster import quickstart as qs  # noqa: E402
 
 
 def wait(what: str, fn, timeout: float, interval: float = 2.0):

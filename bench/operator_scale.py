@@ -10,7 +10,6 @@ Baseline: the same children written straight to the API server by one client wit
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import os
 import statistics
@@ -24,14 +23,12 @@ from pathlib import Path
 import yaml
 
 REPO = Path(__file__).resolve().parents[1]
+# hack.cluster lives in the checkout, not in the installed package; the root goes last on sys.path
+# so that rlscale still comes from the install.
+if str(REPO) not in sys.path:
+    sys.path.append(str(REPO))
 
-
-def _controlplane():
-    spec = importlib.util.spec_from_file_location("rlscale_controlplane", REPO / "hack" / "cluster" / "controlplane.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod
-    spec.loader.exec_module(mod)
-    return mod
+from hack import cluster as cp  # noqa: E402
 
 
 def small_run(name: str) -> dict:
@@ -165,7 +162,6 @@ def main() -> int:
     ap.add_argument("--runs", type=int, default=100)
     ap.add_argument("--timeout", type=float, default=300)
     a = ap.parse_args()
-    cp = _controlplane()
     from kubernetes import client, config
 
     state = Path(tempfile.mkdtemp(prefix="rlscale-bench-"))

@@ -4,7 +4,6 @@ the probe client) imported into the node's containerd."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import subprocess
@@ -14,25 +13,13 @@ from pathlib import Path
 
 import pytest
 
+from hack import cluster as cp
+from hack.cluster import nodeimages as ni
+from hack.cluster import quickstart as qs  # the README's Kubernetes path (images, chart, claims)
 from tests.conftest import wait_for
 
 REPO = Path(__file__).resolve().parents[2]
 IMAGE = "rlscale.local/nodetest:1"
-
-
-def _load(name: str, path: Path):
-    spec = importlib.util.spec_from_file_location(name, path)
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod  # dataclasses look their module up here
-    spec.loader.exec_module(mod)
-    return mod
-
-
-cp = (sys.modules.get("rlscale_controlplane")
-      or _load("rlscale_controlplane", REPO / "hack" / "cluster" / "controlplane.py"))
-ni = cp._nodeimages()
-# hack/cluster/quickstart.py: the README's Kubernetes path (images, chart, claims) as functions.
-qs = sys.modules.get("rlscale_quickstart") or _load("rlscale_quickstart", REPO / "hack" / "cluster" / "quickstart.py")
 
 
 def pytest_configure(config):

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import signal
@@ -14,22 +13,12 @@ from typing import Any
 
 import yaml
 
+from hack import cluster as cp
 from tests.conftest import wait_for
 
 REPO = Path(__file__).resolve().parents[2]
 OPERATOR_NS = "rlscale-system"
 OPERATOR_SA = "rlscale-operator"  # the chart's name for release "rlscale"
-
-
-def _load_controlplane():
-    spec = importlib.util.spec_from_file_location("rlscale_controlplane", REPO / "hack" / "cluster" / "controlplane.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod  # dataclasses look their module up here
-    spec.loader.exec_module(mod)
-    return mod
-
-
-cp = _load_controlplane()
 K8S_VERSION = cp.versions()["K8S_VERSION"]
 
 
