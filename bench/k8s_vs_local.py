@@ -57,21 +57,21 @@ def summary(recs: list[dict]) -> dict:
 
 def on_kubernetes(work: Path, spec: dict) -> tuple[dict, float]:
     c = cp.up(work / "cluster", nodes=0, install_crd=True, reuse=False, real_node=True)
+    kube = cp.Kube(c)
     try:
         qs.build_and_load_images(c.containerd_socket)
         qs.helm_install(cp.bin_dir() / "helm", c.kubeconfig)
         ns = "bench"
-        c.kubectl("create", "namespace", ns)
-        items = qs.claims(ns, qs.model_cache(), work / "checkpoints")
-        c.kubectl("apply", "-f", "-", input=json.dumps({"apiVersion": "v1", "kind": "List", "items": items}))
+        kube.run("create", "namespace", ns)
+        kube.apply(qs.claims(ns, qs.model_cache(), work / "checkpoints"))
         t0 = time.monotonic()
-        c.kubectl("apply", "-n", ns, "-f", "-", input=json.dumps(spec))
+        kube.apply(spec, ns)
         report = work / "checkpoints" / "report" / "metrics.jsonl"
         wait("the first step on Kubernetes", lambda: read_records(report), 1800)
         first = time.monotonic() - t0
 
         def phase():
-            out = c.kubectl("get", "rlrun", spec["metadata"]["name"], "-n", ns, "-o", "json")
+            out = kube.run("get", "rlrun", spec["metadata"]["name"], "-n", ns, "-o", "json")
             return json.loads(out.stdout).get("status", {}).get("phase") in ("BudgetExhausted", "Succeeded", "Failed")
         wait("the run on Kubernetes to end", phase, 3600)
         return summary(read_records(report)), first

@@ -171,8 +171,9 @@ def main() -> int:
     print(f"control plane with {nodes} fake GPU nodes up in {time.monotonic() - t0:.1f}s", file=sys.stderr)
     op = None
     try:
-        cluster.kubectl("create", "namespace", "bench")
-        cluster.kubectl("create", "namespace", "bench-direct")
+        kube = cp.Kube(cluster)
+        for ns in ("bench", "bench-direct"):
+            kube.run("create", "namespace", ns)
         cfg = client.Configuration()
         config.load_kube_config(str(cluster.kubeconfig), client_configuration=cfg)
         api = client.ApiClient(cfg)

@@ -32,12 +32,13 @@ from .config import (
     versions,
 )
 from .controlplane import Cluster, add_nodes, apply_crds, down, node_manifest, up
+from .kubectl import Kube
 from .pki import make_pki, write_kubeconfig
 from .realnode import node_cleanup, start_real_node
 
 __all__ = [
     "API_SERVICE_IP", "CLUSTER_DOMAIN", "DNS_SERVICE_IP", "GPU_RESOURCE", "NODE_BRIDGE", "NODE_CIDR",
-    "NODE_IP", "NODE_NAME", "REAL_NODE_LABEL", "Cluster", "ClusterError", "add_nodes",
+    "NODE_IP", "NODE_NAME", "REAL_NODE_LABEL", "Cluster", "ClusterError", "Kube", "add_nodes",
     "apply_crds", "bin_dir", "cache_root", "containerd_socket", "default_state_dir", "down", "free_port",
     "make_pki", "node_cleanup", "node_manifest", "node_root", "nodeimages", "start_real_node", "up",
     "versions", "write_kubeconfig",
