@@ -14,7 +14,6 @@ Needs `make k8s` and the real node free (no `make cluster` running): it starts i
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import statistics
 import subprocess
@@ -26,18 +25,13 @@ from pathlib import Path
 import yaml
 
 REPO = Path(__file__).resolve().parents[1]
+# hack.cluster lives in the checkout, not in the installed package; the root goes last on sys.path
+# so that rlscale still comes from the install.
+if str(REPO) not in sys.path:
+    sys.path.append(str(REPO))
 
-
-def _load(name: str, path: Path):
-    spec = importlib.util.spec_from_file_location(name, path)
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod
-    spec.loader.exec_module(mod)
-    return mod
-
-
-cp = _load("rlscale_controlplane", REPO / "hack" / "cluster" / "controlplane.py")
-qs = _load("rlscale_quickstart", REPO / "hack" / "cluster" / "quickstart.py")
+from hack import cluster as cp  # noqa: E402
+from hack.cluster import quickstart as qs  # noqa: E402
 
 
 def wait(what: str, fn, timeout: float, interval: float = 2.0):
@@ -63,21 +57,21 @@ def summary(recs: list[dict]) -> dict:
 
 def on_kubernetes(work: Path, spec: dict) -> tuple[dict, float]:
     c = cp.up(work / "cluster", nodes=0, install_crd=True, reuse=False, real_node=True)
+    kube = cp.Kube(c)
     try:
         qs.build_and_load_images(c.containerd_socket)
         qs.helm_install(cp.bin_dir() / "helm", c.kubeconfig)
         ns = "bench"
-        c.kubectl("create", "namespace", ns)
-        items = qs.claims(ns, qs.model_cache(), work / "checkpoints")
-        c.kubectl("apply", "-f", "-", input=json.dumps({"apiVersion": "v1", "kind": "List", "items": items}))
+        kube.run("create", "namespace", ns)
+        kube.apply(qs.claims(ns, qs.model_cache(), work / "checkpoints"))
         t0 = time.monotonic()
-        c.kubectl("apply", "-n", ns, "-f", "-", input=json.dumps(spec))
+        kube.apply(spec, ns)
         report = work / "checkpoints" / "report" / "metrics.jsonl"
         wait("the first step on Kubernetes", lambda: read_records(report), 1800)
         first = time.monotonic() - t0
 
         def phase():
-            out = c.kubectl("get", "rlrun", spec["metadata"]["name"], "-n", ns, "-o", "json")
+            out = kube.run("get", "rlrun", spec["metadata"]["name"], "-n", ns, "-o", "json")
             return json.loads(out.stdout).get("status", {}).get("phase") in ("BudgetExhausted", "Succeeded", "Failed")
         wait("the run on Kubernetes to end", phase, 3600)
         return summary(read_records(report)), first

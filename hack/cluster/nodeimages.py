@@ -4,7 +4,7 @@ archives (one uncompressed layer) that `ctr images import` loads into the node's
 - the pod sandbox image (pause.c compiled static with gcc),
 - a busybox image from Debian's busybox-static binary (tests, debugging).
 
-Stdlib only: controlplane.py and the tests import it by path."""
+Stdlib only (plain python3 runs `python -m hack.cluster`, which imports it)."""
 
 from __future__ import annotations
 

@@ -4,8 +4,6 @@ the probe client) imported into the node's containerd."""
 
 from __future__ import annotations
 
-import importlib.util
-import json
 import os
 import subprocess
 import sys
@@ -14,25 +12,14 @@ from pathlib import Path
 
 import pytest
 
+from hack import cluster as cp
+from hack.cluster import Kube
+from hack.cluster import nodeimages as ni
+from hack.cluster import quickstart as qs  # the README's Kubernetes path (images, chart, claims)
 from tests.conftest import wait_for
 
 REPO = Path(__file__).resolve().parents[2]
 IMAGE = "rlscale.local/nodetest:1"
-
-
-def _load(name: str, path: Path):
-    spec = importlib.util.spec_from_file_location(name, path)
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod  # dataclasses look their module up here
-    spec.loader.exec_module(mod)
-    return mod
-
-
-cp = (sys.modules.get("rlscale_controlplane")
-      or _load("rlscale_controlplane", REPO / "hack" / "cluster" / "controlplane.py"))
-ni = cp._nodeimages()
-# hack/cluster/quickstart.py: the README's Kubernetes path (images, chart, claims) as functions.
-qs = sys.modules.get("rlscale_quickstart") or _load("rlscale_quickstart", REPO / "hack" / "cluster" / "quickstart.py")
 
 
 def pytest_configure(config):
@@ -46,30 +33,14 @@ def pytest_collection_modifyitems(session, config, items):
         items[:] = [i for i in items if i not in last] + last
 
 
-class Node:
-    """kubectl against the cluster, and pods on the real node from the test image."""
-
-    def __init__(self, cluster):
-        self.cluster = cluster
-
-    def kubectl(self, *args: str, input: str | None = None, check: bool = True, timeout: float = 60):
-        return self.cluster.kubectl(*args, input=input, check=check, timeout=timeout)
-
-    def apply(self, *objs: dict) -> None:
-        self.kubectl("apply", "-f", "-", input=json.dumps({"apiVersion": "v1", "kind": "List", "items": list(objs)}))
-
-    def get(self, kind: str, name: str, ns: str | None = None) -> dict | None:
-        out = self.kubectl("get", kind, name, "-o", "json", *(["-n", ns] if ns else []), check=False)
-        return json.loads(out.stdout) if out.returncode == 0 else None
-
-    @staticmethod
-    def wait_for(what: str, fn, timeout: float = 60, interval: float = 0.5):
-        return wait_for(what, fn, timeout, interval)
+class Node(Kube):
+    """The kubectl helper, plus namespaces and pods on the real node from the test image."""
 
     def namespace(self, name: str) -> str:
         self.apply({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}})
         # Pods are refused until the controller-manager made the namespace's default SA.
-        self.wait_for(f"serviceaccount default in {name}", lambda: self.get("serviceaccount", "default", name))
+        wait_for(f"serviceaccount default in {name}", lambda: self.get("serviceaccount", "default", name),
+                 60, 0.5)
         return name
 
     @staticmethod
@@ -87,8 +58,8 @@ class Node:
         def done():
             p = self.get("pod", name, ns)
             return p if p and p["status"].get("phase") in ("Succeeded", "Failed") else None
-        pod = self.wait_for(f"pod {ns}/{name} to finish", done, timeout)
-        log = self.kubectl("logs", "-n", ns, name).stdout
+        pod = wait_for(f"pod {ns}/{name} to finish", done, timeout, 0.5)
+        log = self.run("logs", "-n", ns, name).stdout
         return pod, log
 
 

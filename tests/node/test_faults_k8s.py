@@ -30,6 +30,9 @@ from pathlib import Path
 
 import pytest
 
+from hack import cluster as cp
+from hack.cluster import nodeimages as ni
+from hack.cluster import quickstart as qs
 from rlscale.operator import builders as B
 from rlscale.operator import constants as C
 from tests.node.runs import RunView, wait
@@ -96,7 +99,6 @@ def score(prompt, completion, answer, extra):
 
 
 def test_a_run_survives_faults_losing_at_most_one_checkpoint_interval(node_cluster, images, tmp_path):
-    qs, cp = sys.modules["rlscale_quickstart"], sys.modules["rlscale_controlplane"]  # loaded by conftest
     c = node_cluster
     kubectl = c.kubectl
     ckpt = tmp_path / "checkpoints"
@@ -211,7 +213,7 @@ def test_a_run_survives_faults_losing_at_most_one_checkpoint_interval(node_clust
             # Between two checkpoints (two steps past one), so steps are really lost and redone.
             wait("a step two past a checkpoint", lambda: run.logged()[-1]["step"] % EVERY == 2, 60, 0.1)
             sock = Path(c.containerd_socket)
-            out = cp._nodeimages().ctr(sock, "task", "kill", "-s", "SIGKILL", cid)
+            out = ni.ctr(sock, "task", "kill", "-s", "SIGKILL", cid)
             assert out.returncode == 0, out
 
         episode("learner process killed", kill_learner,

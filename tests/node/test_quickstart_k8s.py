@@ -17,6 +17,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from hack import cluster as cp
+from hack.cluster import quickstart as qs
 from rlscale.operator import builders as B
 from rlscale.operator import constants as C
 from tests.e2e.conftest import prometheus_binary
@@ -27,7 +29,6 @@ pytestmark = [pytest.mark.cluster, pytest.mark.slow, pytest.mark.timeout(3000)]
 REPO = Path(__file__).resolve().parents[2]
 
 
-qs = sys.modules["rlscale_quickstart"]  # hack/cluster/quickstart.py, loaded by conftest
 OPERATOR_NS = qs.OPERATOR_NS
 RUN = "quickstart"
 NS = "quickstart-e2e"
@@ -111,7 +112,6 @@ def dashboard_queries(run: str, namespace: str) -> list[tuple[str, str]]:
 def test_kubectl_apply_trains_the_quickstart_to_its_target_on_the_operators_own_pods(node_cluster, images, tmp_path):
     c = node_cluster
     kubectl = c.kubectl
-    cp = sys.modules["rlscale_controlplane"]  # hack/cluster/controlplane.py, loaded by conftest
 
     def get(kind: str, name: str | None = None, ns: str = NS, selector: str | None = None):
         args = ["get", kind, *([name] if name else []), "-n", ns, "-o", "json", *(["-l", selector] if selector else [])]
@@ -222,7 +222,6 @@ def test_failing_runs_say_why_and_free_their_pods(node_cluster, images, tmp_path
     reason in a condition and an Event, and every workload at zero."""
     c = node_cluster
     kubectl = c.kubectl
-    cp = sys.modules["rlscale_controlplane"]
     qs.helm_install(cp.bin_dir() / "helm", c.kubeconfig)  # a no-op after the quickstart test
 
     def get(kind: str, name: str | None = None, selector: str | None = None):

@@ -14,9 +14,12 @@ from pathlib import Path
 
 import pytest
 
+from hack import cluster as cp
+from tests.conftest import wait_for
+
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from conftest import Node, cp  # noqa: E402
+from conftest import Node  # noqa: E402
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(600)]
 
@@ -58,7 +61,7 @@ def web(node):
     Service `echo` on port 80 in front of the same pods; returns (namespace, ClusterIP)."""
     ns = node.namespace("node-net")
     labels = {"app": "web"}
-    node.apply(
+    node.apply([
         {"apiVersion": "v1", "kind": "Service", "metadata": {"name": "web", "namespace": ns},
          "spec": {"clusterIP": "None", "selector": labels, "ports": [{"name": "http", "port": 8080}]}},
         {"apiVersion": "v1", "kind": "Service", "metadata": {"name": "echo", "namespace": ns},
@@ -68,13 +71,13 @@ def web(node):
                   "template": {"metadata": {"labels": labels},
                                "spec": node.pod_spec(["/bin/probe", "serve", "8080", "hello"],
                                                      restart="Always")}}},
-    )
+    ])
 
     def ready():
         p = node.get("pod", "web-0", ns)
         conds = (p or {}).get("status", {}).get("conditions", [])
         return p if any(c["type"] == "Ready" and c["status"] == "True" for c in conds) else None
-    pod = node.wait_for("web-0 Ready", ready, 90)
+    pod = wait_for("web-0 Ready", ready, 90, 0.5)
     ip = node.get("service", "echo", ns)["spec"]["clusterIP"]
     return ns, ip, pod["status"]["podIP"]
 
@@ -100,7 +103,7 @@ def test_cluster_ip_reaches_the_pod_through_kube_proxy(node, web):
     assert pod["status"]["phase"] == "Succeeded", log
     assert log.count("200 hello from web-0") == 2, log
     # kubectl exec goes apiserver -> kubelet (node IP, its CA-signed serving cert) -> containerd.
-    out = node.kubectl("exec", "-n", ns, "web-0", "--", "/bin/probe", "get", "http://127.0.0.1:8080/")
+    out = node.run("exec", "-n", ns, "web-0", "--", "/bin/probe", "get", "http://127.0.0.1:8080/")
     assert "200 hello from web-0" in out.stdout
 
 
@@ -139,7 +142,7 @@ def test_up_after_a_hard_kill_then_down_leaves_nothing(node_cluster, node, tmp_p
     argv = ["/bin/sleep", "3617"]
     node.apply({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "sleeper", "namespace": ns},
                 "spec": node.pod_spec(argv)})
-    node.wait_for("sleeper running", lambda: _procs_with_argv([a.encode() for a in argv]), 60)
+    wait_for("sleeper running", lambda: _procs_with_argv([a.encode() for a in argv]), 60, 0.5)
     for pid in node_cluster.pids.values():
         os.kill(pid, signal.SIGKILL)
     again = tmp_path / "again"

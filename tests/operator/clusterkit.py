@@ -1,9 +1,8 @@
-"""Helpers for the operator tests: waiting, kubectl, the operator process, example runs."""
+"""Helpers for the operator tests: waiting, kubectl (hack.cluster.Kube), the operator process,
+example runs."""
 
 from __future__ import annotations
 
-import importlib.util
-import json
 import os
 import signal
 import subprocess
@@ -14,53 +13,17 @@ from typing import Any
 
 import yaml
 
+from hack import cluster as cp
+from hack.cluster import Kube
 from tests.conftest import wait_for
 
 REPO = Path(__file__).resolve().parents[2]
 OPERATOR_NS = "rlscale-system"
 OPERATOR_SA = "rlscale-operator"  # the chart's name for release "rlscale"
-
-
-def _load_controlplane():
-    spec = importlib.util.spec_from_file_location("rlscale_controlplane", REPO / "hack" / "cluster" / "controlplane.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod  # dataclasses look their module up here
-    spec.loader.exec_module(mod)
-    return mod
-
-
-cp = _load_controlplane()
 K8S_VERSION = cp.versions()["K8S_VERSION"]
-
-
-class Kube:
-    """kubectl (the one built from k8s.io/kubernetes) against the test cluster."""
-
-    def __init__(self, cluster: Any):
-        self.cluster = cluster
-
-    def run(self, *args: str, input: str | None = None, check: bool = True) -> subprocess.CompletedProcess:
-        return self.cluster.kubectl(*args, input=input, check=check)
-
-    def get(self, kind: str, name: str | None = None, ns: str | None = None, selector: str | None = None) -> Any:
-        args = ["get", kind, *([name] if name else []), "-o", "json"]
-        if ns:
-            args += ["-n", ns]
-        if selector:
-            args += ["-l", selector]
-        out = self.run(*args, check=False)
-        if out.returncode != 0:
-            if "NotFound" in out.stderr:
-                return None
-            raise AssertionError(out.stderr)
-        return json.loads(out.stdout)
-
-    def apply(self, obj: dict | str, ns: str | None = None, check: bool = True) -> subprocess.CompletedProcess:
-        text = obj if isinstance(obj, str) else json.dumps(obj)
-        return self.run("apply", "-f", "-", *(["-n", ns] if ns else []), input=text, check=check)
-
-    def patch_rlrun(self, name: str, ns: str, patch: dict) -> None:
-        self.run("patch", "rlrun", name, "-n", ns, "--type=merge", "-p", json.dumps(patch))
+# What the test modules import from here (cp is the package hack.cluster, Kube its kubectl helper).
+__all__ = ["K8S_VERSION", "OPERATOR_NS", "OPERATOR_SA", "REPO", "Kube", "Operator", "chart_objects", "cp",
+           "example_run", "wait_for"]
 
 
 def chart_objects(helm: Path, *set_args: str) -> list[dict]:

@@ -46,7 +46,7 @@ class Kueue:
         assert binary.exists() and crds.is_dir(), f"{binary} missing: run `make k8s` (hack/cluster/build.sh kueue)"
         # Server-side: the Workload CRD is too large for kubectl's last-applied annotation.
         self.kube.run("apply", "--server-side", "-f", str(crds))
-        self.kube.run("wait", "--for=condition=Established", "--timeout=60s", "-f", str(crds))
+        self.kube.wait("condition=Established", "-f", str(crds))
         self.kube.apply({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": KUEUE_NS}})
         _cert(self.dir / "webhook", "kueue-webhook")
         _cert(self.dir / "etc-kueue" / "metrics" / "certs", "kueue-metrics")

@@ -118,7 +118,7 @@ def test_spec_change_replans_and_scales_roles_independently(kube, operator, ns):
     wait_running(kube, "scale", ns)
     dep0, sts0 = workloads(kube, "scale", ns)
     want = max(1, dep0["spec"]["replicas"] - 3)
-    kube.patch_rlrun("scale", ns, {"spec": {"rollout": {"replicas": want}}})
+    kube.patch("rlrun", "scale", ns, {"spec": {"rollout": {"replicas": want}}})
     wait_for("rollout scaled", lambda: workloads(kube, "scale", ns)[0]["spec"]["replicas"] == want)
     r = wait_for("status re-planned", lambda: (x := rlrun(kube, "scale", ns))["status"].get("observedGeneration")
                  == x["metadata"]["generation"] and x)
@@ -130,7 +130,7 @@ def test_spec_change_replans_and_scales_roles_independently(kube, operator, ns):
     wait_for("rollout pods follow", lambda: len(running_pods(kube, "scale", ns, C.ROLE_ROLLOUT)) == want)
     # And the other way: learners change, rollout stays.
     learners = max(1, sts0["spec"]["replicas"] // 2)
-    kube.patch_rlrun("scale", ns, {"spec": {"learner": {"replicas": learners}}})
+    kube.patch("rlrun", "scale", ns, {"spec": {"learner": {"replicas": learners}}})
     wait_for("learners scaled", lambda: workloads(kube, "scale", ns)[1]["spec"]["replicas"] == learners)
     assert workloads(kube, "scale", ns)[0]["spec"]["replicas"] == want
 
@@ -139,14 +139,14 @@ def test_suspend_scales_to_zero_and_resume_restores(kube, operator, ns):
     kube.apply(example_run("pause"), ns)
     r = wait_running(kube, "pause", ns)
     plan = r["status"]["plan"]
-    kube.patch_rlrun("pause", ns, {"spec": {"suspend": True}})
+    kube.patch("rlrun", "pause", ns, {"spec": {"suspend": True}})
     wait_for("both roles at zero", lambda: [w["spec"]["replicas"] for w in workloads(kube, "pause", ns)] == [0, 0])
     wait_for("phase Suspended", lambda: rlrun(kube, "pause", ns)["status"].get("phase") == C.PHASE_SUSPENDED)
     assert kube.get("configmap", B.names("pause")[C.ROLE_CONFIG], ns)  # config kept
     assert cond(rlrun(kube, "pause", ns), C.COND_SUSPENDED)["status"] == "True"
     wait_for("pods gone", lambda: not running_pods(kube, "pause", ns, C.ROLE_LEARNER)
              and not running_pods(kube, "pause", ns, C.ROLE_ROLLOUT))
-    kube.patch_rlrun("pause", ns, {"spec": {"suspend": False}})
+    kube.patch("rlrun", "pause", ns, {"spec": {"suspend": False}})
     wait_running(kube, "pause", ns)
     dep, sts = workloads(kube, "pause", ns)
     assert (dep["spec"]["replicas"], sts["spec"]["replicas"]) == (plan["rolloutReplicas"], plan["learnerReplicas"])
@@ -202,7 +202,7 @@ def test_spec_only_the_planner_can_judge_is_reported_as_invalid(kube, operator, 
     assert r["status"]["phase"] == C.PHASE_FAILED
     assert not kube.get("deployment", ns=ns, selector=f"{C.LABEL_RUN}=unknown-model")["items"]
     # Fixing the spec recovers the run.
-    kube.patch_rlrun("unknown-model", ns, {"spec": {"model": {"path": "Qwen/Qwen2.5-7B"}}})
+    kube.patch("rlrun", "unknown-model", ns, {"spec": {"model": {"path": "Qwen/Qwen2.5-7B"}}})
     wait_running(kube, "unknown-model", ns)
     assert cond(rlrun(kube, "unknown-model", ns), C.COND_INVALID)["status"] == "False"
 
@@ -398,7 +398,7 @@ def test_a_driver_failure_fails_the_run_and_a_spec_change_retries_it(kube, opera
     assert f["reason"] == "DriverFailed" and "'nope:f' cannot be imported" in f["message"]
     wait_for("workloads at zero", lambda: [w["spec"]["replicas"] for w in workloads(kube, "oops", ns)] == [0, 0])
     # The user fixes the spec: the run is retried.
-    kube.patch_rlrun("oops", ns, {"spec": {"task": {"reward": "exact-match"}}})
+    kube.patch("rlrun", "oops", ns, {"spec": {"task": {"reward": "exact-match"}}})
     try:
         r = wait_running(kube, "oops", ns)
     except AssertionError as exc:

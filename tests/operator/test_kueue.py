@@ -98,13 +98,13 @@ def test_a_queued_run_starts_only_when_kueue_admits_all_of_it(kube, operator, ku
 
     # Suspending A gives its quota back (inactive Workload, evicted, pods gone, reservation
     # released): Kueue admits B, which starts whole.
-    kube.patch_rlrun("qa", ns, {"spec": {"suspend": True}})
+    kube.patch("rlrun", "qa", ns, {"spec": {"suspend": True}})
     wait_for("qa stopped", lambda: idle(kube, "qa", ns), 90)
     wait_for("qb admitted and running", lambda: running(kube, "qb", ns), 120)
     assert status(kube, "qa", ns).get("phase") == C.PHASE_SUSPENDED
 
     # Resumed, A queues again behind B: no pod until B is gone, then admitted whole again.
-    kube.patch_rlrun("qa", ns, {"spec": {"suspend": False}})
+    kube.patch("rlrun", "qa", ns, {"spec": {"suspend": False}})
     wait_for("qa Queued again", lambda: status(kube, "qa", ns).get("phase") == C.PHASE_QUEUED, 60)
     assert idle(kube, "qa", ns) and running(kube, "qb", ns)
     kube.run("delete", "rlrun", "qb", "-n", ns, "--wait=false")
@@ -124,7 +124,7 @@ def test_a_pod_group_holds_every_pod_of_the_run_or_the_run_says_what_is_missing(
         assert invalid["reason"] == "PodGroupUnavailable" and "scheduler-plugins" in invalid["message"], invalid
         assert kube.get("deployment", B.names("nogang")[C.ROLE_ROLLOUT], ns) is None
     kube.run("apply", "--server-side", "-f", str(crd))
-    kube.run("wait", "--for=condition=Established", "--timeout=60s", "-f", str(crd))
+    kube.wait("condition=Established", "-f", str(crd))
     kube.apply(example_run("gang", **spec), ns)
     pg = wait_for("the run's PodGroup", lambda: kube.get("podgroup", B.names("gang")[C.ROLE_GANG], ns), 60)
     plan = wait_for("gang planned", lambda: status(kube, "gang", ns).get("plan"), 60)

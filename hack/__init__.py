@@ -1,0 +1,1 @@
+"""Development tooling run from the repository root; hack.cluster is the local Kubernetes cluster."""
