@@ -16,7 +16,11 @@ Its task is a user's own: a JSONL file on the model claim and a reward plug-in i
   (docs/operations.md, "Faults").
 
 Samples lost are read off the run's own report: the steps a restart moved from metrics.jsonl to
-metrics.redone.jsonl, each with its batch size."""
+metrics.redone.jsonl, each with its batch size.
+
+The run happens once, in a module-scoped fixture that causes the faults one after the other and
+records what it saw (tests/node/scenario.py); each test checks one property of that record, so a
+property that fails does not hide the others."""
 
 from __future__ import annotations
 
@@ -26,6 +30,8 @@ import re
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
@@ -36,8 +42,13 @@ from hack.cluster import quickstart as qs
 from rlscale.operator import builders as B
 from rlscale.operator import constants as C
 from tests.node.runs import RunView, wait
+from tests.node.scenario import Steps
 
-pytestmark = [pytest.mark.cluster, pytest.mark.slow, pytest.mark.timeout(3000)]
+# The timeout counts the whole fixture against the module's first test. It was 3000 s when the
+# run stopped at its first failure; the fixture goes on to the next fault episodes after one the
+# run did not recover from, and each may wait out its own timeout (at most 900 s): room for four.
+pytestmark = [pytest.mark.cluster, pytest.mark.slow, pytest.mark.timeout(3000 + 4 * 900)]
+
 
 NS = "faults-e2e"
 RUN = "faults"
@@ -98,220 +109,424 @@ def score(prompt, completion, answer, extra):
 """
 
 
-def test_a_run_survives_faults_losing_at_most_one_checkpoint_interval(node_cluster, images, tmp_path):
-    c = node_cluster
-    kubectl = c.kubectl
-    ckpt = tmp_path / "checkpoints"
-    run = RunView(kubectl, NS, RUN, ckpt)
-    qs.helm_install(cp.bin_dir() / "helm", c.kubeconfig)  # a no-op after an earlier test
-    for ns in (NS, STRANGER_NS):
-        kubectl("apply", "-f", "-", input=json.dumps({"apiVersion": "v1", "kind": "Namespace",
-                                                      "metadata": {"name": ns, "labels": PSS}}))
-    kubectl("apply", "-f", "-", input=json.dumps({"apiVersion": "v1", "kind": "List",
-                                                  "items": qs.claims(NS, qs.model_cache(), ckpt)}))
-    # The task as a user brings their own: prompts from a JSONL file on the model claim, scored
-    # by a plug-in shipped in a ConfigMap (task.pluginVolume); the quickstart's sums, so the
-    # builtin model's tokenizer reads them.
-    data = qs.model_cache() / "data" / "faults-sums.jsonl"
-    data.parent.mkdir(parents=True, exist_ok=True)
-    data.write_text("".join(json.dumps({"prompt": f"{a}+{b}=", "answer": str(a + b)}) + "\n"
-                            for a in range(10, 100) for b in range(10, 100)))
-    data.chmod(0o644)
-    kubectl("apply", "-n", NS, "-f", "-", input=json.dumps({
-        "apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "sums-reward"},
-        "data": {"sums_reward.py": PLUGIN}}))
-    # The quickstart, with a target it never reaches (the test ends it), no evaluations in the
-    # way, a checkpoint every EVERY steps, and room for the restarts the test causes.
-    obj = qs.quickstart(target={"value": 0.999, "evalEvery": 1000}, budget={"maxSteps": 100000, "maxSamples": 10**9},
-                        checkpoint={"every": EVERY}, failurePolicy={"backoffLimit": 20},
-                        task={"name": "sums", "dataset": f"{C.MODEL_MOUNT}/data/{data.name}", "promptField": "prompt",
-                              "evalSize": 64, "reward": "sums_reward:score",
-                              "pluginVolume": {"configMap": {"name": "sums-reward"}}})
-    obj["metadata"]["name"] = RUN
-    batch = obj["spec"]["batch"]["prompts"] * obj["spec"]["batch"]["samplesPerPrompt"]
-    lost: dict[str, dict] = {}
+# The scenario's steps, in the order they happen; the episodes' names are the `lost` table's keys.
+INSTALLED = "the run installed"
+STRANGER_STARTED = "the stranger pod started"
+TRAINING = "the run training"
+OPERATOR_RESTARTED = "operator restarted"
+ROLLOUT_KILLED = "rollout pod killed"
+LEARNER_KILLED = "learner process killed"
+SUSPENDED = "suspended"
+RESUMED = "resumed"
+STRANGER_READ = "the stranger pod's attempts read"
+HEAD_KILLED = "ray head killed"
+FINAL = "the run's final state read"
+ROLES = (C.ROLE_RAY_HEAD, C.ROLE_ROLLOUT, C.ROLE_LEARNER)
+OP_SEL = "app.kubernetes.io/name=rlscale"
 
-    def advanced_past(step: int, by: int = 3):
+
+@dataclass
+class Facts:
+    """What the faults run showed. A step that did not complete has its error in `steps`; what
+    it would have recorded after the error keeps its default."""
+
+    steps: Steps = field(default_factory=Steps)
+    batch: int = 0  # samples per step
+    # Per fault episode: steps and samples redone, the last step logged when it struck, seconds to recover.
+    lost: dict[str, dict] = field(default_factory=dict)
+    learner_log_at_start: str = ""
+    sample: dict = field(default_factory=dict)  # the last logged step's sample once two checkpoints exist
+    pods_before_operator_restart: dict = field(default_factory=dict)  # role -> {pod uid: restarts}
+    pods_after_operator_restart: dict = field(default_factory=dict)
+    operator_pods_after_restart: int = 0
+    learner_before_rollout_kill: dict = field(default_factory=dict)  # {pod uid: restarts}
+    learner_after_rollout_kill: dict = field(default_factory=dict)
+    killed_rollout_pod: str = ""
+    rollout_pods_after_kill: list[str] = field(default_factory=list)
+    learner_log_after_kill: str = ""
+    resumed_after_kill: list[int] = field(default_factory=list)  # "resumed from step N" in the learner's log
+    seen_while_suspending: list[tuple[bool, bool]] = field(default_factory=list)  # (learner pods, rollout pods)
+    step_at_suspend: int | None = None
+    saved_at_suspend: int | None = None  # the newest checkpoint once suspended
+    phase_when_suspended: str = ""
+    learner_log_after_resume: str = ""
+    stranger_said: dict[str, str] = field(default_factory=dict)  # attempt -> its RESULT line
+    learner_log_at_head_loss: str = ""  # followed from before the kill
+    learner_states: list[dict] = field(default_factory=list)  # learner-0's containers after the head's loss
+    final_steps: list[int] = field(default_factory=list)  # the steps in metrics.jsonl at the end
+    final_conditions: dict[str, dict] = field(default_factory=dict)
+    final_status: dict = field(default_factory=dict)
+
+
+@pytest.fixture(scope="module")
+def faults(node_cluster, images, tmp_path_factory) -> Iterator[Facts]:
+    """The faults run, once for the module: every step in order, what it showed recorded; the
+    namespaces are deleted after the module's tests."""
+    scenario = FaultsRun(node_cluster, images, tmp_path_factory.mktemp("faults"))
+    try:
+        scenario.run_all()
+        yield scenario.facts
+    finally:
+        for ns in (NS, STRANGER_NS):
+            node_cluster.kubectl("delete", "namespace", ns, "--wait=false", check=False)
+
+
+class FaultsRun:
+    """The faults run's steps. Each fault episode needs only the run to have trained: after a
+    fault the run did not recover from, the next episodes still run (and record their own
+    errors)."""
+
+    def __init__(self, cluster, images: dict[str, str], workdir: Path):
+        self.c, self.kubectl, self.images, self.workdir = cluster, cluster.kubectl, images, workdir
+        self.run = RunView(cluster.kubectl, NS, RUN, workdir / "checkpoints")
+        self.facts = Facts()
+
+    def run_all(self) -> None:
+        s, f = self.facts.steps, self.facts
+        s.run(INSTALLED, self.install)
+        s.run(STRANGER_STARTED, self.start_stranger, needs=[INSTALLED])
+        s.run(TRAINING, self.train, needs=[INSTALLED])
+        s.run(OPERATOR_RESTARTED, self.restart_operator, needs=[TRAINING])
+        s.run(ROLLOUT_KILLED, self.kill_rollout_pod, needs=[TRAINING])
+        s.run(LEARNER_KILLED, self.kill_learner, needs=[TRAINING])
+        s.run(SUSPENDED, self.suspend, needs=[TRAINING])
+        # Resumed even when the suspension did not complete: `suspend: true` is undone either way.
+        s.run(RESUMED, self.resume, needs=[TRAINING])
+        s.run(STRANGER_READ, self.read_stranger, needs=[STRANGER_STARTED])
+        s.run(HEAD_KILLED, self.kill_ray_head, needs=[TRAINING])
+        print(f"\nsamples lost per fault (checkpoint every {EVERY} steps of {f.batch} samples): "
+              f"{json.dumps(f.lost, indent=1)}", file=sys.stderr)
+        s.run(FINAL, self.read_final_state, needs=[TRAINING])  # the state after the faults, or none
+
+    # What the steps share.
+
+    def advanced_past(self, step: int, by: int = 3):
         """The report shows `by` steps past `step` (the driver's log of steps it kept)."""
-        logged = run.logged()
+        logged = self.run.logged()
         return logged and logged[-1]["step"] >= step + by and logged[-1]["step"]
 
-    def uids(role: str) -> dict[str, int]:
+    def uids(self, role: str) -> dict[str, int]:
         return {p["metadata"]["uid"]: sum(cs.get("restartCount", 0) for cs in p["status"].get("containerStatuses", []))
-                for p in run.running(role)}
+                for p in self.run.running(role)}
 
-    def episode(name: str, fault, recovered, timeout: float = 900) -> None:
+    def episode(self, name: str, fault, recovered, timeout: float = 900) -> None:
         """Cause `fault`, wait until `recovered(last step logged when it struck)`, and record the
         steps and samples it cost."""
+        run = self.run
         redone_before = len(run.redone())
         t0 = time.monotonic()
         fault()
         last_before = run.logged()[-1]["step"]  # the fault may wait for its moment
         wait(f"the run to recover from: {name}", lambda: recovered(last_before), timeout, 2)
         new = run.redone()[redone_before:]
-        lost[name] = {"steps": len(new), "samples": sum(r["batch_samples"] for r in new),
-                      "last step before": last_before, "recovered in s": round(time.monotonic() - t0)}
-        print(f"\n{name}: {json.dumps(lost[name])}", file=sys.stderr)
+        self.facts.lost[name] = {"steps": len(new), "samples": sum(r["batch_samples"] for r in new),
+                                 "last step before": last_before, "recovered in s": round(time.monotonic() - t0)}
+        print(f"\n{name}: {json.dumps(self.facts.lost[name])}", file=sys.stderr)
 
-    def learner_log() -> str:
-        return kubectl("logs", "-n", NS, f"{RUN}-learner-0", check=False).stdout
+    def learner_log(self) -> str:
+        return self.kubectl("logs", "-n", NS, f"{RUN}-learner-0", check=False).stdout
 
-    try:
+    # The steps.
+
+    def install(self) -> None:
+        kubectl = self.kubectl
+        qs.helm_install(cp.bin_dir() / "helm", self.c.kubeconfig)  # a no-op after an earlier test
+        for ns in (NS, STRANGER_NS):
+            kubectl("apply", "-f", "-", input=json.dumps({"apiVersion": "v1", "kind": "Namespace",
+                                                          "metadata": {"name": ns, "labels": PSS}}))
+        kubectl("apply", "-f", "-", input=json.dumps({"apiVersion": "v1", "kind": "List",
+                                                      "items": qs.claims(NS, qs.model_cache(), self.run.checkpoints)}))
+        # The task as a user brings their own: prompts from a JSONL file on the model claim, scored
+        # by a plug-in shipped in a ConfigMap (task.pluginVolume); the quickstart's sums, so the
+        # builtin model's tokenizer reads them.
+        data = qs.model_cache() / "data" / "faults-sums.jsonl"
+        data.parent.mkdir(parents=True, exist_ok=True)
+        data.write_text("".join(json.dumps({"prompt": f"{a}+{b}=", "answer": str(a + b)}) + "\n"
+                                for a in range(10, 100) for b in range(10, 100)))
+        data.chmod(0o644)
+        kubectl("apply", "-n", NS, "-f", "-", input=json.dumps({
+            "apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "sums-reward"},
+            "data": {"sums_reward.py": PLUGIN}}))
+        # The quickstart, with a target it never reaches (the fixture's teardown ends it), no evaluations in
+        # the way, a checkpoint every EVERY steps, and room for the restarts the scenario causes.
+        obj = qs.quickstart(target={"value": 0.999, "evalEvery": 1000},
+                            budget={"maxSteps": 100000, "maxSamples": 10**9},
+                            checkpoint={"every": EVERY}, failurePolicy={"backoffLimit": 20},
+                            task={"name": "sums", "dataset": f"{C.MODEL_MOUNT}/data/{data.name}",
+                                  "promptField": "prompt", "evalSize": 64, "reward": "sums_reward:score",
+                                  "pluginVolume": {"configMap": {"name": "sums-reward"}}})
+        obj["metadata"]["name"] = RUN
+        self.facts.batch = obj["spec"]["batch"]["prompts"] * obj["spec"]["batch"]["samplesPerPrompt"]
         kubectl("apply", "-n", NS, "-f", "-", input=json.dumps(obj))
-        # A stranger tries the run's Ray head while it trains (checked before the head is killed).
-        n = B.names(RUN)
-        token_secret = wait("the run's Ray token Secret", lambda: run.get("secret", n[C.ROLE_TOKEN]), 60)
-        token = base64.b64decode(token_secret["data"][C.TOKEN_KEY]).decode()
-        kubectl("apply", "-f", "-", input=json.dumps(stranger_pod(images["RLSCALE_TRAINER_IMAGE"],
-                                                                  f"{n[C.ROLE_RAY_HEAD]}.{NS}.svc", token)))
-        for role in (C.ROLE_RAY_HEAD, C.ROLE_ROLLOUT, C.ROLE_LEARNER):
-            wait(f"{role} pod Running", lambda r=role: run.running(r), 900, 2)
-        wait("two checkpoints", lambda: len(run.checkpoint_steps()) >= 2, 900, 2)
-        # The prompts came from the file and the plug-in scored them, from the ConfigMap's mount.
-        assert f"reward plug-in sums_reward:score from {C.PLUGINS_MOUNT}/sums_reward.py" in learner_log()
-        assert re.search(r"\d+ train and \d+ held-out prompts", learner_log()), learner_log()[-3000:]
-        sample = run.logged()[-1]["sample"]
-        assert re.fullmatch(r"\d\d\+\d\d=", sample["prompt"]) and sample["reward"] in (0.0, 1.0), sample
 
-        # 1. The operator restarted mid-run: the new one adopts the run; nothing is replaced.
-        before = {role: uids(role) for role in (C.ROLE_RAY_HEAD, C.ROLE_ROLLOUT, C.ROLE_LEARNER)}
-        op_sel = "app.kubernetes.io/name=rlscale"
-        op_uid = run.get("pods", selector=op_sel, ns=qs.OPERATOR_NS)["items"][0]["metadata"]["uid"]
+    def start_stranger(self) -> None:
+        """A stranger tries the run's Ray head while it trains (read before the head is killed)."""
+        n = B.names(RUN)
+        token_secret = wait("the run's Ray token Secret", lambda: self.run.get("secret", n[C.ROLE_TOKEN]), 60)
+        token = base64.b64decode(token_secret["data"][C.TOKEN_KEY]).decode()
+        self.kubectl("apply", "-f", "-", input=json.dumps(stranger_pod(self.images["RLSCALE_TRAINER_IMAGE"],
+                                                                       f"{n[C.ROLE_RAY_HEAD]}.{NS}.svc", token)))
+
+    def train(self) -> None:
+        for role in ROLES:
+            wait(f"{role} pod Running", lambda r=role: self.run.running(r), 900, 2)
+        wait("two checkpoints", lambda: len(self.run.checkpoint_steps()) >= 2, 900, 2)
+        self.facts.learner_log_at_start = self.learner_log()
+        self.facts.sample = self.run.logged()[-1]["sample"]
+
+    def restart_operator(self) -> None:
+        """1. The operator restarted mid-run: the new one adopts the run; nothing is replaced."""
+        run, f = self.run, self.facts
+        f.pods_before_operator_restart = before = {role: self.uids(role) for role in ROLES}
+        op_uid = run.get("pods", selector=OP_SEL, ns=qs.OPERATOR_NS)["items"][0]["metadata"]["uid"]
         status_step = run.step()
 
         def new_operator_reports():
-            pods = run.get("pods", selector=op_sel, ns=qs.OPERATOR_NS)["items"]
+            pods = run.get("pods", selector=OP_SEL, ns=qs.OPERATOR_NS)["items"]
             fresh = [p for p in pods if p["metadata"]["uid"] != op_uid
                      and all(cs.get("ready") for cs in p["status"].get("containerStatuses", []))]
             # status.progress is the operator's copy of the driver's reports: it moves again.
             return fresh and run.step() >= status_step + 5
-        episode("operator restarted",
-                lambda: kubectl("delete", "pod", "-n", qs.OPERATOR_NS, "-l", op_sel, "--wait=false"),
-                lambda _: new_operator_reports())
-        after = {role: uids(role) for role in before}
-        assert after == before, f"pods replaced or restarted across the operator's restart: {before} -> {after}"
-        assert len(run.get("pods", selector=op_sel, ns=qs.OPERATOR_NS)["items"]) == 1
+        self.episode(OPERATOR_RESTARTED,
+                     lambda: self.kubectl("delete", "pod", "-n", qs.OPERATOR_NS, "-l", OP_SEL, "--wait=false"),
+                     lambda _: new_operator_reports())
+        f.pods_after_operator_restart = {role: self.uids(role) for role in before}
+        f.operator_pods_after_restart = len(run.get("pods", selector=OP_SEL, ns=qs.OPERATOR_NS)["items"])
 
-        # 2. A rollout pod killed mid-step, with no grace: the request is resent, nothing redone.
-        learner_before = uids(C.ROLE_LEARNER)
-        rollout_pod = run.running(C.ROLE_ROLLOUT)[0]["metadata"]["name"]
-        episode("rollout pod killed", lambda: kubectl("delete", "pod", "-n", NS, rollout_pod, "--grace-period=0",
-                                                      "--force", "--wait=false"),
-                lambda last: run.running(C.ROLE_ROLLOUT) and advanced_past(last))
-        assert uids(C.ROLE_LEARNER) == learner_before, "the learner restarted for a lost rollout replica"
-        assert rollout_pod not in [p["metadata"]["name"] for p in run.running(C.ROLE_ROLLOUT)]
+    def kill_rollout_pod(self) -> None:
+        """2. A rollout pod killed mid-step, with no grace: the request is resent, nothing redone."""
+        run, f = self.run, self.facts
+        f.learner_before_rollout_kill = self.uids(C.ROLE_LEARNER)
+        f.killed_rollout_pod = rollout_pod = run.running(C.ROLE_ROLLOUT)[0]["metadata"]["name"]
+        self.episode(ROLLOUT_KILLED, lambda: self.kubectl("delete", "pod", "-n", NS, rollout_pod, "--grace-period=0",
+                                                          "--force", "--wait=false"),
+                     lambda last: run.running(C.ROLE_ROLLOUT) and self.advanced_past(last))
+        f.learner_after_rollout_kill = self.uids(C.ROLE_LEARNER)
+        f.rollout_pods_after_kill = [p["metadata"]["name"] for p in run.running(C.ROLE_ROLLOUT)]
         # The kill lands anywhere in a step: inside a generation request (~40% of a step here)
         # the driver resends it; between requests the next one waits for the new replica.
-        lost["rollout pod killed"]["requests resent"] = learner_log().count("retrying")
+        f.lost[ROLLOUT_KILLED]["requests resent"] = self.learner_log().count("retrying")
 
-        # 3. The learner's process killed as the OOM killer does (SIGKILL, no checkpoint).
-        [(uid, restarts)] = uids(C.ROLE_LEARNER).items()
+    def kill_learner(self) -> None:
+        """3. The learner's process killed as the OOM killer does (SIGKILL, no checkpoint)."""
+        run, f = self.run, self.facts
+        [(uid, restarts)] = self.uids(C.ROLE_LEARNER).items()
         learner = run.get("pod", f"{RUN}-learner-0")
         cid = learner["status"]["containerStatuses"][0]["containerID"].split("://", 1)[1]
 
-        def kill_learner():
+        def sigkill():
             # Between two checkpoints (two steps past one), so steps are really lost and redone.
             wait("a step two past a checkpoint", lambda: run.logged()[-1]["step"] % EVERY == 2, 60, 0.1)
-            sock = Path(c.containerd_socket)
+            sock = Path(self.c.containerd_socket)
             out = ni.ctr(sock, "task", "kill", "-s", "SIGKILL", cid)
             assert out.returncode == 0, out
 
-        episode("learner process killed", kill_learner,
-                lambda last: uids(C.ROLE_LEARNER).get(uid, -1) > restarts and advanced_past(last))
-        resumed = [int(m) for m in re.findall(r"resumed from step (\d+)", learner_log())]
-        assert resumed and resumed[-1] % EVERY == 0, learner_log()[-3000:]
-        assert lost["learner process killed"]["steps"] >= 1, lost  # the crash really cost steps
+        self.episode(LEARNER_KILLED, sigkill,
+                     lambda last: self.uids(C.ROLE_LEARNER).get(uid, -1) > restarts and self.advanced_past(last))
+        f.learner_log_after_kill = self.learner_log()
+        f.resumed_after_kill = [int(m) for m in re.findall(r"resumed from step (\d+)", f.learner_log_after_kill)]
 
-        # 4. Suspend, then resume. The learners stop first: rank 0 finishes its step and
-        # checkpoints on SIGTERM while the rollout replicas still serve it; they stop once the
-        # last learner pod is gone (stopped together, the replicas went first once in eight
-        # runs, the step never finished and the grace period ran out; docs/operations.md).
-        def suspend(flag: bool):
-            kubectl("patch", "rlrun", RUN, "-n", NS, "--type=merge", "-p", json.dumps({"spec": {"suspend": flag}}))
+    def set_suspend(self, flag: bool) -> None:
+        self.kubectl("patch", "rlrun", RUN, "-n", NS, "--type=merge", "-p", json.dumps({"spec": {"suspend": flag}}))
 
-        seen: list[tuple[bool, bool]] = []
+    def suspend(self) -> None:
+        """4. Suspend. The learners stop first: rank 0 finishes its step and checkpoints on
+        SIGTERM while the rollout replicas still serve it; they stop once the last learner pod is
+        gone (stopped together, the replicas went first once in eight runs, the step never
+        finished and the grace period ran out; docs/operations.md)."""
+        run, f = self.run, self.facts
 
         def suspended():
             learners, rollouts = bool(run.pods(C.ROLE_LEARNER)), bool(run.pods(C.ROLE_ROLLOUT))
-            seen.append((learners, rollouts))
+            f.seen_while_suspending.append((learners, rollouts))
             return not learners and not rollouts
-        episode("suspended", lambda: suspend(True), lambda _: suspended(), 300)
-        assert (True, False) not in seen, f"a learner pod outlived the rollout pods: {seen}"
-        at_suspend, saved = run.logged()[-1]["step"], run.checkpoint_steps()[-1]
-        lost["suspended"]["checkpointed on SIGTERM"] = saved == at_suspend
-        assert at_suspend - EVERY <= saved <= at_suspend, (saved, at_suspend)
-        assert run.rlrun()["status"]["phase"] == C.PHASE_SUSPENDED
-        episode("resumed", lambda: suspend(False), advanced_past)
-        assert re.search(rf"resumed from step {saved}\b", learner_log()), learner_log()[-3000:]
+        self.episode(SUSPENDED, lambda: self.set_suspend(True), lambda _: suspended(), 300)
+        f.step_at_suspend, f.saved_at_suspend = run.logged()[-1]["step"], run.checkpoint_steps()[-1]
+        f.lost[SUSPENDED]["checkpointed on SIGTERM"] = f.saved_at_suspend == f.step_at_suspend
+        f.phase_when_suspended = run.rlrun()["status"]["phase"]
 
-        # Strangers were kept out of the run's Ray cluster while it trained.
+    def resume(self) -> None:
+        """4. ...then resume: the run goes on from the checkpoint the suspension left."""
+        self.episode(RESUMED, lambda: self.set_suspend(False), self.advanced_past)
+        self.facts.learner_log_after_resume = self.learner_log()
+
+    def read_stranger(self) -> None:
+        """What the stranger pod's attempts on the run's Ray head said, while the run trained."""
+        kubectl = self.kubectl
         results = wait("the stranger pod's attempts", lambda: (
-            (pod := run.get("pod", "stranger", ns=STRANGER_NS))
+            (pod := self.run.get("pod", "stranger", ns=STRANGER_NS))
             and pod["status"].get("phase") in ("Succeeded", "Failed")
             and {cs["name"]: kubectl("logs", "stranger", "-n", STRANGER_NS, "-c", cs["name"]).stdout
                  for cs in pod["status"]["containerStatuses"]}), 300, 3)
-        said = {name: next((ln for ln in out.splitlines() if ln.startswith("RESULT")), out[-300:])
-                for name, out in results.items()}
+        said = self.facts.stranger_said
+        said.update({name: next((ln for ln in out.splitlines() if ln.startswith("RESULT")), out[-300:])
+                     for name, out in results.items()})
         print(f"\nRay from a pod outside the run: {json.dumps(said, indent=1)}", file=sys.stderr)
-        for name in ("gcs-no-token", "gcs-wrong-token", "client-no-token"):
-            assert said[name].startswith("RESULT refused"), said
-        for name in ("gcs-no-token", "gcs-wrong-token"):
-            assert "AuthenticationError" in said[name], said
-        assert said["gcs-run-token"] == "RESULT connected" and said["client-run-token"] == "RESULT connected", said
 
-        # 5. The Ray head killed. Steps go on at first (the driver's calls to the replicas need no
-        # GCS); Ray's nodes give up on the lost GCS after its reconnect timeout (60 s), so the run
-        # is judged well past that: every role running, and steps still being logged.
+    def kill_ray_head(self) -> None:
+        """5. The Ray head killed. Steps go on at first (the driver's calls to the replicas need
+        no GCS); Ray's nodes give up on the lost GCS after its reconnect timeout (60 s), so the
+        run is judged well past that: every role running, and steps still being logged."""
+        run, f = self.run, self.facts
         head = run.running(C.ROLE_RAY_HEAD)[0]["metadata"]["name"]
-        restarts_before = {role: sum(uids(role).values()) for role in (C.ROLE_LEARNER, C.ROLE_ROLLOUT)}
+        restarts_before = {role: sum(self.uids(role).values()) for role in (C.ROLE_LEARNER, C.ROLE_ROLLOUT)}
         killed_at, settled = time.monotonic(), {}
 
         def steady_after_head_loss(_last):
             if time.monotonic() - killed_at < GCS_GIVE_UP_S + 60:
                 return False
             settled.setdefault("step", run.logged()[-1]["step"])
-            return (all(run.running(r) for r in (C.ROLE_RAY_HEAD, C.ROLE_ROLLOUT, C.ROLE_LEARNER))
-                    and advanced_past(settled["step"]))
+            return all(run.running(r) for r in ROLES) and self.advanced_past(settled["step"])
         # The learner's log is followed from before the kill, so the container that sees the head
         # go is read while it runs: `kubectl logs --previous` afterwards answered "unable to
         # retrieve container logs" in one CI run (a container that has just exited is the newest
         # dead one, and the kubelet keeps one dead container per container).
-        follow_log = tmp_path / "learner-at-head-loss.log"
+        follow_log = self.workdir / "learner-at-head-loss.log"
         with follow_log.open("w") as sink:
-            follower = subprocess.Popen([str(cp.bin_dir() / "kubectl"), f"--kubeconfig={c.kubeconfig}", "logs",
+            follower = subprocess.Popen([str(cp.bin_dir() / "kubectl"), f"--kubeconfig={self.c.kubeconfig}", "logs",
                                          "-f", "-n", NS, f"{RUN}-learner-0", "-c", "learner", "--tail=20"],
                                         stdout=sink, stderr=subprocess.STDOUT)
         try:
-            episode("ray head killed", lambda: kubectl("delete", "pod", "-n", NS, head, "--grace-period=0", "--force",
-                                                       "--wait=false"), steady_after_head_loss)
+            self.episode(HEAD_KILLED, lambda: self.kubectl("delete", "pod", "-n", NS, head, "--grace-period=0",
+                                                           "--force", "--wait=false"), steady_after_head_loss)
         finally:
             follower.kill()
             follower.wait()
-        lost["ray head killed"]["restarts"] = {role: sum(uids(role).values()) - n
-                                               for role, n in restarts_before.items()}
-        print(f"ray head killed: {lost['ray head killed']}", file=sys.stderr)
+            f.learner_log_at_head_loss = follow_log.read_text()
+        f.lost[HEAD_KILLED]["restarts"] = {role: sum(self.uids(role).values()) - n
+                                           for role, n in restarts_before.items()}
+        print(f"ray head killed: {f.lost[HEAD_KILLED]}", file=sys.stderr)
+        f.learner_states = [{k: cs.get(k) for k in ("restartCount", "state", "lastState")}
+                            for cs in run.get("pod", f"{RUN}-learner-0")["status"]["containerStatuses"]]
 
-        print(f"\nsamples lost per fault (checkpoint every {EVERY} steps of {batch} samples): "
-              f"{json.dumps(lost, indent=1)}", file=sys.stderr)
-        for name in ("operator restarted", "rollout pod killed", "suspended"):
-            assert lost[name]["steps"] == 0, (name, lost[name])
-        for name in ("learner process killed", "resumed", "ray head killed"):
-            assert lost[name]["steps"] <= EVERY and lost[name]["samples"] <= EVERY * batch, (name, lost[name])
-        # The driver left the lost cluster by itself (trainer/gang.py HeadWatch) and rejoined.
-        assert lost["ray head killed"]["restarts"][C.ROLE_LEARNER] >= 1, lost["ray head killed"]
-        learner_states = [{k: cs.get(k) for k in ("restartCount", "state", "lastState")}
-                          for cs in run.get("pod", f"{RUN}-learner-0")["status"]["containerStatuses"]]
-        assert "the run's Ray head was replaced" in follow_log.read_text(), (
-            follow_log.read_text()[-3000:], learner_states)
-        # One history: every step once in metrics.jsonl, and the run still healthy.
-        steps = [r["step"] for r in run.logged()]
-        assert steps == list(range(1, len(steps) + 1))
-        conds = run.conditions()
-        assert run.status().get("phase") == C.PHASE_RUNNING, run.status()
-        assert conds.get(C.COND_FAILED, {}).get("status") != "True", conds
-    finally:
-        for ns in (NS, STRANGER_NS):
-            kubectl("delete", "namespace", ns, "--wait=false", check=False)
+    def read_final_state(self) -> None:
+        f = self.facts
+        f.final_steps = [r["step"] for r in self.run.logged()]
+        f.final_conditions = self.run.conditions()
+        f.final_status = self.run.status()
+
+
+# The properties, in the order the run meets them.
+
+
+def costs_no_step(facts: Facts, name: str) -> None:
+    facts.steps.require(name)
+    assert facts.lost[name]["steps"] == 0, (name, facts.lost[name])
+
+
+def costs_at_most_one_interval(facts: Facts, name: str) -> None:
+    facts.steps.require(name)
+    lost = facts.lost[name]
+    assert lost["steps"] <= EVERY and lost["samples"] <= EVERY * facts.batch, (name, lost)
+
+
+def test_the_task_comes_from_the_users_file_and_plugin(faults):
+    """The prompts came from the file and the plug-in scored them, from the ConfigMap's mount."""
+    faults.steps.require(TRAINING)
+    log = faults.learner_log_at_start
+    assert f"reward plug-in sums_reward:score from {C.PLUGINS_MOUNT}/sums_reward.py" in log
+    assert re.search(r"\d+ train and \d+ held-out prompts", log), log[-3000:]
+    sample = faults.sample
+    assert re.fullmatch(r"\d\d\+\d\d=", sample["prompt"]) and sample["reward"] in (0.0, 1.0), sample
+
+
+def test_an_operator_restart_replaces_no_pod_of_the_run(faults):
+    faults.steps.require(OPERATOR_RESTARTED)
+    before, after = faults.pods_before_operator_restart, faults.pods_after_operator_restart
+    assert after == before, f"pods replaced or restarted across the operator's restart: {before} -> {after}"
+    assert faults.operator_pods_after_restart == 1
+
+
+def test_an_operator_restart_costs_no_step(faults):
+    costs_no_step(faults, OPERATOR_RESTARTED)
+
+
+def test_a_killed_rollout_pod_is_replaced_without_restarting_the_learner(faults):
+    faults.steps.require(ROLLOUT_KILLED)
+    assert faults.learner_after_rollout_kill == faults.learner_before_rollout_kill, (
+        "the learner restarted for a lost rollout replica")
+    assert faults.killed_rollout_pod not in faults.rollout_pods_after_kill
+
+
+def test_a_killed_rollout_pod_costs_no_step(faults):
+    costs_no_step(faults, ROLLOUT_KILLED)
+
+
+def test_a_killed_learner_resumes_from_its_newest_checkpoint(faults):
+    faults.steps.require(LEARNER_KILLED)
+    resumed = faults.resumed_after_kill
+    assert resumed and resumed[-1] % EVERY == 0, faults.learner_log_after_kill[-3000:]
+    assert faults.lost[LEARNER_KILLED]["steps"] >= 1, faults.lost  # the crash really cost steps
+
+
+def test_a_killed_learner_costs_at_most_one_interval(faults):
+    costs_at_most_one_interval(faults, LEARNER_KILLED)
+
+
+def test_suspend_stops_every_learner_pod_no_later_than_the_rollout_pods(faults):
+    faults.steps.require(SUSPENDED)
+    seen = faults.seen_while_suspending
+    assert (True, False) not in seen, f"a learner pod outlived the rollout pods: {seen}"
+
+
+def test_suspend_checkpoints_on_sigterm_and_costs_no_step(faults):
+    faults.steps.require(SUSPENDED)
+    saved, at_suspend = faults.saved_at_suspend, faults.step_at_suspend
+    assert at_suspend - EVERY <= saved <= at_suspend, (saved, at_suspend)
+    assert faults.phase_when_suspended == C.PHASE_SUSPENDED
+    costs_no_step(faults, SUSPENDED)
+
+
+def test_resume_continues_from_the_suspend_checkpoint(faults):
+    faults.steps.require(SUSPENDED, RESUMED)
+    log = faults.learner_log_after_resume
+    assert re.search(rf"resumed from step {faults.saved_at_suspend}\b", log), log[-3000:]
+
+
+def test_resume_costs_at_most_one_interval(faults):
+    costs_at_most_one_interval(faults, RESUMED)
+
+
+def test_strangers_without_the_runs_token_are_refused(faults):
+    """Strangers were kept out of the run's Ray cluster while it trained."""
+    faults.steps.require(STRANGER_READ)
+    said = faults.stranger_said
+    for name in ("gcs-no-token", "gcs-wrong-token", "client-no-token"):
+        assert said[name].startswith("RESULT refused"), said
+    for name in ("gcs-no-token", "gcs-wrong-token"):
+        assert "AuthenticationError" in said[name], said
+
+
+def test_a_pod_with_the_runs_token_connects(faults):
+    """The refusals are Ray's authentication, not an unreachable address."""
+    faults.steps.require(STRANGER_READ)
+    said = faults.stranger_said
+    assert said["gcs-run-token"] == "RESULT connected" and said["client-run-token"] == "RESULT connected", said
+
+
+def test_a_lost_ray_head_is_rejoined_by_the_driver_itself(faults):
+    """The driver left the lost cluster by itself (trainer/gang.py HeadWatch) and rejoined."""
+    faults.steps.require(HEAD_KILLED)
+    assert faults.lost[HEAD_KILLED]["restarts"][C.ROLE_LEARNER] >= 1, faults.lost[HEAD_KILLED]
+    log = faults.learner_log_at_head_loss
+    assert "the run's Ray head was replaced" in log, (log[-3000:], faults.learner_states)
+
+
+def test_a_lost_ray_head_costs_at_most_one_interval(faults):
+    costs_at_most_one_interval(faults, HEAD_KILLED)
+
+
+def test_the_run_keeps_one_history(faults):
+    """Every step once in metrics.jsonl, after every fault."""
+    faults.steps.require(FINAL)
+    steps = faults.final_steps
+    assert steps == list(range(1, len(steps) + 1))
+
+
+def test_the_run_stays_healthy(faults):
+    faults.steps.require(FINAL)
+    assert faults.final_status.get("phase") == C.PHASE_RUNNING, faults.final_status
+    assert faults.final_conditions.get(C.COND_FAILED, {}).get("status") != "True", faults.final_conditions
 
 
 def stranger_pod(image: str, head: str, token: str) -> dict:
