@@ -33,6 +33,12 @@ DNS1123_RE = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
 # labels (a letter first); the name is also a label value (63 characters at most).
 RLRUN_NAME_RE = r"^[a-z]([-a-z0-9]*[a-z0-9])?$"
 RLRUN_NAME_MAX = 63
+# Upper bounds on the counts the planner enumerates: it scores every (rollout, learner) pair up
+# to maxReplicas against every prompt candidate (powers of two within [minPrompts, maxPrompts]),
+# so these keep one plan under about 1 s and 100 MiB in the operator (docs/measurements.md).
+MAX_REPLICAS = 64
+MAX_PROMPTS = 16384
+MAX_SAMPLES_PER_PROMPT = 1024
 
 
 class _Model(BaseModel):
@@ -211,10 +217,12 @@ class BatchSpec(_Model):
 
     prompts: Auto | PosInt = Field("auto", description='Prompts per step, or "auto" to let the planner choose within '
                                    '[minPrompts, maxPrompts].')
-    samples_per_prompt: PosInt = Field(8, description="Samples generated per prompt (the GRPO group size).")
-    min_prompts: PosInt = Field(4, description="Smallest prompts per step the planner may choose.")
-    max_prompts: PosInt = Field(256, description="Largest prompts per step the planner may choose.")
-    micro_batch: PosInt = Field(32, description="Most sequences per learner forward/backward, filled with whole "
+    samples_per_prompt: PosInt = Field(8, le=MAX_SAMPLES_PER_PROMPT,
+                                       description="Samples generated per prompt (the GRPO group size).")
+    min_prompts: PosInt = Field(4, le=MAX_PROMPTS, description="Smallest prompts per step the planner may choose.")
+    max_prompts: PosInt = Field(256, le=MAX_PROMPTS, description="Largest prompts per step the planner may choose.")
+    micro_batch: PosInt = Field(32, le=MAX_PROMPTS * MAX_SAMPLES_PER_PROMPT,
+                                description="Most sequences per learner forward/backward, filled with whole "
                                 "prompt groups (so at least samplesPerPrompt); gradients accumulate to the whole "
                                 "batch.")
 
@@ -310,7 +318,8 @@ class PodOverrides(_Model):
 
 class _RoleSpec(_Model):
     replicas: Auto | PosInt = Field("auto", description='Replica count, or "auto" to take it from the plan.')
-    max_replicas: PosInt = Field(8, description="Most replicas the planner may choose.")
+    max_replicas: PosInt = Field(8, le=MAX_REPLICAS, description="Most replicas the planner may choose (an explicit "
+                                 "replicas must not exceed it either).")
     gpus_per_replica: int = Field(1, ge=0, description="GPUs per replica (ignored on accelerator cpu).")
     image: str | None = Field(None, max_length=512, description="Container image; the chart's default when unset.")
     resources: dict[str, Any] = Field(default_factory=dict, description="Kubernetes resource requirements (requests, "

@@ -13,6 +13,7 @@ from rlscale.spec.models import (
     BUILTIN_MODELS,
     BUILTIN_REWARDS,
     BUILTIN_TASKS,
+    MAX_REPLICAS,
     RESERVED_ENV,
     RESERVED_MOUNTS,
     RESERVED_VOLUMES,
@@ -98,7 +99,7 @@ def _rule_replica_bounds(role: str):
         r: _RoleSpec = getattr(s, role)
         if r.replicas != "auto" and r.replicas > r.max_replicas:
             return _err(f"{role}.replicas", r.replicas, f"is above {role}.maxReplicas ({r.max_replicas})",
-                        "lower replicas or raise maxReplicas")
+                        f"lower replicas or raise maxReplicas (at most {MAX_REPLICAS})")
     return check
 
 
