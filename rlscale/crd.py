@@ -15,8 +15,12 @@ from rlscale.spec import (
     API_GROUP,
     API_VERSION,
     KIND,
+    PROJECTED_SOURCES,
     RLRUN_NAME_MAX,
     RLRUN_NAME_RE,
+    VALUE_FROM_KINDS,
+    VOLUME_SOURCES,
+    ExtraVolume,
     RLRunSpec,
 )
 from rlscale.spec.rules import RULES
@@ -73,11 +77,60 @@ def _constraints(info: FieldInfo | None, out: dict[str, Any]) -> None:
             out["pattern"] = m.pattern
 
 
+def _open(description: str, **props: dict[str, Any]) -> dict[str, Any]:
+    """An object whose named properties CEL reads, open to the rest of its Kubernetes fields."""
+    out: dict[str, Any] = {"description": description, "type": "object", "x-kubernetes-preserve-unknown-fields": True}
+    return {**out, "properties": props} if props else out
+
+
+def _name(description: str) -> dict[str, Any]:
+    return {"description": description, "type": "string", "maxLength": 253}
+
+
+def volume_source_properties() -> dict[str, Any]:
+    """The volume sources an RLRun may use (VOLUME_SOURCES), each declared so that CEL can see it;
+    any other source is not in the schema, so the API server refuses it (strict field
+    validation) or prunes it, leaving a volume with no source that the CEL rule refuses."""
+    secret_ref = _open("A Secret's keys as files.", name=_name("The Secret's name (not a run's *-ray-token)."))
+    projection = {"description": "One projection: " + ", ".join(PROJECTED_SOURCES) + ".", "type": "object",
+                  "properties": {"configMap": _open("A ConfigMap's keys as files."), "secret": secret_ref,
+                                 "downwardAPI": _open("Pod fields as files.")}}
+    props = {
+        "persistentVolumeClaim": _open("A PersistentVolumeClaim in the run's namespace (claimName)."),
+        "ephemeral": _open("A claim created and deleted with the pod (volumeClaimTemplate)."),
+        "configMap": _open("A ConfigMap's keys as files (name)."),
+        "secret": _open("A Secret's keys as files (secretName).", secretName=_name(
+            "The Secret's name (not a run's *-ray-token).")),
+        "emptyDir": _open("Scratch space that lives as long as the pod."),
+        "downwardAPI": _open("Pod fields as files."),
+        "projected": _open("Several of " + ", ".join(PROJECTED_SOURCES) + " in one directory.", sources={
+            "description": "The projections.", "type": "array", "maxItems": 16, "items": projection}),
+    }
+    assert tuple(props) == VOLUME_SOURCES
+    return props
+
+
+def _value_from_schema() -> dict[str, Any]:
+    props = {
+        "secretKeyRef": _open("A key of a Secret in the run's namespace.", name=_name(
+            "The Secret's name (not a run's *-ray-token).")),
+        "configMapKeyRef": _open("A key of a ConfigMap in the run's namespace."),
+        "fieldRef": _open("A field of the pod (metadata.name, status.podIP, ...)."),
+        "resourceFieldRef": _open("A resource limit or request of the container."),
+    }
+    assert tuple(props) == VALUE_FROM_KINDS
+    return {"type": "object", "properties": props}
+
+
 def _type_schema(t: Any, info: FieldInfo | None = None) -> dict[str, Any]:
     origin = get_origin(t)
     if origin is typing.Annotated:
         base, *meta = get_args(t)
         s = _type_schema(base)
+        if "volume-source" in meta:
+            s = {"type": "object", "properties": volume_source_properties()}
+        elif "value-from" in meta:
+            s = _value_from_schema()
         for m in meta:
             if isinstance(m, FieldInfo):
                 _constraints(m, s)
@@ -135,8 +188,10 @@ def _object_schema(model: type[BaseModel]) -> dict[str, Any]:
             d = info.default
             s["default"] = list(d) if isinstance(d, tuple) else d
         props[key] = s
+    if model is ExtraVolume:
+        props.update(volume_source_properties())  # closed: only the allowed sources
     out: dict[str, Any] = {"type": "object", "properties": props}
-    if model.model_config.get("extra") == "allow":
+    if model.model_config.get("extra") == "allow" and model is not ExtraVolume:
         # Named fields plus whatever Kubernetes accepts there (a volume's source, say).
         out["x-kubernetes-preserve-unknown-fields"] = True
     if model.__doc__:
@@ -269,9 +324,15 @@ def spec_reference_markdown() -> str:
     """The spec reference table for the README, generated from the same schema as the CRD."""
     rows = ["| field | type | default | description |", "|---|---|---|---|"]
 
+    sources = volume_source_properties()
+    source_type = "volume source: " + " \\| ".join(VOLUME_SOURCES)
+
     def walk(schema: dict[str, Any], path: str) -> None:
         for key, sub in schema.get("properties", {}).items():
             p = f"{path}.{key}"
+            if sub.get("properties") == sources:  # one row, not one per allowed source
+                rows.append(f"| `{p}` | {source_type} | | {sub.get('description', '')} |")
+                continue
             if sub.get("type") == "object" and "properties" in sub:
                 rows.append(f"| **`{p}`** | object | | {sub.get('description', '')} |")
                 walk(sub, p)

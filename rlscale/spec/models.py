@@ -49,8 +49,22 @@ class _Model(BaseModel):
 
 Auto = Literal["auto"]
 PosInt = Annotated[int, Field(gt=0, strict=True)]  # strict: YAML `true` is not 1
-# A Kubernetes volume source: exactly one of persistentVolumeClaim, hostPath, nfs, ...
-VolumeSource = Annotated[dict[str, Any], Field(min_length=1, max_length=1)]
+# What an RLRun may mount: storage the namespace's admin provides (claims), the namespace's
+# ConfigMaps and Secrets, and per-pod scratch. Every other source (hostPath, nfs, iscsi, csi,
+# flexVolume, ...) reaches a node's disk or a storage server past the admin, so it is refused.
+VOLUME_SOURCES = ("persistentVolumeClaim", "ephemeral", "configMap", "secret", "emptyDir", "downwardAPI",
+                  "projected")
+# projected.sources entries an RLRun may use (serviceAccountToken, clusterTrustBundle are refused).
+PROJECTED_SOURCES = ("configMap", "secret", "downwardAPI")
+# env valueFrom kinds an RLRun may use.
+VALUE_FROM_KINDS = ("secretKeyRef", "configMapKeyRef", "fieldRef", "resourceFieldRef")
+# The operator names each run's Ray token Secret `<run>-ray-token` (operator/builders.py, names());
+# no RLRun may read one, its own included (the operator hands each pod its own token).
+RAY_TOKEN_SECRET_SUFFIX = "-ray-token"
+# A Kubernetes volume source: exactly one of VOLUME_SOURCES (the CRD declares each, rules.py checks them).
+VolumeSource = Annotated[dict[str, Any], Field(min_length=1, max_length=1), "volume-source"]
+# An env entry's valueFrom: exactly one of VALUE_FROM_KINDS (the CRD declares each).
+ValueFrom = Annotated[dict[str, Any], "value-from"]
 
 
 class ModelShapeSpec(_Model):
@@ -267,12 +281,14 @@ class EnvVar(_Model):
 
     name: str = Field(min_length=1, max_length=253, pattern=ENV_NAME_RE, description="Variable name.")
     value: str | None = Field(None, description="Literal value.")
-    value_from: dict[str, Any] | None = Field(None, description="secretKeyRef, configMapKeyRef or fieldRef, as in a "
-                                              "pod spec.")
+    value_from: ValueFrom | None = Field(None, description="One of " + ", ".join(VALUE_FROM_KINDS) + ", as in a pod "
+                                         f"spec (no Secret named *{RAY_TOKEN_SECRET_SUFFIX}).")
 
 
 class ExtraVolume(_Model):
-    """A pod volume: a name and one volume source (secret, configMap, persistentVolumeClaim, ...)."""
+    """A pod volume: a name and one volume source (persistentVolumeClaim, configMap, secret, emptyDir, ...)."""
+
+    # The source is an extra key (checked against VOLUME_SOURCES by rules.py; declared in the CRD).
 
     model_config = ConfigDict(extra="allow", populate_by_name=True)
     name: str = Field(min_length=1, max_length=63, pattern=DNS1123_RE, description="Volume name, unique in the pod.")

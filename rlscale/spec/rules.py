@@ -14,10 +14,14 @@ from rlscale.spec.models import (
     BUILTIN_REWARDS,
     BUILTIN_TASKS,
     MAX_REPLICAS,
+    PROJECTED_SOURCES,
+    RAY_TOKEN_SECRET_SUFFIX,
     RESERVED_ENV,
     RESERVED_MOUNTS,
     RESERVED_VOLUMES,
     REWARD_EXPRESSION_RE,
+    VALUE_FROM_KINDS,
+    VOLUME_SOURCES,
     RLRunSpec,
     _RoleSpec,
 )
@@ -214,8 +218,73 @@ def _rule_response_hint(s: RLRunSpec):
                     "a response never exceeds maxNewTokens: lower the hint or raise maxNewTokens")
 
 
+def _is_token_secret(name: Any) -> bool:
+    return isinstance(name, str) and name.endswith(RAY_TOKEN_SECRET_SUFFIX)
+
+
+def _token_secret_err(path: str, name: str) -> FieldError:
+    return _err(path, name, f"names a run's Ray token Secret (the operator's *{RAY_TOKEN_SECRET_SUFFIX}), which "
+                "lets a pod join that run's Ray cluster", "name a Secret of your own; the operator already gives "
+                "each pod its run's token")
+
+
+_SOURCE_FIX = ("use a persistentVolumeClaim bound by your admin (allowed sources: " + ", ".join(VOLUME_SOURCES) + ")")
+
+
+def _projected_err(path: str, body: Any) -> FieldError | None:
+    sources = body.get("sources") if isinstance(body, dict) else None
+    for i, src in enumerate(sources if isinstance(sources, list) else []):
+        keys = list(src) if isinstance(src, dict) else []
+        if len(keys) != 1:
+            return _err(f"{path}.sources[{i}]", src, "must name exactly one projection",
+                        "use one of: " + ", ".join(PROJECTED_SOURCES))
+        if keys[0] not in PROJECTED_SOURCES:
+            return _err(f"{path}.sources[{i}].{keys[0]}", src[keys[0]], "is not a projection an RLRun may use",
+                        "use one of: " + ", ".join(PROJECTED_SOURCES))
+        name = src.get("secret", {}).get("name") if isinstance(src.get("secret"), dict) else None
+        if _is_token_secret(name):
+            return _token_secret_err(f"{path}.sources[{i}].secret.name", name)
+    return None
+
+
+def _source_err(path: str, source: dict[str, Any]) -> FieldError | None:
+    """A volume source that is not exactly one of VOLUME_SOURCES, or that reaches a Ray token Secret."""
+    if len(source) != 1:
+        return _err(path, source, "must name exactly one volume source",
+                    "e.g. {persistentVolumeClaim: {claimName: data}}; " + _SOURCE_FIX)
+    kind, body = next(iter(source.items()))
+    if kind not in VOLUME_SOURCES:
+        return _err(f"{path}.{kind}", body, "is not a volume source an RLRun may use (it reaches a node's disk or a "
+                    "storage server past the namespace's admin)", _SOURCE_FIX)
+    if kind == "secret" and isinstance(body, dict) and _is_token_secret(body.get("secretName")):
+        return _token_secret_err(f"{path}.secret.secretName", body["secretName"])
+    if kind == "projected":
+        return _projected_err(f"{path}.projected", body)
+    return None
+
+
+def _rule_volume_source(path: str, get):
+    def check(s: RLRunSpec):
+        source = get(s)
+        return None if source is None else _source_err(path, source)
+    return check
+
+
 def _cel_list(values: tuple[str, ...]) -> str:
     return "[" + ", ".join(f"'{v}'" for v in values) + "]"
+
+
+def _value_from_err(path: str, value_from: dict[str, Any]) -> FieldError | None:
+    allowed = "use one of: " + ", ".join(VALUE_FROM_KINDS)
+    if len(value_from) != 1:
+        return _err(path, value_from, "must name exactly one source", allowed)
+    kind, body = next(iter(value_from.items()))
+    if kind not in VALUE_FROM_KINDS:
+        return _err(f"{path}.{kind}", body, "is not a valueFrom an RLRun may use", allowed)
+    name = body.get("name") if isinstance(body, dict) else None
+    if kind == "secretKeyRef" and _is_token_secret(name):
+        return _token_secret_err(f"{path}.secretKeyRef.name", name)
+    return None
 
 
 def _rule_pod_env(role: str):
@@ -224,6 +293,8 @@ def _rule_pod_env(role: str):
             if e.name in RESERVED_ENV:
                 return _err(f"{role}.pod.env[{i}].name", e.name, "is set by the operator in every pod",
                             "choose another name (the operator's own: " + ", ".join(RESERVED_ENV) + ")")
+            if e.value_from is not None and (err := _value_from_err(f"{role}.pod.env[{i}].valueFrom", e.value_from)):
+                return err
     return check
 
 
@@ -233,10 +304,8 @@ def _rule_pod_volumes(role: str):
             if v.name in RESERVED_VOLUMES:
                 return _err(f"{role}.pod.volumes[{i}].name", v.name, "is a volume the operator mounts itself",
                             "choose another name (taken: " + ", ".join(RESERVED_VOLUMES) + ")")
-            if len(v.model_extra or {}) != 1:
-                return _err(f"{role}.pod.volumes[{i}]", v.model_dump(by_alias=True),
-                            "must name exactly one volume source",
-                            "e.g. {name: data, persistentVolumeClaim: {claimName: data}}")
+            if err := _source_err(f"{role}.pod.volumes[{i}]", dict(v.model_extra or {})):
+                return err
     return check
 
 
@@ -255,16 +324,52 @@ def _rule_pod_mounts(role: str):
     return check
 
 
+def _cel_one_of(x: str, keys: tuple[str, ...]) -> str:
+    return "[" + ", ".join(f"has({x}.{k})" for k in keys) + "].exists_one(b, b)"
+
+
+def _cel_not_token(x: str) -> str:
+    return f"(!has({x}) || !{x}.endsWith('{RAY_TOKEN_SECRET_SUFFIX}'))"
+
+
+def _cel_source(x: str) -> str:
+    """CEL for _source_err over the volume source `x`. The CRD declares only the allowed sources
+    (crd.py), so any other is pruned before CEL runs and leaves `x` with no source."""
+    return (f"{_cel_one_of(x, VOLUME_SOURCES)} && (!has({x}.secret) || {_cel_not_token(x + '.secret.secretName')})"
+            f" && (!has({x}.projected) || !has({x}.projected.sources) || {x}.projected.sources.all(p, "
+            f"{_cel_one_of('p', PROJECTED_SOURCES)} && (!has(p.secret) || {_cel_not_token('p.secret.name')})))")
+
+
+def _cel_value_from(x: str) -> str:
+    return (f"{_cel_one_of(x, VALUE_FROM_KINDS)} && "
+            f"(!has({x}.secretKeyRef) || {_cel_not_token(x + '.secretKeyRef.name')})")
+
+
+_SOURCE_MESSAGE = (" must name exactly one volume source of " + ", ".join(VOLUME_SOURCES)
+                   + f", and no Secret named *{RAY_TOKEN_SECRET_SUFFIX}")
+
+
+def _volume_rules() -> list[Rule]:
+    """The single volume sources of the spec (model, checkpoints, plug-ins) come from the allowlist."""
+    fields = [("model.volume", lambda s: s.model.volume), ("checkpoint.volume", lambda s: s.checkpoint.volume),
+              ("task.pluginVolume", lambda s: s.task.plugin_volume)]
+    return [Rule(path, f"!has(self.{path}) || {_cel_source('self.' + path)}", path + _SOURCE_MESSAGE,
+                 _rule_volume_source(path, get)) for path, get in fields]
+
+
 def _pod_rules(role: str) -> list[Rule]:
-    """A role's pod overrides may add to what the operator builds, never replace it (the
-    one-source check of a volume is Python's: CEL cannot count an open object's keys)."""
+    """A role's pod overrides may add to what the operator builds, never replace it, and reach
+    only what VOLUME_SOURCES and VALUE_FROM_KINDS allow."""
     return [
         Rule(f"{role}.pod.env", f"!has(self.{role}.pod.env) || "
-             f"self.{role}.pod.env.all(e, !(e.name in {_cel_list(RESERVED_ENV)}))",
-             f"{role}.pod.env must not set a variable the operator sets", _rule_pod_env(role)),
+             f"self.{role}.pod.env.all(e, !(e.name in {_cel_list(RESERVED_ENV)}) && "
+             f"(!has(e.valueFrom) || {_cel_value_from('e.valueFrom')}))",
+             f"{role}.pod.env must not set a variable the operator sets, and its valueFrom must be one of "
+             + ", ".join(VALUE_FROM_KINDS) + f" naming no Secret *{RAY_TOKEN_SECRET_SUFFIX}", _rule_pod_env(role)),
         Rule(f"{role}.pod.volumes", f"!has(self.{role}.pod.volumes) || "
-             f"self.{role}.pod.volumes.all(v, !(v.name in {_cel_list(RESERVED_VOLUMES)}))",
-             f"{role}.pod.volumes must not reuse a volume name the operator uses", _rule_pod_volumes(role)),
+             f"self.{role}.pod.volumes.all(v, !(v.name in {_cel_list(RESERVED_VOLUMES)}) && {_cel_source('v')})",
+             f"{role}.pod.volumes must not reuse a volume name the operator uses, and each" + _SOURCE_MESSAGE,
+             _rule_pod_volumes(role)),
         Rule(f"{role}.pod.volumeMounts",
              f"!has(self.{role}.pod.volumeMounts) || self.{role}.pod.volumeMounts.all(m, "
              f"has(self.{role}.pod.volumes) && self.{role}.pod.volumes.exists(v, v.name == m.name) && "
@@ -340,6 +445,7 @@ RULES: list[Rule] = [
          "task.reward must be exact-match, math, format, module:function, or a weighted sum of them", _rule_reward),
     Rule("task.pluginVolume", "!has(self.task.pluginVolume) || self.task.reward.contains(':')",
          "task.pluginVolume needs a plug-in (module:function) in task.reward", _rule_plugin_volume),
+    *_volume_rules(),
     *_pod_rules("rollout"),
     *_pod_rules("learner"),
 ]

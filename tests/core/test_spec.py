@@ -80,6 +80,10 @@ CROSS_FIELD = [
                           "volumeMounts": [{"name": "datta", "mountPath": "/data"}]}}},
      "spec.rollout.pod.volumeMounts", "mount one of: data"),
     ({"rollout": {"pod": {"volumes": [{"name": "data"}]}}}, "spec.rollout.pod.volumes", "exactly one volume source"),
+    ({"model": {"volume": {"hostPath": {"path": "/models"}}}}, "spec.model.volume",
+     "persistentVolumeClaim bound by your admin"),
+    ({"checkpoint": {"volume": {"nfs": {"server": "s", "path": "/"}}}}, "spec.checkpoint.volume",
+     "persistentVolumeClaim bound by your admin"),
     ({"learner": {"pod": {"volumes": [{"name": "data", "emptyDir": {}}],
                           "volumeMounts": [{"name": "data", "mountPath": "/dev/shm"}]}}},
      "spec.learner.pod.volumeMounts", "mount it elsewhere"),
@@ -89,8 +93,9 @@ CROSS_FIELD = [
 @pytest.mark.parametrize("spec,field,fix", CROSS_FIELD, ids=[c[1] + str(i) for i, c in enumerate(CROSS_FIELD)])
 def test_cross_field_rule_names_field_and_fix(spec, field, fix):
     errs = errors_of(spec)
-    # A rule over a list names the entry: spec.learner.pod.env[0].name.
-    hit = [e for e in errs if e.startswith((field + ":", field + "["))]
+    # A rule over a list names the entry (spec.learner.pod.env[0].name), one over a volume
+    # source the source (spec.model.volume.hostPath).
+    hit = [e for e in errs if e.startswith((field + ":", field + "[", field + "."))]
     assert hit, errs
     assert fix in hit[0], hit[0]
 

@@ -414,3 +414,12 @@ def _fresh_plan() -> Plan:
     from rlscale.plan import make_plan
 
     return make_plan(spec())
+
+
+def test_the_specs_token_suffix_is_the_operators_token_secret_name():
+    """The spec refuses Secrets named *RAY_TOKEN_SECRET_SUFFIX: that must be every run's token Secret,
+    a long name shortened with a hash included."""
+    from rlscale.spec import RAY_TOKEN_SECRET_SUFFIX
+
+    for run in ("r", "a" * 63):
+        assert B.names(run)[C.ROLE_TOKEN].endswith(RAY_TOKEN_SECRET_SUFFIX)
