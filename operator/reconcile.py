@@ -65,7 +65,8 @@ class Controller:
         # By (namespace, run, uid): the children checked absent or the run's own and since applied;
         # a repair pass (a child deleted) checks again.
         self._owned: dict[tuple[str, str, str], frozenset[tuple[str, str, str]]] = {}
-        self._tokens: set[tuple[str, str]] = set()  # (namespace, uid): Ray token Secrets this process created
+        # (namespace, run, uid): runs whose Ray token Secret this process created
+        self._tokens: set[tuple[str, str, str]] = set()
         self._backoff: dict[tuple[str, str], Backoff] = {}
 
     def forget(self, namespace: str, name: str) -> None:
@@ -73,7 +74,7 @@ class Controller:
         self._backoff.pop((namespace, name), None)
         for key in [k for k in self._owned if k[:2] == (namespace, name)]:
             del self._owned[key]
-        self._tokens -= {t for t in self._tokens if t[0] == namespace}
+        self._tokens = {t for t in self._tokens if t[:2] != (namespace, name)}
 
     def reconcile(self, namespace: str, name: str, trigger: str, *, body: dict[str, Any] | None = None,
                   observer: Observer | None = None,
@@ -292,7 +293,7 @@ class Controller:
         if not o.apply or (memo is not None and memo.get(TOKEN_MEMO)):
             return
         secret = B.build_ray_token_secret(o.run_ref(), B.new_ray_token())
-        name, key = secret["metadata"]["name"], (o.namespace, o.rlrun["metadata"]["uid"])
+        name, key = secret["metadata"]["name"], (o.namespace, o.name, o.rlrun["metadata"]["uid"])
         # A run an older operator planned (status.plan) got its Secret before its first plan was written.
         ours = key in self._tokens or o.status.get(S.TOKEN_STATUS) == name or \
             (bool(o.status.get("plan")) and S.TOKEN_STATUS not in o.status)

@@ -500,3 +500,13 @@ def test_a_namespace_without_pod_security_gets_no_run():
     # The chart value turned off, the same run goes on.
     Controller(fake, settings_with(require_pod_security=False)).reconcile(NS, RUN, "resume")
     assert cond(fake, C.COND_FAILED)["status"] == "False" and workload(fake, C.ROLE_LEARNER) is not None
+
+
+def test_forgetting_a_deleted_run_keeps_what_is_known_of_the_others(fake, ctl):
+    started(fake, ctl)
+    uid = rlrun(fake)["metadata"]["uid"]
+    ctl._tokens.add((NS, "other", "uid-x"))
+    ctl.forget(NS, "other")
+    assert ctl._tokens == {(NS, RUN, uid)} and (NS, RUN, uid) in ctl._owned
+    ctl.forget(NS, RUN)
+    assert not ctl._tokens and not ctl._owned
