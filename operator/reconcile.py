@@ -287,9 +287,11 @@ class Controller:
 
     def _token(self, o: Observed, memo: MutableMapping[str, Any] | None) -> None:
         """Create the run's Ray token Secret once; an existing one is kept (its pods hold it) when it
-        is the run's own: this process created it, or status.rayTokenSecret says an earlier one did.
-        The operator may not read Secrets, so any other existing one is a name collision. The RLRun's
-        memo remembers it; a pass from a child's event has no such memo and asks again (409)."""
+        is the run's own: status.rayTokenSecret names it (or this process created it). The operator
+        may not read Secrets, so the first pass writes that name into status before it creates the
+        Secret (a crash between the two leaves a record, not a Secret it cannot tell from another's),
+        and a Secret already there then is someone else's: a name collision. The RLRun's memo
+        remembers it; a pass from a child's event has no such memo and asks again (409)."""
         if not o.apply or (memo is not None and memo.get(TOKEN_MEMO)):
             return
         secret = B.build_ray_token_secret(o.run_ref(), B.new_ray_token())
@@ -298,11 +300,15 @@ class Controller:
         ours = key in self._tokens or o.status.get(S.TOKEN_STATUS) == name or \
             (bool(o.status.get("plan")) and S.TOKEN_STATUS not in o.status)
         if not ours:
-            if not self.api.create_if_absent(secret):
-                o.refusal = (G.NAME_COLLISION, G.collision_message("Secret", o.namespace, name, o.name))
-                return
+            o.rlrun = self.api.merge_patch(o.rlrun, {"status": {S.TOKEN_STATUS: name}}, status=True)
+        created = self.api.create_if_absent(secret)
+        if not ours and not created:
+            o.token = ""  # not the run's: status forgets the name again
+            o.refusal = (G.NAME_COLLISION, G.collision_message("Secret", o.namespace, name, o.name))
+            return
+        if created:
             log.info("%s/%s: created the run's Ray token Secret", o.namespace, o.name)
-            self._tokens.add(key)
+        self._tokens.add(key)
         o.token = name
         if memo is not None:
             memo[TOKEN_MEMO] = True

@@ -322,6 +322,8 @@ def compute_status(o: Observed, now: str | None = None) -> dict[str, Any]:
         conds = set_condition(conds, C.COND_DEGRADED, False, "SpecChanged", "retrying", gen, now)
     if o.token:
         st[TOKEN_STATUS] = o.token
+    elif o.token == "":  # the Secret of that name is another's
+        st.pop(TOKEN_STATUS, None)
     if o.refusal is not None and o.refusal[0] in CLUSTER_REFUSALS:
         conds = set_condition(conds, C.COND_FAILED, True, *o.refusal, gen, now)
         st.update(conditions=conds, observedGeneration=gen, phase=C.PHASE_FAILED)

@@ -416,7 +416,7 @@ def test_a_run_named_after_existing_objects_takes_none_over(fake, ctl, taken):
     assert o.refusal[0] == failed["reason"] == "NameCollision" and failed["status"] == "True"
     assert f"{taken['kind']} {NS}/{taken['metadata']['name']} already exists" in failed["message"]
     assert "Delete that" in failed["message"] and "another name" in failed["message"]
-    assert rlrun(fake)["status"]["phase"] == C.PHASE_FAILED
+    assert rlrun(fake)["status"]["phase"] == C.PHASE_FAILED and "rayTokenSecret" not in rlrun(fake)["status"]
     # Left as it was, and nothing made for the run (no Secret, no account, no workload).
     assert fake.get(taken["apiVersion"], taken["kind"], NS, taken["metadata"]["name"]) == before
     assert children_of(fake) == [] and fake.calls.get("apply", 0) == 0
@@ -510,3 +510,21 @@ def test_forgetting_a_deleted_run_keeps_what_is_known_of_the_others(fake, ctl):
     assert ctl._tokens == {(NS, RUN, uid)} and (NS, RUN, uid) in ctl._owned
     ctl.forget(NS, RUN)
     assert not ctl._tokens and not ctl._owned
+
+
+def test_an_operator_killed_after_creating_the_token_secret_knows_it_as_the_runs(fake, ctl):
+    """The Secret's name is in status before the Secret is created: a restarted operator, which
+    cannot read Secrets, finds the record and keeps the Secret."""
+    create(fake)
+    fake.refuse["ConfigMap"] = 500  # the pass dies on its first apply, after the Secret
+    with pytest.raises(ApiException):
+        ctl.reconcile(NS, RUN, "create")
+    assert fake.get("v1", "Secret", NS, "r-ray-token") is not None
+    assert rlrun(fake)["status"]["rayTokenSecret"] == "r-ray-token"
+    del fake.refuse["ConfigMap"]
+    Controller(fake, OperatorSettings()).reconcile(NS, RUN, "resume")
+    assert cond(fake, C.COND_FAILED) == {} and workload(fake, C.ROLE_LEARNER) is not None
+    # A Secret deleted behind the run's back is made again.
+    fake.delete("v1", "Secret", NS, "r-ray-token")
+    Controller(fake, OperatorSettings()).reconcile(NS, RUN, "repair")
+    assert fake.get("v1", "Secret", NS, "r-ray-token") is not None
