@@ -12,6 +12,7 @@ from kubernetes.client.exceptions import ApiException
 
 from . import builders as B
 from . import constants as C
+from . import guard as G
 from . import metrics as M
 from . import status as S
 from .kube import get_rlrun
@@ -99,13 +100,17 @@ class Handlers:
         """Spec created, changed, or seen again at start-up: plan and converge the children."""
         o = self.controller.reconcile(namespace, name, str(getattr(reason, "value", reason)), body=plain(body),
                                       observer=_observer(kw), memo=memo)
-        if o is not None and o.refusal is not None:
+        # The cluster's refusals (its policy, an object in the way) are Failed with an Event of the
+        # controller's own, and the progress timer tries again: kopf is not to give up on the run.
+        if o is not None and o.refusal is not None and o.refusal[0] not in G.CLUSTER_REFUSALS:
             reason_, message = o.refusal
             raise kopf.PermanentError(_REFUSED.get(reason_, "") + message)
 
     def rlrun_deleted(self, name: str, namespace: str, **_: Any) -> None:
-        """Children go with the owner references; only the metric series are ours to drop."""
+        """Children go with the owner references; only the metric series and what the controller
+        remembers of the run are ours to drop."""
         M.forget(namespace, name)
+        self.controller.forget(namespace, name)
 
     def progress_timer(self, name: str, namespace: str, body: Any, memo: Any, **kw: Any) -> None:
         """Every progressInterval: fold the learner's progress report into status, re-plan from its

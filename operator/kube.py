@@ -59,6 +59,8 @@ class KubeAPI(Protocol):
 
 
 def object_path(api_version: str, kind: str, namespace: str, name: str) -> str:
+    if (api_version, kind) == ("v1", "Namespace"):  # cluster-scoped: `namespace` is not used
+        return f"/api/v1/namespaces/{name}"
     plural = _PLURALS.get((api_version, kind))
     if plural is None and api_version == RLRUN_API and kind == C.RLRUN_KIND:
         plural = C.PLURAL

@@ -43,6 +43,8 @@ class Observed:
     admitted: dict[str, int] | None = None
     applied: dict[str, dict[str, Any]] = field(default_factory=dict)  # workloads as the applies returned them
     desired: dict[str, int] | None = None  # replicas by role applied in this pass
+    owned: frozenset[tuple[str, str, str]] = frozenset()  # (apiVersion, kind, name) checked absent or the run's
+    token: str | None = None  # the run's Ray token Secret, known to be its own ("": one of that name is not)
     done: bool = False  # every step ran: the plan part of status may move on
     error: Exception | None = None  # what stopped the pass (raised again once status is written)
 

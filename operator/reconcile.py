@@ -7,6 +7,7 @@ the RLRun as it is now). Every kopf handler (operator/handlers.py) funnels into 
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 import time
 from collections.abc import MutableMapping
@@ -20,6 +21,7 @@ from rlscale.spec import SpecError, parse_spec
 
 from . import builders as B
 from . import constants as C
+from . import guard as G
 from . import metrics as M
 from . import queueing as Q
 from . import status as S
@@ -36,6 +38,21 @@ log = logging.getLogger("rlscale.operator")
 APPLY_TRIGGERS = frozenset({"create", "update", "resume", "repair", "queue", "drain"})
 WRITE_ATTEMPTS = 8  # passes against a conflicting status write before giving up to kopf's retry
 TOKEN_MEMO = "ray_token"  # in the RLRun's kopf memo: its Ray token Secret exists
+# A child the API server refuses (4xx other than 409 and 429) is applied again after this many
+# seconds, doubling per refusal of the same generation up to the cap.
+REFUSED_BACKOFF_S, REFUSED_BACKOFF_CAP_S = 10.0, 300.0
+# Answers that say "try again" rather than "no": the pass raises them, and kopf retries.
+RETRYABLE_STATUS = (409, 429)
+
+
+@dataclasses.dataclass
+class Backoff:
+    """A run whose children the API server refused: when to apply them again, and what it said."""
+
+    generation: int
+    attempts: int
+    until: float  # time.monotonic()
+    refusal: tuple[str, str]
 
 
 class Controller:
@@ -44,6 +61,20 @@ class Controller:
     def __init__(self, api: KubeAPI, settings: OperatorSettings):
         self.api = api
         self.settings = settings
+        self.clock = time.monotonic
+        # By (namespace, run, uid): the children checked absent or the run's own and since applied;
+        # a repair pass (a child deleted) checks again.
+        self._owned: dict[tuple[str, str, str], frozenset[tuple[str, str, str]]] = {}
+        # (namespace, run, uid): runs whose Ray token Secret this process created
+        self._tokens: set[tuple[str, str, str]] = set()
+        self._backoff: dict[tuple[str, str], Backoff] = {}
+
+    def forget(self, namespace: str, name: str) -> None:
+        """Drop what the controller remembers of a deleted run."""
+        self._backoff.pop((namespace, name), None)
+        for key in [k for k in self._owned if k[:2] == (namespace, name)]:
+            del self._owned[key]
+        self._tokens = {t for t in self._tokens if t[:2] != (namespace, name)}
 
     def reconcile(self, namespace: str, name: str, trigger: str, *, body: dict[str, Any] | None = None,
                   observer: Observer | None = None,
@@ -100,8 +131,8 @@ class Controller:
         meta = rlrun["metadata"]
         o = Observed(rlrun=rlrun, trigger=trigger, pods=observer.pods(meta["namespace"], meta["name"]),
                      workloads=observer.workloads(meta["namespace"], meta["name"]))
-        steps = (self._spec, self._retry, self._report, self._plan, self._replan, self._decide_apply,
-                 lambda o: self._token(o, memo), self._queue, self._children)
+        steps = (self._spec, self._retry, self._report, self._policy, self._plan, self._replan, self._decide_apply,
+                 self._guard, lambda o: self._token(o, memo), self._queue, self._children)
         try:
             for step in steps:
                 step(o)
@@ -127,6 +158,8 @@ class Controller:
         failed = S.condition(o.status.get("conditions"), C.COND_FAILED)
         if not failed or failed.get("status") != "True" or int(failed.get("observedGeneration") or 0) >= o.generation:
             return
+        if failed.get("reason") in G.CLUSTER_REFUSALS:  # not ended: every pass checks its cause again
+            return
         # The failed driver's last report would fail the retried run again.
         self.api.remove_annotation(o.namespace, o.name, C.ANNOTATION_PROGRESS)
         (o.rlrun["metadata"].get("annotations") or {}).pop(C.ANNOTATION_PROGRESS, None)
@@ -146,6 +179,17 @@ class Controller:
         o.finished = (ended_before or (o.report or {}).get("outcome") in C.OUTCOME_PHASES
                       or (not S.is_true(o.status.get("conditions"), C.COND_INVALID)
                           and S.backoff_exceeded(o.pods, o.spec.failure_policy.backoff_limit)))
+
+    def _policy(self, o: Observed) -> None:
+        """The cluster admin's allowlists (chart values `policy.*`): a run outside them gets nothing."""
+        assert o.spec is not None
+        if o.finished:  # its workloads are at zero: no pod runs what it asks for
+            return
+        st = self.settings
+        msg = G.policy_refusal(o.spec, st.children, st.image_prefixes, st.runtime_class_names,
+                               st.priority_class_names)
+        if msg:
+            o.refusal = (G.NOT_ALLOWED, msg)
 
     def _plan(self, o: Observed) -> None:
         """The plan in status, unless the spec changed since it was made (or there is none): then a
@@ -195,7 +239,8 @@ class Controller:
         moved (the plan, the end of the run), or the workloads do not show the plan or the end."""
         assert o.plan is not None and o.spec is not None
         o.apply = (o.trigger in APPLY_TRIGGERS or o.status.get("plan") != o.plan.to_dict(candidates=False)
-                   or o.finished != S.finished(o.status) or self._out_of_step(o))
+                   or o.finished != S.finished(o.status) or bool(S.refused_by_cluster(o.status.get("conditions")))
+                   or self._out_of_step(o))
 
     def _out_of_step(self, o: Observed) -> bool:
         assert o.plan is not None and o.spec is not None
@@ -211,13 +256,60 @@ class Controller:
         return (o.trigger == "progress" and bool(o.spec.scheduling.queue_name)
                 and Q.out_of_step(self.api, o.namespace, o.name, o.status))
 
+    def _guard(self, o: Observed) -> None:
+        """Before anything is applied: a run the API server refused waits out its backoff; its
+        namespace must enforce Pod Security (unless the chart says otherwise); and no child it would
+        apply may exist under another owner (applying with force would take it over)."""
+        if not o.apply:
+            return
+        b = self._backoff.get((o.namespace, o.name))
+        if b is not None and b.generation == o.generation and self.clock() < b.until:
+            o.apply, o.refusal = False, b.refusal
+            return
+        if self.settings.require_pod_security and not o.finished:
+            msg = G.namespace_refusal(o.namespace, self.api.get("v1", "Namespace", "", o.namespace))
+            if msg:
+                o.refusal = (G.NAMESPACE_NOT_ENFORCED, msg)
+                return
+        assert o.spec is not None and o.plan is not None
+        run = o.run_ref()
+        children = B.build_children(run, o.spec, o.plan, self.settings.children)
+        if o.spec.scheduling.queue_name:
+            children.append(B.build_workload(run, o.spec, o.plan, children))
+        want = frozenset((m["apiVersion"], m["kind"], m["metadata"]["name"]) for m in children)
+        known = frozenset() if o.trigger == "repair" else self._owned.get((o.namespace, o.name, run.uid), frozenset())
+        for api_version, kind, name in sorted(want - known):
+            have = self.api.get(api_version, kind, o.namespace, name)
+            if have is not None and not G.owned_by(have, run.uid):
+                o.refusal = (G.NAME_COLLISION, G.collision_message(kind, o.namespace, name, o.name))
+                return
+        o.owned = want
+
     def _token(self, o: Observed, memo: MutableMapping[str, Any] | None) -> None:
-        """Create the run's Ray token Secret once; an existing one is kept (its pods hold it). The
-        RLRun's memo remembers it; a pass from a child's event has no such memo and asks again (409)."""
+        """Create the run's Ray token Secret once; an existing one is kept (its pods hold it) when it
+        is the run's own: status.rayTokenSecret names it (or this process created it). The operator
+        may not read Secrets, so the first pass writes that name into status before it creates the
+        Secret (a crash between the two leaves a record, not a Secret it cannot tell from another's),
+        and a Secret already there then is someone else's: a name collision. The RLRun's memo
+        remembers it; a pass from a child's event has no such memo and asks again (409)."""
         if not o.apply or (memo is not None and memo.get(TOKEN_MEMO)):
             return
-        if self.api.create_if_absent(B.build_ray_token_secret(o.run_ref(), B.new_ray_token())):
+        secret = B.build_ray_token_secret(o.run_ref(), B.new_ray_token())
+        name, key = secret["metadata"]["name"], (o.namespace, o.name, o.rlrun["metadata"]["uid"])
+        # A run an older operator planned (status.plan) got its Secret before its first plan was written.
+        ours = key in self._tokens or o.status.get(S.TOKEN_STATUS) == name or \
+            (bool(o.status.get("plan")) and S.TOKEN_STATUS not in o.status)
+        if not ours:
+            o.rlrun = self.api.merge_patch(o.rlrun, {"status": {S.TOKEN_STATUS: name}}, status=True)
+        created = self.api.create_if_absent(secret)
+        if not ours and not created:
+            o.token = ""  # not the run's: status forgets the name again
+            o.refusal = (G.NAME_COLLISION, G.collision_message("Secret", o.namespace, name, o.name))
+            return
+        if created:
             log.info("%s/%s: created the run's Ray token Secret", o.namespace, o.name)
+        self._tokens.add(key)
+        o.token = name
         if memo is not None:
             memo[TOKEN_MEMO] = True
 
@@ -241,18 +333,38 @@ class Controller:
             try:
                 applied = self.api.apply(manifest)
             except ApiException as exc:
-                if exc.status != 404 or manifest["kind"] != "PodGroup":
-                    raise
-                o.refusal = ("PodGroupUnavailable",
-                             f"spec.scheduling.podGroup is true, but this cluster serves no {C.POD_GROUP_API} "
-                             "PodGroups: install scheduler-plugins' Coscheduling (its PodGroup CRD and a scheduler "
-                             "that runs the plugin), or set podGroup to false")
+                o.refusal = self._refused(o, manifest, exc)
                 return
             if manifest["kind"] in ("Deployment", "StatefulSet"):
                 o.applied[manifest["metadata"]["labels"][C.LABEL_ROLE]] = applied
             if self.settings.step_delay:
                 time.sleep(self.settings.step_delay)
         o.desired = B.desired_replicas(spec, o.plan, o.finished, o.admitted, draining)
+        self._backoff.pop((o.namespace, o.name), None)
+        key = (o.namespace, o.name, run.uid)
+        self._owned[key] = self._owned.get(key, frozenset()) | o.owned
+
+    def _refused(self, o: Observed, manifest: dict[str, Any], exc: ApiException) -> tuple[str, str]:
+        """What a child's refused apply means for the run: a missing PodGroup API, or (another 4xx
+        but 409 and 429) a refusal its status shows, applied again after a growing pause. Anything
+        else is raised (kopf retries)."""
+        kind, name = manifest["kind"], manifest["metadata"]["name"]
+        if exc.status == 404 and kind == "PodGroup":
+            return ("PodGroupUnavailable",
+                    f"spec.scheduling.podGroup is true, but this cluster serves no {C.POD_GROUP_API} "
+                    "PodGroups: install scheduler-plugins' Coscheduling (its PodGroup CRD and a scheduler "
+                    "that runs the plugin), or set podGroup to false")
+        if not (400 <= int(exc.status or 0) < 500) or exc.status in RETRYABLE_STATUS:
+            raise exc
+        b = self._backoff.get((o.namespace, o.name))
+        attempts = b.attempts + 1 if b is not None and b.generation == o.generation else 1
+        delay = min(REFUSED_BACKOFF_S * 2 ** (attempts - 1), REFUSED_BACKOFF_CAP_S)
+        refusal = (G.APPLY_REFUSED,
+                   f"the API server refused {kind} {o.namespace}/{name} ({exc.status} {exc.reason}): "
+                   f"{_server_message(exc)}; the operator applies it again after a pause that doubles up to "
+                   f"{REFUSED_BACKOFF_CAP_S:.0f} s, or at once when the spec changes")
+        self._backoff[(o.namespace, o.name)] = Backoff(o.generation, attempts, self.clock() + delay, refusal)
+        return refusal
 
     def _draining(self, o: Observed, desired: dict[str, int]) -> int | None:
         """The rollout replicas to keep while the learners are told to stop (suspend, eviction) and
@@ -291,11 +403,16 @@ class Controller:
         if degraded.get("status") == "True" and (was.get("status"), was.get("reason")) != ("True", degraded["reason"]):
             log.warning("%s/%s degraded: %s", o.namespace, o.name, degraded["message"])
             self._event(o.rlrun, "Warning", degraded["reason"], degraded["message"])
-        failed = S.condition(after, C.COND_FAILED) or {}
+        failed, was = S.condition(after, C.COND_FAILED) or {}, S.condition(before, C.COND_FAILED) or {}
         if (failed.get("status") == "True" and failed.get("reason") == "BackoffLimitExceeded"
                 and not S.is_true(before, C.COND_FAILED)):
             log.warning("%s/%s failed: %s", o.namespace, o.name, failed["message"])
             self._event(o.rlrun, "Warning", "BackoffLimitExceeded", failed["message"])
+        # One Event per distinct refusal, not per pass that meets it again.
+        if S.refused_by_cluster(after) and (was.get("status"), was.get("reason"), was.get("message")) != \
+                ("True", failed["reason"], failed["message"]):
+            log.warning("%s/%s refused: %s", o.namespace, o.name, failed["message"])
+            self._event(o.rlrun, "Warning", failed["reason"], failed["message"])
 
     def _event(self, rlrun: dict[str, Any], type_: str, reason: str, message: str) -> None:
         try:
@@ -318,6 +435,15 @@ def _decided_from(rlrun: dict[str, Any]) -> tuple:
              for c in st.get("conditions") or [] if c.get("type") in _DECIDING_CONDITIONS]
     return (meta.get("generation"), (meta.get("annotations") or {}).get(C.ANNOTATION_PROGRESS),
             st.get("plan"), st.get("replan"), st.get("calibration"), st.get("observedGeneration"), conds)
+
+
+def _server_message(exc: ApiException) -> str:
+    """The API server's own words from an error's Status body (else its raw text)."""
+    body = exc.body.decode(errors="replace") if isinstance(exc.body, bytes) else str(exc.body or "")
+    try:
+        return str(json.loads(body).get("message") or body)[:600]
+    except (ValueError, AttributeError):
+        return body[:600] or str(exc.reason)
 
 
 def _record_metrics(namespace: str, name: str, plan: Plan, status: dict[str, Any]) -> None:

@@ -25,13 +25,26 @@ ENV_HEALTH = "RLSCALE_OPERATOR_HEALTH"
 ENV_WORKERS = "RLSCALE_OPERATOR_WORKERS"
 ENV_STEP_DELAY = "RLSCALE_OPERATOR_STEP_DELAY"
 ENV_KUBECONFIG = "KUBECONFIG"
+# The chart's policy values: allowlists (comma-separated; empty allows any) of image prefixes,
+# runtime classes and priority classes a run may use, and whether a run's namespace must carry a
+# Pod Security enforce label (true/false).
+ENV_IMAGE_PREFIXES = "RLSCALE_IMAGE_PREFIXES"
+ENV_RUNTIME_CLASSES = "RLSCALE_RUNTIME_CLASS_NAMES"
+ENV_PRIORITY_CLASSES = "RLSCALE_PRIORITY_CLASS_NAMES"
+ENV_REQUIRE_POD_SECURITY = "RLSCALE_REQUIRE_POD_SECURITY"
 ENV_NAMES = (ENV_TRAINER_IMAGE, ENV_ROLLOUT_IMAGE, ENV_CHECKPOINT_STORAGE, ENV_NETWORK_POLICY, ENV_METRICS_FROM,
              ENV_PROGRESS_INTERVAL, ENV_LOG_LEVEL, ENV_KOPF_LOG_LEVEL, ENV_BIND, ENV_HEALTH, ENV_WORKERS,
-             ENV_STEP_DELAY, ENV_KUBECONFIG)
+             ENV_STEP_DELAY, ENV_KUBECONFIG, ENV_IMAGE_PREFIXES, ENV_RUNTIME_CLASSES, ENV_PRIORITY_CLASSES,
+             ENV_REQUIRE_POD_SECURITY)
 
 
 def _flag(text: str) -> bool:
     return text.strip().lower() not in ("0", "false", "no")
+
+
+def _names(text: str) -> tuple[str, ...]:
+    """A comma-separated list, blanks dropped."""
+    return tuple(n.strip() for n in text.split(",") if n.strip())
 
 
 @dataclass(frozen=True)
@@ -51,6 +64,13 @@ class OperatorSettings:
     # which the operator can be killed mid-reconcile. Zero in production.
     step_delay: float = 0.0
     kubeconfig: str | None = None  # outside a cluster; None: the client's default (~/.kube/config)
+    # What runs may ask for (the chart's `policy` values); an empty tuple allows anything.
+    image_prefixes: tuple[str, ...] = ()  # every image of every role starts with one of these
+    runtime_class_names: tuple[str, ...] = ()
+    priority_class_names: tuple[str, ...] = ()
+    # A run's namespace must carry pod-security.kubernetes.io/enforce (the API server's Pod
+    # Security admission then checks the run's pods).
+    require_pod_security: bool = True
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> OperatorSettings:
@@ -61,8 +81,7 @@ class OperatorSettings:
             rollout=env.get(ENV_ROLLOUT_IMAGE, d.children.rollout),
             checkpoint_storage=env.get(ENV_CHECKPOINT_STORAGE, d.children.checkpoint_storage),
             network_policy=_flag(env.get(ENV_NETWORK_POLICY, "true")),
-            metrics_from=tuple(n.strip() for n in env.get(ENV_METRICS_FROM, ",".join(d.children.metrics_from))
-                               .split(",") if n.strip()))
+            metrics_from=_names(env.get(ENV_METRICS_FROM, ",".join(d.children.metrics_from))))
         return cls(children=children,
                    progress_interval=float(env.get(ENV_PROGRESS_INTERVAL) or d.progress_interval),
                    log_level=env.get(ENV_LOG_LEVEL) or d.log_level,
@@ -70,4 +89,8 @@ class OperatorSettings:
                    bind=env.get(ENV_BIND) or d.bind, health=env.get(ENV_HEALTH, d.health),
                    workers=int(env.get(ENV_WORKERS) or d.workers),
                    step_delay=float(env.get(ENV_STEP_DELAY) or d.step_delay),
-                   kubeconfig=env.get(ENV_KUBECONFIG) or None)
+                   kubeconfig=env.get(ENV_KUBECONFIG) or None,
+                   image_prefixes=_names(env.get(ENV_IMAGE_PREFIXES, "")),
+                   runtime_class_names=_names(env.get(ENV_RUNTIME_CLASSES, "")),
+                   priority_class_names=_names(env.get(ENV_PRIORITY_CLASSES, "")),
+                   require_pod_security=_flag(env.get(ENV_REQUIRE_POD_SECURITY, "true")))

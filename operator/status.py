@@ -13,7 +13,12 @@ from rlscale.progress import fmt_duration  # one formatter for the CLI, the runn
 from rlscale.progress_report import ProgressReport
 
 from . import constants as C
+from .guard import CLUSTER_REFUSALS
 from .observed import Observed
+
+# status.rayTokenSecret: the run's Ray token Secret, which this operator created (it cannot read
+# Secrets back, so this is how a later pass knows an existing one is the run's own).
+TOKEN_STATUS = "rayTokenSecret"
 
 
 def now_iso() -> str:
@@ -82,9 +87,17 @@ def readiness(role: str, desired: int, ready: int, generation: int | None,
 
 
 def finished(status: dict[str, Any] | None) -> bool:
-    """The run has ended (target reached, budget spent, or failed): its workloads stay at zero."""
+    """The run has ended (target reached, budget spent, or failed): its workloads stay at zero. A run
+    the cluster refused (guard.CLUSTER_REFUSALS) is Failed until the cause is gone, not ended."""
     conds = (status or {}).get("conditions")
-    return any(is_true(conds, t) for t in (C.COND_SUCCEEDED, C.COND_BUDGET_EXHAUSTED, C.COND_FAILED))
+    return (any(is_true(conds, t) for t in (C.COND_SUCCEEDED, C.COND_BUDGET_EXHAUSTED))
+            or (is_true(conds, C.COND_FAILED) and not refused_by_cluster(conds)))
+
+
+def refused_by_cluster(conditions: list[dict[str, Any]] | None) -> str | None:
+    """The reason of a Failed condition that the cluster's policy or objects set, else None."""
+    failed = condition(conditions, C.COND_FAILED) or {}
+    return failed["reason"] if failed.get("status") == "True" and failed.get("reason") in CLUSTER_REFUSALS else None
 
 
 def outcome_conditions(conditions: list[dict[str, Any]] | None, progress: dict[str, Any], metric: str,
@@ -307,6 +320,14 @@ def compute_status(o: Observed, now: str | None = None) -> dict[str, Any]:
         conds = set_condition(conds, C.COND_FAILED, False, "SpecChanged",
                               f"spec changed (generation {gen}): retrying", gen, now)
         conds = set_condition(conds, C.COND_DEGRADED, False, "SpecChanged", "retrying", gen, now)
+    if o.token:
+        st[TOKEN_STATUS] = o.token
+    elif o.token == "":  # the Secret of that name is another's
+        st.pop(TOKEN_STATUS, None)
+    if o.refusal is not None and o.refusal[0] in CLUSTER_REFUSALS:
+        conds = set_condition(conds, C.COND_FAILED, True, *o.refusal, gen, now)
+        st.update(conditions=conds, observedGeneration=gen, phase=C.PHASE_FAILED)
+        return st
     if o.refusal is not None:
         reason, message = o.refusal
         conds = set_condition(conds, C.COND_INVALID, True, reason, message, gen, now)
@@ -317,6 +338,8 @@ def compute_status(o: Observed, now: str | None = None) -> dict[str, Any]:
         return st
     if o.done:
         conds = _fold_plan(st, o, conds, gen, now)
+    if o.done and o.apply and refused_by_cluster(conds):  # every child applied: the cause is gone
+        conds = set_condition(conds, C.COND_FAILED, False, "Resolved", "the run's children are applied", gen, now)
     conds = _fold_report(st, o, conds, gen, now)
     if not finished({"conditions": conds}) and not is_true(conds, C.COND_INVALID):
         rep = o.report or {}

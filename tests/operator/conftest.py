@@ -69,10 +69,13 @@ _ns_counter = itertools.count()
 
 @pytest.fixture
 def ns(kube, request):
-    """A fresh namespace per test, deleted afterwards (without waiting)."""
+    """A fresh namespace per test (Pod Security enforced at baseline), deleted afterwards (without waiting)."""
     base = re.sub(r"[^a-z0-9]+", "-", request.node.name.lower().removeprefix("test_"))[:40].strip("-")
     name = f"t-{base}-{next(_ns_counter)}"
-    kube.apply({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}})
+    # The operator runs nothing in a namespace without a Pod Security enforce label (the chart's
+    # policy.requirePodSecurity); the API server then checks every pod of the runs at baseline.
+    kube.apply({"apiVersion": "v1", "kind": "Namespace",
+                "metadata": {"name": name, "labels": {"pod-security.kubernetes.io/enforce": "baseline"}}})
     # The GPU examples mount the claim `models` (the model's Hugging Face cache and the
     # dataset): a PersistentVolume bound to it, so their pods schedule on the kwok nodes.
     pv = f"{name}-models"

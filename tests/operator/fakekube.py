@@ -1,7 +1,8 @@
 """An in-memory API server for the operator's reconcile logic (rlscale.operator.kube.KubeAPI): objects
 kept as JSON would keep them, resourceVersion bumped on every change and generation on a spec change,
 409 on a write against a stale resourceVersion or a create of an existing name, 404 for a missing
-object or an API the cluster does not serve, and whatever refusal a test sets for a kind."""
+object or an API the cluster does not serve (a read of either is None, as Kube.get has it), and
+whatever refusal a test sets for a kind."""
 
 from __future__ import annotations
 
@@ -34,9 +35,10 @@ def merge(target: Any, patch: Any) -> Any:
     return out
 
 
-def _error(status: int, reason: str) -> ApiException:
+def _error(status: int, reason: str, message: str | None = None) -> ApiException:
+    """The API server's error: its Status body carries the message `kubectl` prints."""
     exc = ApiException(status=status, reason=reason)
-    exc.body = json.dumps({"kind": "Status", "code": status, "reason": reason})
+    exc.body = json.dumps({"kind": "Status", "code": status, "reason": reason, "message": message or reason})
     return exc
 
 
@@ -48,7 +50,8 @@ class FakeKube:
         self.events: list[dict[str, Any]] = []
         self.calls: dict[str, int] = {}
         self.unserved: set[str] = set()  # apiVersions this cluster does not serve (404)
-        self.refuse: dict[str, int] = {}  # kind -> the status an apply of it gets (a refusal)
+        # kind -> the status (and the API server's message) an apply of it gets: a refusal
+        self.refuse: dict[str, int | tuple[int, str]] = {}
         # What other writers do just before the next status writes (one each): a concurrent pass, say.
         self.before_status_write: list[Callable[[], object]] = []
         self._rv = itertools.count(1)
@@ -60,7 +63,8 @@ class FakeKube:
         self._count("apply")
         self._served(manifest["apiVersion"])
         if manifest["kind"] in self.refuse:
-            raise _error(self.refuse[manifest["kind"]], "Invalid")
+            refusal = self.refuse[manifest["kind"]]
+            raise _error(*refusal) if isinstance(refusal, tuple) else _error(refusal, "Invalid")
         key = self._key(manifest)
         have = self.objects.get(key)
         if have is None:
@@ -77,7 +81,8 @@ class FakeKube:
 
     def get(self, api_version: str, kind: str, namespace: str, name: str) -> dict[str, Any] | None:
         self._count("get")
-        self._served(api_version)
+        if api_version in self.unserved:  # the API server's 404, which Kube.get answers as None too
+            return None
         obj = self.objects.get((api_version, kind, namespace, name))
         return copy.deepcopy(obj) if obj is not None else None
 
@@ -138,6 +143,10 @@ class FakeKube:
         self._existing(key)
         del self.objects[key]
 
+    def namespace(self, name: str, **labels: str) -> dict[str, Any]:
+        """kubectl create namespace NAME, then kubectl label it."""
+        return self.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name, "labels": labels}})
+
     def of_kind(self, kind: str, namespace: str) -> list[dict[str, Any]]:
         return [copy.deepcopy(o) for (_, k, ns, _), o in sorted(self.objects.items()) if k == kind and ns == namespace]
 
@@ -153,7 +162,7 @@ class FakeKube:
     @staticmethod
     def _key(obj: dict[str, Any]) -> Key:
         m = obj["metadata"]
-        return obj["apiVersion"], obj["kind"], m["namespace"], m["name"]
+        return obj["apiVersion"], obj["kind"], m.get("namespace", ""), m["name"]  # "": cluster-scoped
 
     def _existing(self, key: Key) -> dict[str, Any]:
         if key not in self.objects:

@@ -34,12 +34,15 @@ def test_default_render_has_operator_rbac_and_dashboard():
     assert env["RLSCALE_CHECKPOINT_STORAGE"] == "50Gi"
     assert dep["metadata"]["namespace"] == OPERATOR_NS
     assert env["RLSCALE_NETWORK_POLICY"] == "true" and env["RLSCALE_METRICS_FROM"] == "monitoring"
+    assert env["RLSCALE_REQUIRE_POD_SECURITY"] == "true" and env["RLSCALE_IMAGE_PREFIXES"] == ""
     # Least privilege: secrets only created (each run's Ray token), never read; no delete.
     rules = next(o for o in objs if o["kind"] == "ClusterRole")["rules"]
     verbs = {v for r in rules for v in r["verbs"]}
     assert "delete" not in verbs and "*" not in verbs
     assert [r["verbs"] for r in rules if "secrets" in r["resources"]] == [["create"]]
     assert any("rlruns/finalizers" in r["resources"] and r["verbs"] == ["update"] for r in rules)
+    # The run's namespace is read for its Pod Security label, nothing else of it.
+    assert [r["verbs"] for r in rules if "namespaces" in r["resources"]] == [["get"]]
     dash = next(o for o in objs if o["kind"] == "ConfigMap")
     assert '"uid": "rlscale-runs"' in dash["data"]["rlscale.json"]
 
@@ -81,3 +84,14 @@ def test_monitors_carry_the_labels_a_prometheus_selects_by():
     dep = next(o for o in objs if o["kind"] == "Deployment")
     env = {e["name"]: e["value"] for e in dep["spec"]["template"]["spec"]["containers"][0]["env"]}
     assert env["RLSCALE_METRICS_FROM"] == "obs,prom"
+
+
+def test_policy_values_reach_the_operator_env():
+    objs = chart_objects(HELM, "--set", "policy.imagePrefixes={reg.example/ml/,ghcr.io/rlscale/}",
+                         "--set", "policy.runtimeClassNames={nvidia}", "--set", "policy.priorityClassNames={high,low}",
+                         "--set", "policy.requirePodSecurity=false")
+    dep = next(o for o in objs if o["kind"] == "Deployment")
+    env = {e["name"]: e["value"] for e in dep["spec"]["template"]["spec"]["containers"][0]["env"]}
+    assert env["RLSCALE_IMAGE_PREFIXES"] == "reg.example/ml/,ghcr.io/rlscale/"
+    assert env["RLSCALE_RUNTIME_CLASS_NAMES"] == "nvidia" and env["RLSCALE_PRIORITY_CLASS_NAMES"] == "high,low"
+    assert env["RLSCALE_REQUIRE_POD_SECURITY"] == "false"

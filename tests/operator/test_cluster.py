@@ -406,3 +406,30 @@ def test_a_driver_failure_fails_the_run_and_a_spec_change_retries_it(kube, opera
                              f"{operator.log_tail()}") from None
     assert cond(r, C.COND_FAILED)["status"] == "False" and cond(r, C.COND_FAILED)["reason"] == "SpecChanged"
     assert "rlscale.dev/progress" not in (r["metadata"].get("annotations") or {})
+
+
+def test_a_run_named_after_an_existing_object_takes_it_over_not(kube, operator, ns):
+    """A ServiceAccount already named <run>-runner: the run is Failed (NameCollision), the account
+    untouched; once it is deleted, the run starts."""
+    account = B.names("taker")[C.ROLE_RUNNER]
+    kube.apply({"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": account}}, ns)
+    kube.apply(example_run("taker"), ns)
+    failed = wait_for("Failed NameCollision", lambda: cond(rlrun(kube, "taker", ns), C.COND_FAILED).get("reason")
+                      == "NameCollision" and cond(rlrun(kube, "taker", ns), C.COND_FAILED), 60)
+    assert f"ServiceAccount {ns}/{account}" in failed["message"]
+    sa = kube.get("serviceaccount", account, ns)
+    assert not sa["metadata"].get("ownerReferences") and C.LABEL_RUN not in (sa["metadata"].get("labels") or {})
+    assert kube.get("configmap", B.names("taker")[C.ROLE_CONFIG], ns) is None
+    kube.run("delete", "serviceaccount", account, "-n", ns)
+    wait_running(kube, "taker", ns)
+
+
+def test_a_namespace_without_pod_security_gets_no_run(kube, operator, ns):
+    kube.run("label", "namespace", ns, "pod-security.kubernetes.io/enforce-")
+    kube.apply(example_run("loose"), ns)
+    failed = wait_for("Failed NamespaceNotEnforced", lambda: cond(rlrun(kube, "loose", ns), C.COND_FAILED).get(
+        "reason") == "NamespaceNotEnforced" and cond(rlrun(kube, "loose", ns), C.COND_FAILED), 60)
+    assert f"kubectl label namespace {ns}" in failed["message"]
+    assert kube.get("configmap", B.names("loose")[C.ROLE_CONFIG], ns) is None
+    kube.run("label", "namespace", ns, "pod-security.kubernetes.io/enforce=baseline")
+    wait_running(kube, "loose", ns)

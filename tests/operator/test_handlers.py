@@ -92,3 +92,15 @@ def test_settings_come_from_the_environment_the_chart_sets():
     assert (s.progress_interval, s.children.checkpoint_storage, s.workers, s.step_delay) == (2.5, "50Gi", 3, 0.5)
     assert s.children.network_policy and s.children.metrics_from == ("monitoring",)
     assert OS.OperatorSettings.from_env({}) == OS.OperatorSettings()
+
+
+def test_policy_settings_come_from_the_environment():
+    s = OS.OperatorSettings.from_env({OS.ENV_IMAGE_PREFIXES: "reg.example/ml/, ghcr.io/rlscale/,",
+                                      OS.ENV_RUNTIME_CLASSES: "nvidia", OS.ENV_PRIORITY_CLASSES: "",
+                                      OS.ENV_REQUIRE_POD_SECURITY: "false"})
+    assert s.image_prefixes == ("reg.example/ml/", "ghcr.io/rlscale/")
+    assert (s.runtime_class_names, s.priority_class_names, s.require_pod_security) == (("nvidia",), (), False)
+    # Unset: any image and class, and the namespace must enforce Pod Security.
+    d = OS.OperatorSettings.from_env({})
+    assert (d.image_prefixes, d.runtime_class_names, d.priority_class_names, d.require_pod_security) == \
+        ((), (), (), True)

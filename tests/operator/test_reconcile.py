@@ -31,7 +31,9 @@ ROLES = {C.ROLE_RAY_HEAD: ("apps/v1", "Deployment"), C.ROLE_ROLLOUT: ("apps/v1",
 
 @pytest.fixture
 def fake() -> FakeKube:
-    return FakeKube()
+    f = FakeKube()
+    f.namespace(NS, **{"pod-security.kubernetes.io/enforce": "restricted"})
+    return f
 
 
 @pytest.fixture
@@ -115,11 +117,13 @@ def started(fake: FakeKube, ctl: Controller, **spec_over) -> Plan:
 def test_a_created_run_gets_its_children_and_a_planned_status(fake, ctl):
     uid = create(fake)["metadata"]["uid"]
     ctl.reconcile(NS, RUN, "create")
-    kinds = sorted((o["kind"], o["metadata"]["name"]) for o in fake.objects.values() if o["kind"] != "RLRun")
+    kinds = sorted((o["kind"], o["metadata"]["name"]) for o in fake.objects.values()
+                   if o["kind"] not in ("RLRun", "Namespace"))
     assert kinds == sorted((m["kind"], m["metadata"]["name"]) for m in [
         *B.build_children(B.RunRef(RUN, NS, uid), parse_spec(rlrun(fake)["spec"]), configmap_plan(fake)),
         B.build_ray_token_secret(B.RunRef(RUN, NS, uid), "x")])
-    assert all(o["metadata"]["ownerReferences"][0]["uid"] == uid for o in fake.objects.values() if o["kind"] != "RLRun")
+    assert all(o["metadata"]["ownerReferences"][0]["uid"] == uid for o in fake.objects.values()
+               if o["kind"] not in ("RLRun", "Namespace"))
     st = rlrun(fake)["status"]
     plan = Plan.from_dict(st["plan"])
     assert plan == configmap_plan(fake) and st["plan"]["batch"] == f"{plan.prompts}x{plan.samples_per_prompt}"
@@ -296,13 +300,48 @@ def test_suspend_drains_the_learners_before_the_rollout_replicas(fake, ctl):
                               C.ROLE_LEARNER: plan.learner_replicas}
 
 
-def test_a_refused_apply_is_raised_and_only_a_missing_pod_group_api_is_reported(fake, ctl):
-    fake.refuse["StatefulSet"] = 422
+def test_a_refused_apply_fails_the_run_naming_the_object_and_backs_off(fake, ctl):
+    clock = [1000.0]
+    ctl.clock = lambda: clock[0]
+    fake.refuse["StatefulSet"] = (403, "Forbidden", 'pods "r-learner-0" is forbidden: exceeded quota: gpus')
+    create(fake)
+    o = ctl.reconcile(NS, RUN, "create")  # not raised: kopf would retry it every 2 s
+    failed = cond(fake, C.COND_FAILED)
+    assert o.refusal[0] == failed["reason"] == "ApplyRefused" and failed["status"] == "True"
+    assert f"StatefulSet {NS}/r-learner" in failed["message"] and "exceeded quota: gpus" in failed["message"]
+    assert rlrun(fake)["status"]["phase"] == C.PHASE_FAILED
+    assert [e["reason"] for e in fake.events] == ["ApplyRefused"]
+    # Within the pause, the timer's passes apply nothing and write nothing.
+    applies, writes = fake.calls["apply"], fake.calls["update_status"]
+    for _ in range(3):
+        clock[0] += 3
+        ctl.reconcile(NS, RUN, "progress")
+    assert (fake.calls["apply"], fake.calls["update_status"]) == (applies, writes)
+    # After it, one more try; refused again with the same words: no second Event, a longer pause.
+    clock[0] += 10
+    ctl.reconcile(NS, RUN, "progress")
+    assert fake.calls["apply"] > applies and len(fake.events) == 1
+    assert ctl._backoff[(NS, RUN)].attempts == 2 and ctl._backoff[(NS, RUN)].until == clock[0] + 20
+    for _ in range(12):  # the pause stops growing at the cap
+        clock[0] += 400
+        ctl.reconcile(NS, RUN, "progress")
+    assert ctl._backoff[(NS, RUN)].until - clock[0] == 300
+    # Once the API server takes it (the quota raised), the run goes on and Failed clears.
+    del fake.refuse["StatefulSet"]
+    clock[0] += 300
+    ctl.reconcile(NS, RUN, "progress")
+    failed = cond(fake, C.COND_FAILED)
+    assert (failed["status"], failed["reason"]) == ("False", "Resolved")
+    assert rlrun(fake)["status"]["phase"] == C.PHASE_PENDING and workload(fake, C.ROLE_LEARNER) is not None
+
+
+def test_a_conflict_on_apply_is_raised_and_a_missing_pod_group_api_is_reported(fake, ctl):
+    fake.refuse["StatefulSet"] = 409
     create(fake)
     with pytest.raises(ApiException) as exc:
         ctl.reconcile(NS, RUN, "create")
-    assert exc.value.status == 422  # kopf logs it and retries the handler
-    assert "status" not in rlrun(fake)  # as before the port: the refusal is in the log, not in status
+    assert exc.value.status == 409  # kopf retries it
+    assert "conditions" not in rlrun(fake).get("status", {})
     fake.unserved.add(C.POD_GROUP_API)
     create(fake, "gang", scheduling={"podGroup": True, "schedulerName": "coscheduler"})
     o = ctl.reconcile(NS, "gang", "create")
@@ -343,3 +382,149 @@ def test_a_deleted_child_is_made_again_by_the_repair_pass(fake, ctl):
     ctl.reconcile(NS, RUN, "repair")
     again = fake.get("v1", "ConfigMap", NS, cm["metadata"]["name"])
     assert again["data"] == cm["data"] and again["metadata"]["uid"] != cm["metadata"]["uid"]
+
+
+# ---------------------------------------------------------------- what the operator refuses to do
+
+
+def settings_with(**kw) -> OperatorSettings:
+    import dataclasses
+
+    return dataclasses.replace(OperatorSettings(), **kw)
+
+
+def foreign(kind: str, api_version: str, name: str, **more) -> dict:
+    """An object someone else made under a name the run's children use."""
+    return {"apiVersion": api_version, "kind": kind, "metadata": {"name": name, "namespace": NS}, **more}
+
+
+def children_of(fake: FakeKube) -> list[tuple[str, str]]:
+    return sorted((o["kind"], o["metadata"]["name"]) for o in fake.objects.values()
+                  if any(r.get("kind") == C.RLRUN_KIND for r in o["metadata"].get("ownerReferences", [])))
+
+
+@pytest.mark.parametrize("taken", [
+    foreign("Secret", "v1", "r-ray-token", data={"token": "c2VjcmV0"}),
+    foreign("ServiceAccount", "v1", "r-runner"),
+    foreign("Deployment", "apps/v1", "r-rollout", spec={"replicas": 2}),
+], ids=lambda o: o["kind"])
+def test_a_run_named_after_existing_objects_takes_none_over(fake, ctl, taken):
+    before = fake.create(taken)
+    create(fake)
+    o = ctl.reconcile(NS, RUN, "create")
+    failed = cond(fake, C.COND_FAILED)
+    assert o.refusal[0] == failed["reason"] == "NameCollision" and failed["status"] == "True"
+    assert f"{taken['kind']} {NS}/{taken['metadata']['name']} already exists" in failed["message"]
+    assert "Delete that" in failed["message"] and "another name" in failed["message"]
+    assert rlrun(fake)["status"]["phase"] == C.PHASE_FAILED and "rayTokenSecret" not in rlrun(fake)["status"]
+    # Left as it was, and nothing made for the run (no Secret, no account, no workload).
+    assert fake.get(taken["apiVersion"], taken["kind"], NS, taken["metadata"]["name"]) == before
+    assert children_of(fake) == [] and fake.calls.get("apply", 0) == 0
+    assert [e["reason"] for e in fake.events] == ["NameCollision"]
+    # The timer's passes meet it again: no second Event. Once it is gone, the run goes on.
+    ctl.reconcile(NS, RUN, "progress")
+    assert len(fake.events) == 1 and children_of(fake) == []
+    fake.delete(taken["apiVersion"], taken["kind"], NS, taken["metadata"]["name"])
+    ctl.reconcile(NS, RUN, "progress")
+    assert cond(fake, C.COND_FAILED)["reason"] == "Resolved" and cond(fake, C.COND_FAILED)["status"] == "False"
+    assert ("Secret", "r-ray-token") in children_of(fake) and workload(fake, C.ROLE_LEARNER) is not None
+    assert rlrun(fake)["status"]["rayTokenSecret"] == "r-ray-token"
+
+
+def test_the_runs_own_children_are_checked_once_and_again_after_a_deletion(fake, ctl):
+    started(fake, ctl)
+    gets = fake.calls["get"]
+    ctl.reconcile(NS, RUN, "update")  # every child applied again: none read again
+    assert fake.calls["get"] - gets == 5  # the RLRun, its three workloads, the namespace
+    # A child deleted and made again by someone else: the repair pass reads them all, and refuses.
+    fake.delete("v1", "ConfigMap", NS, "r-config")
+    fake.create(foreign("ConfigMap", "v1", "r-config", data={"x": "y"}))
+    ctl.reconcile(NS, RUN, "repair")
+    assert cond(fake, C.COND_FAILED)["reason"] == "NameCollision"
+    assert fake.get("v1", "ConfigMap", NS, "r-config")["data"] == {"x": "y"}
+
+
+def test_the_token_secret_of_a_run_an_older_operator_started_is_kept(fake, ctl):
+    started(fake, ctl)
+    st = rlrun(fake)["status"]
+    fake.patch(RLRUN_API, C.RLRUN_KIND, NS, RUN, {"status": {"rayTokenSecret": None}})
+    fresh = Controller(fake, OperatorSettings())  # a restarted operator remembers nothing
+    fresh.reconcile(NS, RUN, "resume")
+    assert cond(fake, C.COND_FAILED) == {} and rlrun(fake)["status"]["rayTokenSecret"] == "r-ray-token"
+    assert st["plan"] == rlrun(fake)["status"]["plan"]
+
+
+@pytest.mark.parametrize(("settings", "spec_over", "field", "value", "chart_value"), [
+    ({"image_prefixes": ("reg.example/ml/",)}, {},
+     "spec.learner.image (unset: the chart value runImages.trainer)", C.DEFAULT_TRAINER_IMAGE, "policy.imagePrefixes"),
+    ({"image_prefixes": ("reg.example/ml/", "ghcr.io/rlscale/")}, {"rollout": {"image": "evil.example/vllm:1"}},
+     "spec.rollout.image", "evil.example/vllm:1", "policy.imagePrefixes"),
+    ({"runtime_class_names": ("nvidia",)}, {"learner": {"pod": {"runtimeClassName": "kata"}}},
+     "spec.learner.pod.runtimeClassName", "kata", "policy.runtimeClassNames"),
+    ({"priority_class_names": ("batch-low",)}, {"scheduling": {"priorityClassName": "system-node-critical"}},
+     "spec.scheduling.priorityClassName", "system-node-critical", "policy.priorityClassNames"),
+], ids=["default-image", "rollout-image", "runtime-class", "priority-class"])
+def test_a_run_outside_the_admins_allowlists_gets_nothing(fake, settings, spec_over, field, value, chart_value):
+    ctl = Controller(fake, settings_with(**settings))
+    create(fake, **spec_over)
+    o = ctl.reconcile(NS, RUN, "create")
+    failed = cond(fake, C.COND_FAILED)
+    assert o.refusal[0] == failed["reason"] == "NotAllowed"
+    assert f"{field} is {value!r}" in failed["message"] and chart_value in failed["message"]
+    assert children_of(fake) == [] and fake.calls.get("create_if_absent", 0) == 0
+    assert [e["reason"] for e in fake.events] == ["NotAllowed"]
+    # Allowed, it runs (the same run, the admin's list widened and the operator restarted).
+    Controller(fake, OperatorSettings()).reconcile(NS, RUN, "resume")
+    assert cond(fake, C.COND_FAILED)["status"] == "False" and workload(fake, C.ROLE_LEARNER) is not None
+
+
+def test_allowed_images_and_classes_run():
+    fake = FakeKube()
+    fake.namespace(NS, **{"pod-security.kubernetes.io/enforce": "baseline"})
+    ctl = Controller(fake, settings_with(image_prefixes=("ghcr.io/rlscale/",), runtime_class_names=("nvidia",),
+                                         priority_class_names=("high",)))
+    create(fake, learner={"pod": {"runtimeClassName": "nvidia"}}, scheduling={"priorityClassName": "high"})
+    ctl.reconcile(NS, RUN, "create")
+    assert cond(fake, C.COND_FAILED) == {} and workload(fake, C.ROLE_LEARNER) is not None
+
+
+def test_a_namespace_without_pod_security_gets_no_run():
+    fake = FakeKube()
+    fake.namespace(NS)
+    create(fake)
+    o = Controller(fake, OperatorSettings()).reconcile(NS, RUN, "create")
+    failed = cond(fake, C.COND_FAILED)
+    assert o.refusal[0] == failed["reason"] == "NamespaceNotEnforced"
+    assert f"kubectl label namespace {NS} pod-security.kubernetes.io/enforce=restricted" in failed["message"]
+    assert "policy.requirePodSecurity" in failed["message"] and children_of(fake) == []
+    # The chart value turned off, the same run goes on.
+    Controller(fake, settings_with(require_pod_security=False)).reconcile(NS, RUN, "resume")
+    assert cond(fake, C.COND_FAILED)["status"] == "False" and workload(fake, C.ROLE_LEARNER) is not None
+
+
+def test_forgetting_a_deleted_run_keeps_what_is_known_of_the_others(fake, ctl):
+    started(fake, ctl)
+    uid = rlrun(fake)["metadata"]["uid"]
+    ctl._tokens.add((NS, "other", "uid-x"))
+    ctl.forget(NS, "other")
+    assert ctl._tokens == {(NS, RUN, uid)} and (NS, RUN, uid) in ctl._owned
+    ctl.forget(NS, RUN)
+    assert not ctl._tokens and not ctl._owned
+
+
+def test_an_operator_killed_after_creating_the_token_secret_knows_it_as_the_runs(fake, ctl):
+    """The Secret's name is in status before the Secret is created: a restarted operator, which
+    cannot read Secrets, finds the record and keeps the Secret."""
+    create(fake)
+    fake.refuse["ConfigMap"] = 500  # the pass dies on its first apply, after the Secret
+    with pytest.raises(ApiException):
+        ctl.reconcile(NS, RUN, "create")
+    assert fake.get("v1", "Secret", NS, "r-ray-token") is not None
+    assert rlrun(fake)["status"]["rayTokenSecret"] == "r-ray-token"
+    del fake.refuse["ConfigMap"]
+    Controller(fake, OperatorSettings()).reconcile(NS, RUN, "resume")
+    assert cond(fake, C.COND_FAILED) == {} and workload(fake, C.ROLE_LEARNER) is not None
+    # A Secret deleted behind the run's back is made again.
+    fake.delete("v1", "Secret", NS, "r-ray-token")
+    Controller(fake, OperatorSettings()).reconcile(NS, RUN, "repair")
+    assert fake.get("v1", "Secret", NS, "r-ray-token") is not None

@@ -15,6 +15,10 @@
 - apiGroups: [""]
   resources: [configmaps, services]
   verbs: [get, list, watch, create, patch]
+# A run's namespace: whether it carries a Pod Security enforce label (policy.requirePodSecurity).
+- apiGroups: [""]
+  resources: [namespaces]
+  verbs: [get]
 # The run's pods come from its workloads; the operator only reads them.
 - apiGroups: [""]
   resources: [pods]

@@ -1,0 +1,83 @@
+"""What the operator checks before it creates anything for a run, as pure functions: the cluster
+admin's allowlists (images, runtime and priority classes), the namespace's Pod Security label, and
+that no object the run would own already exists under another owner. Each returns the refusal's
+message (None: allowed); operator/reconcile.py turns it into the run's Failed condition."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rlscale.spec import RLRunSpec
+
+from . import constants as C
+from .builders import Images
+
+# Refusal reasons that come from the cluster (its policy, its existing objects, its API server),
+# not from the spec alone: they set the Failed condition, and clear once the cause is gone.
+NOT_ALLOWED = "NotAllowed"
+NAMESPACE_NOT_ENFORCED = "NamespaceNotEnforced"
+NAME_COLLISION = "NameCollision"
+APPLY_REFUSED = "ApplyRefused"
+CLUSTER_REFUSALS = frozenset({NOT_ALLOWED, NAMESPACE_NOT_ENFORCED, NAME_COLLISION, APPLY_REFUSED})
+PSA_ENFORCE = "pod-security.kubernetes.io/enforce"
+
+
+def _allowed(what: str, field: str, value: str, allowed: tuple[str, ...], chart_value: str, prefix: bool) -> str:
+    kind = "start with one of" if prefix else "be one of"
+    return (f"{field} is {value!r}, which this cluster does not allow: {what} must {kind} "
+            f"{', '.join(repr(a) for a in allowed)}; use one of those, or ask the cluster admin to add it to "
+            f"the rlscale chart value {chart_value}")
+
+
+def images(spec: RLRunSpec, defaults: Images) -> list[tuple[str, str]]:
+    """(field, image) of every container the run's pods run: the spec's, else the chart's default."""
+    learner = ("spec.learner.image", spec.learner.image) if spec.learner.image else \
+        ("spec.learner.image (unset: the chart value runImages.trainer)", defaults.trainer)
+    rollout = ("spec.rollout.image", spec.rollout.image) if spec.rollout.image else \
+        ("spec.rollout.image (unset: the chart value runImages.rollout)", defaults.rollout)
+    # The Ray head runs the learner's image.
+    return [learner, rollout]
+
+
+def policy_refusal(spec: RLRunSpec, defaults: Images, image_prefixes: tuple[str, ...],
+                   runtime_classes: tuple[str, ...], priority_classes: tuple[str, ...]) -> str | None:
+    """What of the run the admin's allowlists (empty: anything) do not allow, or None."""
+    if image_prefixes:
+        for field, image in images(spec, defaults):
+            if not image.startswith(image_prefixes):
+                return _allowed("images", field, image, image_prefixes, "policy.imagePrefixes", True)
+    if runtime_classes:
+        for role in (C.ROLE_ROLLOUT, C.ROLE_LEARNER):
+            rc = getattr(spec, role).pod.runtime_class_name
+            if rc and rc not in runtime_classes:
+                return _allowed("runtime classes", f"spec.{role}.pod.runtimeClassName", rc, runtime_classes,
+                                "policy.runtimeClassNames", False)
+    if priority_classes:
+        asked = [("spec.scheduling.priorityClassName", spec.scheduling.priority_class_name)]
+        asked += [(f"spec.{role}.pod.priorityClassName", getattr(spec, role).pod.priority_class_name)
+                  for role in (C.ROLE_ROLLOUT, C.ROLE_LEARNER)]
+        for field, pc in asked:
+            if pc and pc not in priority_classes:
+                return _allowed("priority classes", field, pc, priority_classes, "policy.priorityClassNames", False)
+    return None
+
+
+def namespace_refusal(namespace: str, ns_obj: dict[str, Any] | None) -> str | None:
+    """None when the namespace carries a Pod Security enforce label, else why the run waits."""
+    labels = ((ns_obj or {}).get("metadata") or {}).get("labels") or {}
+    if labels.get(PSA_ENFORCE):
+        return None
+    return (f"namespace {namespace} has no {PSA_ENFORCE} label, so nothing checks what the run's pods may do; "
+            f"label it (kubectl label namespace {namespace} {PSA_ENFORCE}=restricted), or ask the cluster admin "
+            "to set the rlscale chart value policy.requirePodSecurity to false")
+
+
+def owned_by(obj: dict[str, Any], uid: str) -> bool:
+    """Whether the object names the RLRun of this uid among its owners."""
+    return any(ref.get("uid") == uid for ref in (obj.get("metadata") or {}).get("ownerReferences") or [])
+
+
+def collision_message(kind: str, namespace: str, name: str, run: str) -> str:
+    return (f"{kind} {namespace}/{name} already exists and does not belong to this RLRun; the operator leaves it "
+            f"alone and creates nothing for the run. Delete that {kind} if it is not needed, or create the run "
+            f"under another name than {run!r} (its children are named {run}-<role>)")
