@@ -283,13 +283,21 @@ def _pod_spec(run: RunRef, spec: RLRunSpec, role: str, image: str, command: list
 
 def _overrides(spec: RLRunSpec, role: str) -> dict[str, Any]:
     """The spec's pod settings for a role in pod-spec form: the role's own `pod` block over
-    `scheduling` (the Ray head takes `scheduling` only)."""
+    `scheduling`. The Ray head runs the learner's image beside the learners: it takes the learner's
+    pull secrets and placement (node selector, tolerations, affinity), so it starts wherever the
+    learners may (a private registry, a tainted pool), and nothing else of theirs."""
     out: dict[str, Any] = {}
     sched = spec.scheduling
     if sched.scheduler_name:
         out["schedulerName"] = sched.scheduler_name
     if sched.priority_class_name:
         out["priorityClassName"] = sched.priority_class_name
+    if role == C.ROLE_RAY_HEAD:
+        learner = spec.learner.pod.model_dump(mode="json", by_alias=True, exclude_none=True)
+        out.update({k: learner[k] for k in ("nodeSelector", "tolerations", "affinity") if learner.get(k)})
+        if spec.learner.pod.image_pull_secrets:
+            out["imagePullSecrets"] = [{"name": n} for n in spec.learner.pod.image_pull_secrets]
+        return out
     if role not in (C.ROLE_ROLLOUT, C.ROLE_LEARNER):
         return out
     pod = getattr(spec, role).pod

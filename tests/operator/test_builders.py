@@ -337,8 +337,13 @@ def test_pod_overrides_reach_their_role_and_cannot_displace_the_operators_own():
     pod, meta = got[C.ROLE_ROLLOUT]
     assert pod["runtimeClassName"] == "nvidia" and pod["priorityClassName"] == "batch"
     assert "tolerations" not in pod and "team" not in meta["labels"]
-    pod, meta = got[C.ROLE_RAY_HEAD]  # the head: scheduling only
-    assert pod["schedulerName"] == "volcano"
+    pod, meta = got[C.ROLE_RAY_HEAD]  # the head: scheduling, and the learner's image access and placement
+    assert pod["schedulerName"] == "volcano" and pod["priorityClassName"] == "batch"
+    assert pod["imagePullSecrets"] == [{"name": "regcred"}] and pod["nodeSelector"] == {"pool": "h100"}
+    assert pod["tolerations"][0]["key"] == "nvidia.com/gpu"
+    (c,) = pod["containers"]
+    assert "team" not in meta["labels"] and not any(e["name"] == "NCCL_DEBUG" for e in c["env"])
+    assert not any(v["name"] == "data" for v in pod["volumes"]) and "runtimeClassName" not in pod
     # No Kueue label on any workload or pod: the queue admits the run as one Workload, and the
     # label would make Kueue's Deployment and StatefulSet integrations admit each on its own.
     for m in kids:
