@@ -21,6 +21,7 @@ from rlscale.spec import SpecError, parse_spec
 
 from . import builders as B
 from . import constants as C
+from . import faults as F
 from . import guard as G
 from . import metrics as M
 from . import queueing as Q
@@ -167,7 +168,7 @@ class Controller:
 
     def _report(self, o: Observed) -> None:
         """The driver's progress report; whether the run has ended (before, by the report, or by its
-        pods' restarts past the backoff limit)."""
+        faults past the backoff limit: operator/faults.py)."""
         assert o.spec is not None
         raw = (o.rlrun["metadata"].get("annotations") or {}).get(C.ANNOTATION_PROGRESS)
         report, err = S.parse_progress(raw)
@@ -176,9 +177,11 @@ class Controller:
         ended_before = S.finished(o.status) and not o.retried
         # A failure report from before the run ended changes nothing.
         o.report = None if report and ended_before and report.get("failed") else report
+        if not ended_before:  # the failure budget, moved on once in the pass (status.faults)
+            o.faults = S.faults_after(o, S.now_iso())
         o.finished = (ended_before or (o.report or {}).get("outcome") in C.OUTCOME_PHASES
                       or (not S.is_true(o.status.get("conditions"), C.COND_INVALID)
-                          and S.backoff_exceeded(o.pods, o.spec.failure_policy.backoff_limit)))
+                          and F.exceeded(o.faults, o.spec.failure_policy.backoff_limit)))
 
     def _policy(self, o: Observed) -> None:
         """The cluster admin's allowlists (chart values `policy.*`): a run outside them gets nothing."""

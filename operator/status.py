@@ -13,6 +13,7 @@ from rlscale.progress import fmt_duration  # one formatter for the CLI, the runn
 from rlscale.progress_report import ProgressReport
 
 from . import constants as C
+from . import faults as F
 from .guard import CLUSTER_REFUSALS
 from .observed import Observed
 
@@ -255,11 +256,6 @@ def last_exit(pods: list[dict[str, Any]], role: str) -> str:
     return best[1]
 
 
-def backoff_exceeded(pods: list[dict[str, Any]], backoff_limit: int) -> bool:
-    """Some role's container restarts have passed spec.failurePolicy.backoffLimit: the run has failed."""
-    return any(n > backoff_limit for n in restarts_by_role(pods).values())
-
-
 def pod_signature(pod: dict[str, Any]) -> str:
     """What of one pod bears on the run's health: its problems and restarts. A pod event that leaves
     this as it was changes no condition (the pod's handler skips the pass)."""
@@ -270,18 +266,17 @@ HEALTHY_POD = json.dumps([[], 0])
 
 
 def health_conditions(conditions: list[dict[str, Any]] | None, pods: list[dict[str, Any]], backoff_limit: int,
-                      generation: int | None, now: str | None = None,
-                      driver_error: str | None = None) -> list[dict[str, Any]]:
+                      generation: int | None, now: str | None = None, driver_error: str | None = None,
+                      faults: dict[str, Any] | None = None) -> list[dict[str, Any]]:
     """Degraded from the pods' current problems, else from the driver's error report (`driver_error`:
-    it stopped and its pod restarts); Failed once a role's restarts pass the limit."""
+    it stopped and its pod restarts); Failed once the run's faults (status.faults, operator/faults.py)
+    pass the limit."""
     problems = [p for pod in pods for p in pod_problems(pod)]
     restarts = restarts_by_role(pods)
-    over = sorted(r for r, n in restarts.items() if n > backoff_limit)
-    if over:
-        role = over[0]
-        msg = (f"{restarts[role]} container restarts of the {role} pods exceed "
-               f"spec.failurePolicy.backoffLimit ({backoff_limit})")
-        why = last_exit(pods, role)
+    if F.exceeded(faults, backoff_limit):
+        assert faults is not None
+        msg = F.message(faults, backoff_limit)
+        why = last_exit(pods, faults.get("lastRole", "?"))
         conditions = set_condition(conditions, C.COND_FAILED, True, "BackoffLimitExceeded",
                                    msg + (f"; last: {why}" if why else "") + "; workloads scaled to zero",
                                    generation, now)
@@ -345,12 +340,29 @@ def compute_status(o: Observed, now: str | None = None) -> dict[str, Any]:
         rep = o.report or {}
         driver_error = (rep.get("message") or "no message") if rep.get("failed") and \
             rep.get("outcome") != C.COND_FAILED else None
-        conds = health_conditions(conds, o.pods, o.spec.failure_policy.backoff_limit, gen, now, driver_error)
+        faults = o.faults if o.faults is not None else faults_after(o, now)
+        if faults:
+            st["faults"] = faults
+        else:
+            st.pop("faults", None)
+        conds = health_conditions(conds, o.pods, o.spec.failure_policy.backoff_limit, gen, now, driver_error,
+                                  faults)
     conds = _fold_readiness(st, o, conds, gen, now)
     if conds:
         st["conditions"] = conds
         st["phase"] = phase(conds, o.spec.suspend)
     return st
+
+
+def faults_after(o: Observed, now: str) -> dict[str, Any]:
+    """status.faults moved on by this pass's pods and step (a retried run starts a new budget, from the
+    restarts its pods have now)."""
+    assert o.spec is not None
+    prev = o.status.get("faults") or {}
+    if o.retried:
+        prev = {k: prev[k] for k in ("restarts", "uids") if k in prev}
+    step = F.current_step(o.report, o.status.get("progress"))
+    return F.advance(prev, o.pods, step, o.spec.checkpoint.every, now)
 
 
 def _fold_plan(st: dict[str, Any], o: Observed, conds: list[dict[str, Any]] | None, gen: int,
