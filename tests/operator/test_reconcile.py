@@ -231,16 +231,53 @@ def test_a_failing_pod_degrades_the_run_once_and_its_recovery_clears_it(fake, ct
     assert (cond(fake, C.COND_DEGRADED)["status"], cond(fake, C.COND_DEGRADED)["reason"]) == ("False", "Healthy")
 
 
-def test_restarts_past_the_backoff_limit_fail_the_run_and_free_its_workloads(fake, ctl):
+def test_a_gang_restart_of_many_pods_is_one_fault_and_is_forgiven_after_a_checkpoint(fake, ctl):
+    plan = started(fake, ctl)
+    every = rlrun(fake)["spec"]["checkpoint"]["every"]
+    pods = [add_pod(fake, C.ROLE_LEARNER, i, RUNNING) for i in range(8)]
+    pods += [add_pod(fake, C.ROLE_ROLLOUT, i, dict(RUNNING, name="rollout")) for i in range(6)]
+    report(fake, step=40, samples=40 * plan.batch, target_metric=0.5)
+    ctl.reconcile(NS, RUN, "progress")
+    # A rank died: every rank (and here every rollout pod too, a head loss) exits and restarts, once.
+    for p in pods:
+        fake.patch("v1", "Pod", NS, p, {"status": {"containerStatuses": [crashing(1)]}})
+        ctl.reconcile(NS, RUN, "pod")
+        assert rlrun(fake)["status"]["phase"] == C.PHASE_RUNNING
+    assert cond(fake, C.COND_DEGRADED)["status"] == "True" and not cond(fake, C.COND_FAILED)
+    assert rlrun(fake)["status"]["faults"]["count"] == 1 and replicas(fake)[C.ROLE_LEARNER] == plan.learner_replicas
+    for p in pods:
+        fake.patch("v1", "Pod", NS, p, {"status": {"containerStatuses": [dict(RUNNING, restartCount=1)]}})
+        ctl.reconcile(NS, RUN, "pod")
+    assert (cond(fake, C.COND_DEGRADED)["status"], cond(fake, C.COND_DEGRADED)["reason"]) == ("False", "Healthy")
+    # checkpoint.every steps past the fault: forgiven.
+    report(fake, step=40 + every, samples=(40 + every) * plan.batch, target_metric=0.6)
+    ctl.reconcile(NS, RUN, "progress")
+    assert rlrun(fake)["status"]["faults"]["count"] == 0 and rlrun(fake)["status"]["phase"] == C.PHASE_RUNNING
+
+
+def test_a_crash_loop_past_the_backoff_limit_fails_the_run_and_frees_its_workloads(fake, ctl):
     started(fake, ctl)
-    add_pod(fake, C.ROLE_LEARNER, 0, crashing(3))
-    add_pod(fake, C.ROLE_LEARNER, 1, crashing(2))
+    pod = add_pod(fake, C.ROLE_LEARNER, 0, RUNNING)
+    add_pod(fake, C.ROLE_LEARNER, 1, RUNNING)
+    for k in range(1, 5):
+        fake.patch("v1", "Pod", NS, pod, {"status": {"containerStatuses": [crashing(k)]}})
+        ctl.reconcile(NS, RUN, "pod")
+        assert rlrun(fake)["status"]["phase"] == C.PHASE_RUNNING and rlrun(fake)["status"]["faults"]["count"] == k
+    fake.patch("v1", "Pod", NS, pod, {"status": {"containerStatuses": [crashing(5)]}})
     ctl.reconcile(NS, RUN, "pod")
     f = cond(fake, C.COND_FAILED)
     assert (f["status"], f["reason"]) == ("True", "BackoffLimitExceeded")
-    assert "5 container restarts of the learner pods exceed spec.failurePolicy.backoffLimit (4)" in f["message"]
+    assert "5 faults (restarts of the learner pods" in f["message"]
+    assert "backoffLimit (4); last: pod r-learner-0 container learner exited 1" in f["message"]
     assert rlrun(fake)["status"]["phase"] == C.PHASE_FAILED and set(replicas(fake).values()) == {0}
     assert "BackoffLimitExceeded" in [e["reason"] for e in fake.events]
+    # A spec change retries it with a new budget: the restarts it failed on are not counted again.
+    fake.patch(RLRUN_API, C.RLRUN_KIND, NS, RUN, {"spec": {"task": {"reward": "exact-match"}}})
+    ctl.reconcile(NS, RUN, "update")
+    assert rlrun(fake)["status"]["phase"] != C.PHASE_FAILED and rlrun(fake)["status"]["faults"]["count"] == 0
+    fake.patch("v1", "Pod", NS, pod, {"status": {"containerStatuses": [crashing(6)]}})
+    ctl.reconcile(NS, RUN, "pod")
+    assert rlrun(fake)["status"]["faults"]["count"] == 1 and rlrun(fake)["status"]["phase"] != C.PHASE_FAILED
 
 
 def test_a_stale_progress_report_is_ignored(fake, ctl):
