@@ -8,6 +8,7 @@ from __future__ import annotations
 import copy
 import hashlib
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -47,6 +48,26 @@ class Images:
     # A NetworkPolicy per run, and the namespaces whose pods may scrape its metrics port.
     network_policy: bool = True
     metrics_from: tuple[str, ...] = ("monitoring",)
+
+
+def run_images(defaults: Images, record: Mapping[str, Any] | None) -> Images:
+    """The defaults a run's children are built from: the images recorded in its status
+    (status.images, see images_record) where there is a record, else the operator's current ones.
+    So a `helm upgrade` with new run images leaves a running run's pods as they are."""
+    rec = record if isinstance(record, Mapping) else {}
+    return replace(defaults, trainer=str(rec.get("trainer") or defaults.trainer),
+                   rollout=str(rec.get("rollout") or defaults.rollout))
+
+
+def images_record(spec: RLRunSpec, images: Images) -> dict[str, str]:
+    """status.images: the default images the run's pods run, by the role that takes them (trainer:
+    the learner and the Ray head, rollout); a role whose spec names its image has none."""
+    rec = {"trainer": images.trainer, "rollout": images.rollout}
+    if spec.learner.image:
+        del rec["trainer"]
+    if spec.rollout.image:
+        del rec["rollout"]
+    return rec
 
 
 def child_name(run: str, suffix: str) -> str:

@@ -12,6 +12,7 @@ from rlscale.plan.calibration import Calibration
 from rlscale.progress import fmt_duration  # one formatter for the CLI, the runner and status
 from rlscale.progress_report import ProgressReport
 
+from . import builders as B
 from . import constants as C
 from . import faults as F
 from .guard import CLUSTER_REFUSALS
@@ -20,6 +21,7 @@ from .observed import Observed
 # status.rayTokenSecret: the run's Ray token Secret, which this operator created (it cannot read
 # Secrets back, so this is how a later pass knows an existing one is the run's own).
 TOKEN_STATUS = "rayTokenSecret"
+IMAGES_STATUS = "images"  # the default images the run keeps (builders.images_record)
 
 
 def now_iso() -> str:
@@ -315,6 +317,7 @@ def compute_status(o: Observed, now: str | None = None) -> dict[str, Any]:
         conds = set_condition(conds, C.COND_FAILED, False, "SpecChanged",
                               f"spec changed (generation {gen}): retrying", gen, now)
         conds = set_condition(conds, C.COND_DEGRADED, False, "SpecChanged", "retrying", gen, now)
+    _fold_images(st, o)
     if o.token:
         st[TOKEN_STATUS] = o.token
     elif o.token == "":  # the Secret of that name is another's
@@ -352,6 +355,21 @@ def compute_status(o: Observed, now: str | None = None) -> dict[str, Any]:
         st["conditions"] = conds
         st["phase"] = phase(conds, o.spec.suspend)
     return st
+
+
+def _fold_images(st: dict[str, Any], o: Observed) -> None:
+    """status.images: the default images the children were applied with, kept until a pass applies
+    them again (with the same record, unless the spec named an image or the run was retried); a
+    retried run's record goes, so the passes after it take the operator's current images."""
+    if o.retried:
+        st.pop(IMAGES_STATUS, None)
+    if o.spec is None or o.images is None or not (o.applied or (o.done and o.apply)):
+        return
+    rec = B.images_record(o.spec, o.images)
+    if rec:
+        st[IMAGES_STATUS] = rec
+    else:
+        st.pop(IMAGES_STATUS, None)
 
 
 def faults_after(o: Observed, now: str) -> dict[str, Any]:
