@@ -428,3 +428,14 @@ def test_the_specs_token_suffix_is_the_operators_token_secret_name():
 
     for run in ("r", "a" * 63):
         assert B.names(run)[C.ROLE_TOKEN].endswith(RAY_TOKEN_SECRET_SUFFIX)
+
+
+def test_run_images_prefer_the_record_and_the_record_holds_only_the_defaults_taken():
+    now = B.Images(trainer="reg/t:2", rollout="reg/r:2", checkpoint_storage="10Gi")
+    assert B.run_images(now, None) == now and B.run_images(now, {}) == now
+    kept = B.run_images(now, {"trainer": "reg/t:1", "rollout": "reg/r:1"})
+    assert (kept.trainer, kept.rollout, kept.checkpoint_storage) == ("reg/t:1", "reg/r:1", "10Gi")
+    assert B.run_images(now, {"rollout": "reg/r:1"}).trainer == "reg/t:2"
+    assert B.images_record(spec(), kept) == {"trainer": "reg/t:1", "rollout": "reg/r:1"}
+    assert B.images_record(spec(learner={"image": "mine/t:7"}), kept) == {"rollout": "reg/r:1"}
+    assert B.images_record(spec(learner={"image": "a"}, rollout={"image": "b"}), kept) == {}
