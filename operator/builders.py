@@ -8,6 +8,7 @@ from __future__ import annotations
 import copy
 import hashlib
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -47,6 +48,26 @@ class Images:
     # A NetworkPolicy per run, and the namespaces whose pods may scrape its metrics port.
     network_policy: bool = True
     metrics_from: tuple[str, ...] = ("monitoring",)
+
+
+def run_images(defaults: Images, record: Mapping[str, Any] | None) -> Images:
+    """The defaults a run's children are built from: the images recorded in its status
+    (status.images, see images_record) where there is a record, else the operator's current ones.
+    So a `helm upgrade` with new run images leaves a running run's pods as they are."""
+    rec = record if isinstance(record, Mapping) else {}
+    return replace(defaults, trainer=str(rec.get("trainer") or defaults.trainer),
+                   rollout=str(rec.get("rollout") or defaults.rollout))
+
+
+def images_record(spec: RLRunSpec, images: Images) -> dict[str, str]:
+    """status.images: the default images the run's pods run, by the role that takes them (trainer:
+    the learner and the Ray head, rollout); a role whose spec names its image has none."""
+    rec = {"trainer": images.trainer, "rollout": images.rollout}
+    if spec.learner.image:
+        del rec["trainer"]
+    if spec.rollout.image:
+        del rec["rollout"]
+    return rec
 
 
 def child_name(run: str, suffix: str) -> str:
@@ -283,13 +304,21 @@ def _pod_spec(run: RunRef, spec: RLRunSpec, role: str, image: str, command: list
 
 def _overrides(spec: RLRunSpec, role: str) -> dict[str, Any]:
     """The spec's pod settings for a role in pod-spec form: the role's own `pod` block over
-    `scheduling` (the Ray head takes `scheduling` only)."""
+    `scheduling`. The Ray head runs the learner's image beside the learners: it takes the learner's
+    pull secrets and placement (node selector, tolerations, affinity), so it starts wherever the
+    learners may (a private registry, a tainted pool), and nothing else of theirs."""
     out: dict[str, Any] = {}
     sched = spec.scheduling
     if sched.scheduler_name:
         out["schedulerName"] = sched.scheduler_name
     if sched.priority_class_name:
         out["priorityClassName"] = sched.priority_class_name
+    if role == C.ROLE_RAY_HEAD:
+        learner = spec.learner.pod.model_dump(mode="json", by_alias=True, exclude_none=True)
+        out.update({k: learner[k] for k in ("nodeSelector", "tolerations", "affinity") if learner.get(k)})
+        if spec.learner.pod.image_pull_secrets:
+            out["imagePullSecrets"] = [{"name": n} for n in spec.learner.pod.image_pull_secrets]
+        return out
     if role not in (C.ROLE_ROLLOUT, C.ROLE_LEARNER):
         return out
     pod = getattr(spec, role).pod

@@ -32,7 +32,9 @@ class Observed:
     refusal: tuple[str, str] | None = None  # (reason, message): what the spec or the cluster cannot run
     retried: bool = False  # a Failed run whose spec changed: its failure cleared, started again
     report: dict[str, Any] | None = None  # the driver's progress report (wire form), unless stale
+    images: B.Images | None = None  # the defaults its children are built from (status.images, else settings)
     finished: bool = False  # the run has ended (before or in this pass): its workloads go to zero
+    faults: dict[str, Any] | None = None  # status.faults after this pass (operator/faults.py); None: not yet
     plan: Plan | None = None  # what the children are built from
     planned: str | None = None  # why the plan is new in this pass (a trigger, or "replan"); None: kept
     replan: ReplanState | None = None  # the re-planner's gate after this pass (None: unchanged)

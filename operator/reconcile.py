@@ -21,6 +21,7 @@ from rlscale.spec import SpecError, parse_spec
 
 from . import builders as B
 from . import constants as C
+from . import faults as F
 from . import guard as G
 from . import metrics as M
 from . import queueing as Q
@@ -131,8 +132,8 @@ class Controller:
         meta = rlrun["metadata"]
         o = Observed(rlrun=rlrun, trigger=trigger, pods=observer.pods(meta["namespace"], meta["name"]),
                      workloads=observer.workloads(meta["namespace"], meta["name"]))
-        steps = (self._spec, self._retry, self._report, self._policy, self._plan, self._replan, self._decide_apply,
-                 self._guard, lambda o: self._token(o, memo), self._queue, self._children)
+        steps = (self._spec, self._retry, self._images, self._report, self._policy, self._plan, self._replan,
+                 self._decide_apply, self._guard, lambda o: self._token(o, memo), self._queue, self._children)
         try:
             for step in steps:
                 step(o)
@@ -165,9 +166,14 @@ class Controller:
         (o.rlrun["metadata"].get("annotations") or {}).pop(C.ANNOTATION_PROGRESS, None)
         o.retried = True
 
+    def _images(self, o: Observed) -> None:
+        """The default images the run keeps (status.images) over the operator's current ones, so an
+        upgrade with new run images leaves it be; a retried run takes the current ones."""
+        o.images = B.run_images(self.settings.children, None if o.retried else o.status.get(S.IMAGES_STATUS))
+
     def _report(self, o: Observed) -> None:
         """The driver's progress report; whether the run has ended (before, by the report, or by its
-        pods' restarts past the backoff limit)."""
+        faults past the backoff limit: operator/faults.py)."""
         assert o.spec is not None
         raw = (o.rlrun["metadata"].get("annotations") or {}).get(C.ANNOTATION_PROGRESS)
         report, err = S.parse_progress(raw)
@@ -176,9 +182,11 @@ class Controller:
         ended_before = S.finished(o.status) and not o.retried
         # A failure report from before the run ended changes nothing.
         o.report = None if report and ended_before and report.get("failed") else report
+        if not ended_before:  # the failure budget, moved on once in the pass (status.faults)
+            o.faults = S.faults_after(o, S.now_iso())
         o.finished = (ended_before or (o.report or {}).get("outcome") in C.OUTCOME_PHASES
                       or (not S.is_true(o.status.get("conditions"), C.COND_INVALID)
-                          and S.backoff_exceeded(o.pods, o.spec.failure_policy.backoff_limit)))
+                          and F.exceeded(o.faults, o.spec.failure_policy.backoff_limit)))
 
     def _policy(self, o: Observed) -> None:
         """The cluster admin's allowlists (chart values `policy.*`): a run outside them gets nothing."""
@@ -186,7 +194,8 @@ class Controller:
         if o.finished:  # its workloads are at zero: no pod runs what it asks for
             return
         st = self.settings
-        msg = G.policy_refusal(o.spec, st.children, st.image_prefixes, st.runtime_class_names,
+        assert o.images is not None
+        msg = G.policy_refusal(o.spec, o.images, st.image_prefixes, st.runtime_class_names,
                                st.priority_class_names)
         if msg:
             o.refusal = (G.NOT_ALLOWED, msg)
@@ -273,7 +282,7 @@ class Controller:
                 return
         assert o.spec is not None and o.plan is not None
         run = o.run_ref()
-        children = B.build_children(run, o.spec, o.plan, self.settings.children)
+        children = B.build_children(run, o.spec, o.plan, o.images)
         if o.spec.scheduling.queue_name:
             children.append(B.build_workload(run, o.spec, o.plan, children))
         want = frozenset((m["apiVersion"], m["kind"], m["metadata"]["name"]) for m in children)
@@ -319,7 +328,7 @@ class Controller:
         assert o.spec is not None and o.plan is not None
         if o.apply and o.spec.scheduling.queue_name:
             o.admitted, o.admission = Q.sync_workload(self.api, o.run_ref(), o.spec, o.plan,
-                                                      self.settings.children, o.finished, o.pods)
+                                                      o.images or self.settings.children, o.finished, o.pods)
 
     def _children(self, o: Observed) -> None:
         """Server-side apply of every child (an unchanged one is not written)."""
@@ -328,7 +337,7 @@ class Controller:
             return
         run, spec = o.run_ref(), o.spec
         draining = None if o.finished else self._draining(o, B.desired_replicas(spec, o.plan, False, o.admitted))
-        for manifest in B.build_children(run, spec, o.plan, self.settings.children, finished=o.finished,
+        for manifest in B.build_children(run, spec, o.plan, o.images, finished=o.finished,
                                          admitted=o.admitted, draining=draining):
             try:
                 applied = self.api.apply(manifest)
@@ -428,13 +437,15 @@ _DECIDING_CONDITIONS = (C.COND_PLANNED, C.COND_INVALID, C.COND_FAILED, C.COND_SU
 
 def _decided_from(rlrun: dict[str, Any]) -> tuple:
     """What of an RLRun a pass's steps decide from: its spec (generation), the driver's report, and
-    the parts of status that say which plan holds, whether the run has ended and what Kueue admitted.
+    the parts of status that say which plan holds, which images the run keeps, whether the run has
+    ended and what Kueue admitted.
     Readiness, health and progress, which every pass computes anew, are not among them."""
     meta, st = rlrun["metadata"], rlrun.get("status") or {}
     conds = [(c.get("type"), c.get("status"), c.get("reason"), c.get("observedGeneration"))
              for c in st.get("conditions") or [] if c.get("type") in _DECIDING_CONDITIONS]
     return (meta.get("generation"), (meta.get("annotations") or {}).get(C.ANNOTATION_PROGRESS),
-            st.get("plan"), st.get("replan"), st.get("calibration"), st.get("observedGeneration"), conds)
+            st.get("plan"), st.get("replan"), st.get("calibration"), st.get("observedGeneration"),
+            st.get(S.IMAGES_STATUS), conds)
 
 
 def _server_message(exc: ApiException) -> str:

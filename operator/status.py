@@ -12,13 +12,16 @@ from rlscale.plan.calibration import Calibration
 from rlscale.progress import fmt_duration  # one formatter for the CLI, the runner and status
 from rlscale.progress_report import ProgressReport
 
+from . import builders as B
 from . import constants as C
+from . import faults as F
 from .guard import CLUSTER_REFUSALS
 from .observed import Observed
 
 # status.rayTokenSecret: the run's Ray token Secret, which this operator created (it cannot read
 # Secrets back, so this is how a later pass knows an existing one is the run's own).
 TOKEN_STATUS = "rayTokenSecret"
+IMAGES_STATUS = "images"  # the default images the run keeps (builders.images_record)
 
 
 def now_iso() -> str:
@@ -255,11 +258,6 @@ def last_exit(pods: list[dict[str, Any]], role: str) -> str:
     return best[1]
 
 
-def backoff_exceeded(pods: list[dict[str, Any]], backoff_limit: int) -> bool:
-    """Some role's container restarts have passed spec.failurePolicy.backoffLimit: the run has failed."""
-    return any(n > backoff_limit for n in restarts_by_role(pods).values())
-
-
 def pod_signature(pod: dict[str, Any]) -> str:
     """What of one pod bears on the run's health: its problems and restarts. A pod event that leaves
     this as it was changes no condition (the pod's handler skips the pass)."""
@@ -270,18 +268,17 @@ HEALTHY_POD = json.dumps([[], 0])
 
 
 def health_conditions(conditions: list[dict[str, Any]] | None, pods: list[dict[str, Any]], backoff_limit: int,
-                      generation: int | None, now: str | None = None,
-                      driver_error: str | None = None) -> list[dict[str, Any]]:
+                      generation: int | None, now: str | None = None, driver_error: str | None = None,
+                      faults: dict[str, Any] | None = None) -> list[dict[str, Any]]:
     """Degraded from the pods' current problems, else from the driver's error report (`driver_error`:
-    it stopped and its pod restarts); Failed once a role's restarts pass the limit."""
+    it stopped and its pod restarts); Failed once the run's faults (status.faults, operator/faults.py)
+    pass the limit."""
     problems = [p for pod in pods for p in pod_problems(pod)]
     restarts = restarts_by_role(pods)
-    over = sorted(r for r, n in restarts.items() if n > backoff_limit)
-    if over:
-        role = over[0]
-        msg = (f"{restarts[role]} container restarts of the {role} pods exceed "
-               f"spec.failurePolicy.backoffLimit ({backoff_limit})")
-        why = last_exit(pods, role)
+    if F.exceeded(faults, backoff_limit):
+        assert faults is not None
+        msg = F.message(faults, backoff_limit)
+        why = last_exit(pods, faults.get("lastRole", "?"))
         conditions = set_condition(conditions, C.COND_FAILED, True, "BackoffLimitExceeded",
                                    msg + (f"; last: {why}" if why else "") + "; workloads scaled to zero",
                                    generation, now)
@@ -320,6 +317,7 @@ def compute_status(o: Observed, now: str | None = None) -> dict[str, Any]:
         conds = set_condition(conds, C.COND_FAILED, False, "SpecChanged",
                               f"spec changed (generation {gen}): retrying", gen, now)
         conds = set_condition(conds, C.COND_DEGRADED, False, "SpecChanged", "retrying", gen, now)
+    _fold_images(st, o)
     if o.token:
         st[TOKEN_STATUS] = o.token
     elif o.token == "":  # the Secret of that name is another's
@@ -345,12 +343,44 @@ def compute_status(o: Observed, now: str | None = None) -> dict[str, Any]:
         rep = o.report or {}
         driver_error = (rep.get("message") or "no message") if rep.get("failed") and \
             rep.get("outcome") != C.COND_FAILED else None
-        conds = health_conditions(conds, o.pods, o.spec.failure_policy.backoff_limit, gen, now, driver_error)
+        faults = o.faults if o.faults is not None else faults_after(o, now)
+        if faults:
+            st["faults"] = faults
+        else:
+            st.pop("faults", None)
+        conds = health_conditions(conds, o.pods, o.spec.failure_policy.backoff_limit, gen, now, driver_error,
+                                  faults)
     conds = _fold_readiness(st, o, conds, gen, now)
     if conds:
         st["conditions"] = conds
         st["phase"] = phase(conds, o.spec.suspend)
     return st
+
+
+def _fold_images(st: dict[str, Any], o: Observed) -> None:
+    """status.images: the default images the children were applied with, kept until a pass applies
+    them again (with the same record, unless the spec named an image or the run was retried); a
+    retried run's record goes, so the passes after it take the operator's current images."""
+    if o.retried:
+        st.pop(IMAGES_STATUS, None)
+    if o.spec is None or o.images is None or not (o.applied or (o.done and o.apply)):
+        return
+    rec = B.images_record(o.spec, o.images)
+    if rec:
+        st[IMAGES_STATUS] = rec
+    else:
+        st.pop(IMAGES_STATUS, None)
+
+
+def faults_after(o: Observed, now: str) -> dict[str, Any]:
+    """status.faults moved on by this pass's pods and step (a retried run starts a new budget, from the
+    restarts its pods have now)."""
+    assert o.spec is not None
+    prev = o.status.get("faults") or {}
+    if o.retried:
+        prev = {k: prev[k] for k in ("restarts", "uids") if k in prev}
+    step = F.current_step(o.report, o.status.get("progress"))
+    return F.advance(prev, o.pods, step, o.spec.checkpoint.every, now)
 
 
 def _fold_plan(st: dict[str, Any], o: Observed, conds: list[dict[str, Any]] | None, gen: int,

@@ -5,8 +5,10 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
+import time
 
 from rlscale.roles import NO_LOG_MONITOR, ROLLOUT_RESOURCE, ray_executable, ray_node_env
 
@@ -29,6 +31,25 @@ def ray_start_command(ray_address: str, num_cpus: int = 0, object_store_bytes: i
     ]
 
 
+HEAD_WAIT_S = 600.0  # how long a rollout pod waits for its run's Ray head before it gives up
+
+
+def wait_for_head(address: str, timeout: float = HEAD_WAIT_S, poll: float = 2.0) -> bool:
+    """Wait until the Ray head's GCS port (host:port) accepts a TCP connection. The rollout pods
+    start beside the head's pod: joining before it listens made `ray start` fail and the pod
+    restart, a restart the run's failure budget counted; waiting here costs none."""
+    host, _, port = address.rpartition(":")
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            socket.create_connection((host, int(port)), timeout=min(poll, 5.0)).close()
+            return True
+        except OSError:
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(poll)
+
+
 def main(config_path: str | None = None) -> int:
     """Run a Ray worker node until killed (config from the path or $RLSCALE_CONFIG); returns its exit status."""
     from rlscale.runconfig import load_run_config
@@ -47,6 +68,11 @@ def main(config_path: str | None = None) -> int:
             file=sys.stderr,
         )
         return 2
+    if not wait_for_head(address):
+        print(f"rlscale rollout: the run's Ray head at {address} did not accept connections within "
+              f"{HEAD_WAIT_S:.0f} s; is the ray-head pod running (kubectl get pods -l rlscale.dev/role=ray-head)?",
+              file=sys.stderr)
+        return 1
     cmd = ray_start_command(address, object_store_bytes=config.object_store_bytes)
     proc = subprocess.Popen(cmd, env=ray_node_env())
 

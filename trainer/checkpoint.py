@@ -51,14 +51,30 @@ def latest_checkpoint(directory: str | Path) -> Path | None:
         if (path / STATE_FILE).is_file():
             newest = complete_steps(directory)
             # `latest` is written after the rename; a crash between the two leaves it one behind.
-            return newest[-1] if newest and _step(newest[-1]) > _step(path) else path
+            return newest[-1] if newest and step_of(newest[-1]) > step_of(path) else path
     steps = complete_steps(directory)
     return steps[-1] if steps else None
 
 
-def _step(path: Path) -> int:
+def step_of(path: Path) -> int:
+    """The step a checkpoint directory holds (step-00000050 -> 50; -1 for any other name)."""
     m = _STEP_RE.match(path.name)
     return int(m.group(1)) if m else -1
+
+
+def step_name(step: int) -> str:
+    return f"step-{step:08d}"
+
+
+def newest_common_step(per_rank: list[list[int]]) -> tuple[int | None, list[int]]:
+    """The newest step every rank holds complete, and the newer steps some rank lacks (newest first)."""
+    if not per_rank:
+        return None, []
+    held = [set(steps) for steps in per_rank]
+    common = set.intersection(*held)
+    newest = max(common) if common else None
+    partial = sorted((s for s in set.union(*held) if newest is None or s > newest), reverse=True)
+    return newest, partial
 
 
 def fsync_tree(root: Path) -> None:

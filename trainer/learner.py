@@ -8,6 +8,7 @@ method. So the driver only ever talks to rank 0, and collectives always match.
 from __future__ import annotations
 
 import contextlib
+import logging
 import math
 import os
 import secrets
@@ -26,6 +27,8 @@ from rlscale.trainer.batching import RolloutBatch, group_micro_batches, pack
 from rlscale.trainer.distributed import init_distributed
 from rlscale.trainer.noise import NoiseScale, in_batch_samples, noise_components
 from rlscale.trainer.objectives import objective_for
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -234,11 +237,16 @@ class Learner:
     def save_checkpoint(self, directory: str | Path, state: dict | None = None, keep: int = 2) -> Path | None:
         """Atomically checkpoint the engines plus `state` (the driver's run state) under directory."""
         directory = Path(directory)
-        name = f"step-{int((state or {}).get('step', self.steps)):08d}"
+        name = checkpoint.step_name(int((state or {}).get("step", self.steps)))
         return self._collective("save_checkpoint", str(directory), name, state or {}, keep)
 
     def load_checkpoint(self, directory: str | Path) -> dict | None:
-        """Restore the newest checkpoint under directory; returns the saved run state, or None if there is none."""
+        """Restore the newest checkpoint under directory that every rank completed; returns the saved
+        run state, or None if there is none."""
+        if self.per_rank_checkpoints and self.world_size > 1:
+            # Each rank renames its own copy: a kill between two ranks' renames leaves them at
+            # different newest steps, so the ranks agree on the newest step they all have.
+            return self._collective("load_common_checkpoint", str(directory))
         path = checkpoint.latest_checkpoint(directory)
         if path is None:
             return None
@@ -544,6 +552,25 @@ class Learner:
             result = checkpoint.finish(tmp, final, {"run": state, "learner": learner_state}, keep)
         self._barrier()
         return result if self.rank == 0 else None
+
+    def _load_common_checkpoint(self, directory: str) -> dict | None:
+        base = self._checkpoint_dir(directory)
+        mine = [checkpoint.step_of(p) for p in checkpoint.complete_steps(base)]
+        everyone: list[list[int] | None] = [None] * self.world_size
+        dist.all_gather_object(everyone, mine, group=self._control)
+        step, skipped = checkpoint.newest_common_step(everyone)
+        if skipped and self.rank == 0:
+            log.warning("learner: checkpoint steps %s are not complete on every rank (a save was cut short "
+                        "between ranks); resuming from the newest complete on all: %s", skipped, step)
+        for newer in skipped:
+            # This rank's copy of an abandoned step: set aside (the next save removes it), so that
+            # neither `latest` nor the pruning take it for the newest.
+            own = base / checkpoint.step_name(newer)
+            if own.is_dir():
+                own.rename(base / f".old-{own.name}")
+        if step is None:
+            return None
+        return self._load_checkpoint(str(base / checkpoint.step_name(step)))
 
     def _load_checkpoint(self, path: str) -> dict:
         # Rank 0 chose the step; every rank reads that step from the directory it writes to.

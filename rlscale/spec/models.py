@@ -401,8 +401,10 @@ class SchedulingSpec(_Model):
 class FailurePolicySpec(_Model):
     """Kubernetes: when a run stops retrying."""
 
-    backoff_limit: int = Field(4, ge=0, le=100, description="Container restarts of the run's pods (summed over a role) "
-                               "after which the run is Failed and its workloads go to zero.")
+    backoff_limit: int = Field(4, ge=0, le=100, description="Faults of the run's pods after which the run is Failed "
+                               "and its workloads go to zero. Container restarts of different pods within 180 s "
+                               "are one fault (a gang restart, a Ray head loss); each restart of a crash-looping "
+                               "pod is one. Forgiven after checkpoint.every steps without a fault.")
 
 
 class RLRunSpec(_Model):

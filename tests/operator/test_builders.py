@@ -337,8 +337,13 @@ def test_pod_overrides_reach_their_role_and_cannot_displace_the_operators_own():
     pod, meta = got[C.ROLE_ROLLOUT]
     assert pod["runtimeClassName"] == "nvidia" and pod["priorityClassName"] == "batch"
     assert "tolerations" not in pod and "team" not in meta["labels"]
-    pod, meta = got[C.ROLE_RAY_HEAD]  # the head: scheduling only
-    assert pod["schedulerName"] == "volcano"
+    pod, meta = got[C.ROLE_RAY_HEAD]  # the head: scheduling, and the learner's image access and placement
+    assert pod["schedulerName"] == "volcano" and pod["priorityClassName"] == "batch"
+    assert pod["imagePullSecrets"] == [{"name": "regcred"}] and pod["nodeSelector"] == {"pool": "h100"}
+    assert pod["tolerations"][0]["key"] == "nvidia.com/gpu"
+    (c,) = pod["containers"]
+    assert "team" not in meta["labels"] and not any(e["name"] == "NCCL_DEBUG" for e in c["env"])
+    assert not any(v["name"] == "data" for v in pod["volumes"]) and "runtimeClassName" not in pod
     # No Kueue label on any workload or pod: the queue admits the run as one Workload, and the
     # label would make Kueue's Deployment and StatefulSet integrations admit each on its own.
     for m in kids:
@@ -423,3 +428,14 @@ def test_the_specs_token_suffix_is_the_operators_token_secret_name():
 
     for run in ("r", "a" * 63):
         assert B.names(run)[C.ROLE_TOKEN].endswith(RAY_TOKEN_SECRET_SUFFIX)
+
+
+def test_run_images_prefer_the_record_and_the_record_holds_only_the_defaults_taken():
+    now = B.Images(trainer="reg/t:2", rollout="reg/r:2", checkpoint_storage="10Gi")
+    assert B.run_images(now, None) == now and B.run_images(now, {}) == now
+    kept = B.run_images(now, {"trainer": "reg/t:1", "rollout": "reg/r:1"})
+    assert (kept.trainer, kept.rollout, kept.checkpoint_storage) == ("reg/t:1", "reg/r:1", "10Gi")
+    assert B.run_images(now, {"rollout": "reg/r:1"}).trainer == "reg/t:2"
+    assert B.images_record(spec(), kept) == {"trainer": "reg/t:1", "rollout": "reg/r:1"}
+    assert B.images_record(spec(learner={"image": "mine/t:7"}), kept) == {"rollout": "reg/r:1"}
+    assert B.images_record(spec(learner={"image": "a"}, rollout={"image": "b"}), kept) == {}

@@ -231,16 +231,53 @@ def test_a_failing_pod_degrades_the_run_once_and_its_recovery_clears_it(fake, ct
     assert (cond(fake, C.COND_DEGRADED)["status"], cond(fake, C.COND_DEGRADED)["reason"]) == ("False", "Healthy")
 
 
-def test_restarts_past_the_backoff_limit_fail_the_run_and_free_its_workloads(fake, ctl):
+def test_a_gang_restart_of_many_pods_is_one_fault_and_is_forgiven_after_a_checkpoint(fake, ctl):
+    plan = started(fake, ctl)
+    every = rlrun(fake)["spec"]["checkpoint"]["every"]
+    pods = [add_pod(fake, C.ROLE_LEARNER, i, RUNNING) for i in range(8)]
+    pods += [add_pod(fake, C.ROLE_ROLLOUT, i, dict(RUNNING, name="rollout")) for i in range(6)]
+    report(fake, step=40, samples=40 * plan.batch, target_metric=0.5)
+    ctl.reconcile(NS, RUN, "progress")
+    # A rank died: every rank (and here every rollout pod too, a head loss) exits and restarts, once.
+    for p in pods:
+        fake.patch("v1", "Pod", NS, p, {"status": {"containerStatuses": [crashing(1)]}})
+        ctl.reconcile(NS, RUN, "pod")
+        assert rlrun(fake)["status"]["phase"] == C.PHASE_RUNNING
+    assert cond(fake, C.COND_DEGRADED)["status"] == "True" and not cond(fake, C.COND_FAILED)
+    assert rlrun(fake)["status"]["faults"]["count"] == 1 and replicas(fake)[C.ROLE_LEARNER] == plan.learner_replicas
+    for p in pods:
+        fake.patch("v1", "Pod", NS, p, {"status": {"containerStatuses": [dict(RUNNING, restartCount=1)]}})
+        ctl.reconcile(NS, RUN, "pod")
+    assert (cond(fake, C.COND_DEGRADED)["status"], cond(fake, C.COND_DEGRADED)["reason"]) == ("False", "Healthy")
+    # checkpoint.every steps past the fault: forgiven.
+    report(fake, step=40 + every, samples=(40 + every) * plan.batch, target_metric=0.6)
+    ctl.reconcile(NS, RUN, "progress")
+    assert rlrun(fake)["status"]["faults"]["count"] == 0 and rlrun(fake)["status"]["phase"] == C.PHASE_RUNNING
+
+
+def test_a_crash_loop_past_the_backoff_limit_fails_the_run_and_frees_its_workloads(fake, ctl):
     started(fake, ctl)
-    add_pod(fake, C.ROLE_LEARNER, 0, crashing(3))
-    add_pod(fake, C.ROLE_LEARNER, 1, crashing(2))
+    pod = add_pod(fake, C.ROLE_LEARNER, 0, RUNNING)
+    add_pod(fake, C.ROLE_LEARNER, 1, RUNNING)
+    for k in range(1, 5):
+        fake.patch("v1", "Pod", NS, pod, {"status": {"containerStatuses": [crashing(k)]}})
+        ctl.reconcile(NS, RUN, "pod")
+        assert rlrun(fake)["status"]["phase"] == C.PHASE_RUNNING and rlrun(fake)["status"]["faults"]["count"] == k
+    fake.patch("v1", "Pod", NS, pod, {"status": {"containerStatuses": [crashing(5)]}})
     ctl.reconcile(NS, RUN, "pod")
     f = cond(fake, C.COND_FAILED)
     assert (f["status"], f["reason"]) == ("True", "BackoffLimitExceeded")
-    assert "5 container restarts of the learner pods exceed spec.failurePolicy.backoffLimit (4)" in f["message"]
+    assert "5 faults (restarts of the learner pods" in f["message"]
+    assert "backoffLimit (4); last: pod r-learner-0 container learner exited 1" in f["message"]
     assert rlrun(fake)["status"]["phase"] == C.PHASE_FAILED and set(replicas(fake).values()) == {0}
     assert "BackoffLimitExceeded" in [e["reason"] for e in fake.events]
+    # A spec change retries it with a new budget: the restarts it failed on are not counted again.
+    fake.patch(RLRUN_API, C.RLRUN_KIND, NS, RUN, {"spec": {"task": {"reward": "exact-match"}}})
+    ctl.reconcile(NS, RUN, "update")
+    assert rlrun(fake)["status"]["phase"] != C.PHASE_FAILED and rlrun(fake)["status"]["faults"]["count"] == 0
+    fake.patch("v1", "Pod", NS, pod, {"status": {"containerStatuses": [crashing(6)]}})
+    ctl.reconcile(NS, RUN, "pod")
+    assert rlrun(fake)["status"]["faults"]["count"] == 1 and rlrun(fake)["status"]["phase"] != C.PHASE_FAILED
 
 
 def test_a_stale_progress_report_is_ignored(fake, ctl):
@@ -528,3 +565,108 @@ def test_an_operator_killed_after_creating_the_token_secret_knows_it_as_the_runs
     fake.delete("v1", "Secret", NS, "r-ray-token")
     Controller(fake, OperatorSettings()).reconcile(NS, RUN, "repair")
     assert fake.get("v1", "Secret", NS, "r-ray-token") is not None
+
+
+# ---------------------------------------------------------------- the images a run keeps across an upgrade
+
+IMAGES_A = {"trainer": "reg.example/a/trainer:1", "rollout": "reg.example/a/rollout:1"}
+IMAGES_B = {"trainer": "reg.example/b/trainer:2", "rollout": "reg.example/b/rollout:2"}
+
+
+def with_images(images: dict[str, str], **kw) -> OperatorSettings:
+    """The operator as the chart's runImages (RLSCALE_TRAINER_IMAGE / RLSCALE_ROLLOUT_IMAGE) set it."""
+    import dataclasses
+
+    return settings_with(children=dataclasses.replace(OperatorSettings().children, **images), **kw)
+
+
+def pod_images(fake: FakeKube, name: str = RUN) -> dict[str, set[str]]:
+    """The images of every container (init ones too) of each workload's pod template, by role."""
+    out = {}
+    for role in ROLES:
+        pod = workload(fake, role, name)["spec"]["template"]["spec"]
+        out[role] = {c["image"] for c in pod.get("initContainers", []) + pod["containers"]}
+    return out
+
+
+def as_started_with(images: dict[str, str], trainer: str | None = None, rollout: str | None = None):
+    trainer, rollout = trainer or images["trainer"], rollout or images["rollout"]
+    return {C.ROLE_RAY_HEAD: {trainer}, C.ROLE_ROLLOUT: {rollout}, C.ROLE_LEARNER: {trainer}}
+
+
+def upgraded(fake: FakeKube, images: dict[str, str], **kw) -> Controller:
+    """`helm upgrade` with new runImages: a new operator process, new settings, the same cluster."""
+    ctl = Controller(fake, with_images(images, **kw))
+    for trigger in ("resume", "progress", "learner", "update"):
+        ctl.reconcile(NS, RUN, trigger)
+    return ctl
+
+
+def test_a_running_run_keeps_its_images_across_an_operator_upgrade(fake):
+    started(fake, Controller(fake, with_images(IMAGES_A)))
+    assert rlrun(fake)["status"]["images"] == IMAGES_A and pod_images(fake) == as_started_with(IMAGES_A)
+    before = {role: workload(fake, role) for role in ROLES}
+    ctl = upgraded(fake, IMAGES_B)
+    assert pod_images(fake) == as_started_with(IMAGES_A) and rlrun(fake)["status"]["images"] == IMAGES_A
+    # Not rolled: the workloads' specs are as the old operator applied them.
+    assert {role: workload(fake, role)["spec"] for role in ROLES} == {r: w["spec"] for r, w in before.items()}
+    # A new run takes the upgraded operator's images.
+    create(fake, "s")
+    ctl.reconcile(NS, "s", "create")
+    assert pod_images(fake, "s") == as_started_with(IMAGES_B) and rlrun(fake, "s")["status"]["images"] == IMAGES_B
+
+
+def test_the_image_record_survives_the_status_write_and_a_pass_that_changes_nothing(fake):
+    started(fake, Controller(fake, with_images(IMAGES_A)))
+    ctl = upgraded(fake, IMAGES_B)
+    writes = fake.calls["update_status"]
+    o = ctl.reconcile(NS, RUN, "progress")
+    assert fake.calls["update_status"] == writes  # nothing moved: the record read is the record computed
+    assert o.images is not None and (o.images.trainer, o.images.rollout) == tuple(IMAGES_A.values())
+    assert rlrun(fake)["status"]["images"] == IMAGES_A
+
+
+def test_a_run_that_names_its_images_runs_them_and_records_only_the_defaults_it_takes(fake):
+    learner_image = "reg.example/mine/trainer:7"
+    started(fake, Controller(fake, with_images(IMAGES_A)), learner={"image": learner_image})
+    assert rlrun(fake)["status"]["images"] == {"rollout": IMAGES_A["rollout"]}
+    upgraded(fake, IMAGES_B)
+    assert pod_images(fake) == as_started_with(IMAGES_A, trainer=learner_image)
+    # The spec's image is how a run moves: the rollout image set too, the record has nothing left.
+    fake.patch(RLRUN_API, C.RLRUN_KIND, NS, RUN, {"spec": {"rollout": {"image": "reg.example/mine/rollout:7"}}})
+    Controller(fake, with_images(IMAGES_B)).reconcile(NS, RUN, "update")
+    assert pod_images(fake) == as_started_with(IMAGES_A, learner_image, "reg.example/mine/rollout:7")
+    assert "images" not in rlrun(fake)["status"]
+    # Unset again, it takes the operator's images of now.
+    fake.patch(RLRUN_API, C.RLRUN_KIND, NS, RUN, {"spec": {"rollout": {"image": None}}})
+    Controller(fake, with_images(IMAGES_B)).reconcile(NS, RUN, "update")
+    assert pod_images(fake)[C.ROLE_ROLLOUT] == {IMAGES_B["rollout"]}
+    assert rlrun(fake)["status"]["images"] == {"rollout": IMAGES_B["rollout"]}
+
+
+def test_the_allowlist_checks_the_images_the_run_keeps(fake):
+    started(fake, Controller(fake, with_images(IMAGES_A)))
+    # The upgrade allows only the new images: the kept ones are refused, by name.
+    upgraded(fake, IMAGES_B, image_prefixes=("reg.example/b/",))
+    failed = cond(fake, C.COND_FAILED)
+    assert failed["reason"] == "NotAllowed" and repr(IMAGES_A["trainer"]) in failed["message"]
+    # Allowing the old ones (and not the new), the run goes on with them.
+    upgraded(fake, IMAGES_B, image_prefixes=("reg.example/a/",))
+    assert cond(fake, C.COND_FAILED)["status"] == "False" and pod_images(fake) == as_started_with(IMAGES_A)
+
+
+def test_a_finished_run_keeps_its_record_and_a_retried_one_takes_the_new_images(fake):
+    ctl = Controller(fake, with_images(IMAGES_A))
+    started(fake, ctl)
+    report(fake, step=3, failed=True, outcome="Failed", message="PermanentRunError: 'nope:f' cannot be imported")
+    ctl.reconcile(NS, RUN, "progress")
+    assert rlrun(fake)["status"]["phase"] == C.PHASE_FAILED
+    ctl = upgraded(fake, IMAGES_B)
+    assert rlrun(fake)["status"]["images"] == IMAGES_A and pod_images(fake) == as_started_with(IMAGES_A)
+    assert set(replicas(fake).values()) == {0}
+    fake.patch(RLRUN_API, C.RLRUN_KIND, NS, RUN, {"spec": {"task": {"reward": "exact-match"}}})
+    ctl.reconcile(NS, RUN, "update")
+    assert cond(fake, C.COND_FAILED)["reason"] == "SpecChanged"
+    assert pod_images(fake) == as_started_with(IMAGES_B) and rlrun(fake)["status"]["images"] == IMAGES_B
+    ctl.reconcile(NS, RUN, "progress")
+    assert rlrun(fake)["status"]["images"] == IMAGES_B

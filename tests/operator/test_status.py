@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from rlscale.operator import constants as C
+from rlscale.operator import faults as F
 from rlscale.operator import status as S
 
 PLAN = {"prompts": 16, "samplesPerPrompt": 8, "learningRate": 1e-5, "rolloutReplicas": 2,
@@ -117,13 +118,126 @@ def test_a_crash_loop_is_degraded_with_the_exit_and_the_log_tail():
     assert S.condition(conds, C.COND_FAILED) is None
 
 
-def test_restarts_past_the_backoff_limit_fail_the_run_quoting_the_last_exit():
+def test_faults_past_the_backoff_limit_fail_the_run_quoting_the_last_exit():
     pods = [pod("r-learner-0", C.ROLE_LEARNER, [crashing(3)]), pod("r-learner-1", C.ROLE_LEARNER, [crashing(2)])]
-    conds = S.health_conditions(None, pods, backoff_limit=4, generation=3)
+    faults = F.advance(None, pods, 7, 50, T0)
+    assert faults["count"] == 4  # r-learner-0's 3 restarts; r-learner-1's first is one of them, its second not
+    conds = S.health_conditions(None, pods, backoff_limit=3, generation=3, faults=faults)
     f = S.condition(conds, C.COND_FAILED)
     assert f["status"] == "True" and f["reason"] == "BackoffLimitExceeded"
-    assert "5 container restarts of the learner pods exceed spec.failurePolicy.backoffLimit (4)" in f["message"]
+    assert "4 faults (restarts of the learner pods" in f["message"]
+    assert "exceed spec.failurePolicy.backoffLimit (3)" in f["message"]
     assert "ImportError" in f["message"] and S.phase(conds, False) == C.PHASE_FAILED
+    assert S.condition(S.health_conditions(None, pods, 4, 3, faults=faults), C.COND_FAILED) is None
+
+
+# ---------------------------------------------------------------- the failure budget (operator/faults.py)
+
+T0 = "2026-12-01T03:00:00Z"
+
+
+def at(seconds: int) -> str:
+    import datetime as dt
+
+    return (dt.datetime(2026, 12, 1, 3, tzinfo=dt.UTC) + dt.timedelta(seconds=seconds)).isoformat().replace(
+        "+00:00", "Z")
+
+
+def learners(restarts, n=8, **kw):
+    return [pod(f"r-learner-{i}", C.ROLE_LEARNER, [dict(RUNNING, name="learner", restartCount=restarts)], **kw)
+            for i in range(n)]
+
+
+def test_a_gang_restart_of_eight_ranks_is_one_fault():
+    rec = F.advance(None, learners(0), 40, 50, T0)
+    assert rec == {}  # nothing to keep while nothing restarted
+    # The ranks' restarts come in over several passes, within the window.
+    for i, t in enumerate((5, 6, 6, 9, 12, 30, 31, 60)):
+        pods = learners(1, n=i + 1) + learners(0)[i + 1:]
+        rec = F.advance(rec, pods, 40, 50, at(t))
+    assert rec["count"] == 1 and rec["lastFaultStep"] == 40 and rec["lastRole"] == C.ROLE_LEARNER
+    assert len(rec["windowPods"]) == 8
+    assert not F.exceeded(rec, 4) and F.advance(rec, learners(1), 40, 50, at(90)) == rec  # nothing new: as it was
+    # Seen all at once too (the operator was away).
+    assert F.advance(None, learners(1), 40, 50, T0)["count"] == 1
+    # A later gang restart, past the window, is the second fault.
+    assert F.advance(rec, learners(2), 41, 50, at(F.WINDOW_SECONDS + 10))["count"] == 2
+
+
+def test_a_pod_crash_looping_counts_every_restart():
+    rec: dict = {}
+    for k in range(1, 6):  # the kubelet's back-off: 10 s, 20 s, 40 s, ...
+        rec = F.advance(rec, [pod("r-learner-0", C.ROLE_LEARNER, [crashing(k)])], 12, 50, at(10 * 2 ** k))
+    assert rec["count"] == 5 and F.exceeded(rec, 4)
+    # Another pod's restart in the window joins the fault; the same pod's again is a new one.
+    rec = F.advance(rec, [pod("r-learner-0", C.ROLE_LEARNER, [crashing(5)]),
+                          pod("r-learner-1", C.ROLE_LEARNER, [crashing(1)])], 12, 50, at(330))
+    assert rec["count"] == 5
+
+
+def test_faults_are_forgiven_after_checkpoint_every_steps_of_progress():
+    rec = F.advance(None, learners(1), 140, 50, T0)
+    rec = F.advance(rec, learners(2), 141, 50, at(400))
+    assert (rec["count"], rec["lastFaultStep"]) == (2, 141)
+    # It resumed from the checkpoint at 100: 189 steps is not yet 50 past the fault.
+    assert F.advance(rec, learners(2), 189, 50, at(900))["count"] == 2
+    rec = F.advance(rec, learners(2), 191, 50, at(1000))
+    assert rec["count"] == 0 and rec["restarts"]["r-learner-0"] == 2  # the restarts seen stay the baseline
+    assert F.advance(rec, learners(3), 192, 50, at(1100))["count"] == 1
+    # checkpoint.every is at least one step
+    assert F.advance(F.advance(None, learners(1), 5, 0, T0), learners(1), 6, 0, at(10))["count"] == 0
+
+
+def test_init_container_restarts_count_before_the_first_step_only():
+    model = {"name": "model", "restartCount": 1, "state": {"terminated": {"exitCode": 2, "reason": "Error"}}}
+    before = [pod("r-learner-0", C.ROLE_LEARNER, [dict(RUNNING, restartCount=0)], init=[model])]
+    rec = F.advance(None, before, None, 50, T0)
+    assert rec["count"] == 1 and "lastFaultStep" not in rec  # before any step
+    rec = F.advance(rec, [pod("r-learner-0", C.ROLE_LEARNER, [RUNNING], init=[dict(model, restartCount=2)])],
+                    None, 50, at(20))
+    assert rec["count"] == 2 and F.exceeded(rec, 1)
+    # Once the run has stepped, an init container's restart is not a fault.
+    rec = F.advance(None, before, 3, 50, T0)
+    assert rec == {}
+    assert F.advance(rec, [pod("r-learner-0", C.ROLE_LEARNER, [RUNNING], init=[dict(model, restartCount=4)])],
+                     4, 50, at(300)) == {}
+
+
+def test_a_recreated_pod_is_no_restart():
+    rec = F.advance(None, learners(3, n=1), 10, 50, T0)
+    assert rec["count"] == 3
+    # The StatefulSet recreated it under its name: fewer restarts, a new baseline.
+    rec = F.advance(rec, learners(1, n=1), 10, 50, at(600))
+    assert rec["count"] == 3 and rec["restarts"] == {"r-learner-0": 1}
+    assert F.advance(rec, learners(2, n=1), 10, 50, at(900))["count"] == 4
+    # A new uid under the old name counts from 0; a pod gone leaves the record.
+    old = [dict(p, metadata={**p["metadata"], "uid": "a"}) for p in learners(2, n=1)]
+    new = [dict(p, metadata={**p["metadata"], "uid": "b"}) for p in learners(2, n=1)]
+    rec = F.advance(None, old, 10, 50, T0)
+    assert rec["count"] == 2 and rec["uids"] == {"r-learner-0": "a"}
+    assert F.advance(rec, new, 10, 50, at(1000))["count"] == 4
+    assert F.advance(rec, [], 10, 50, at(1000)).get("restarts") is None
+
+
+def test_the_fault_record_round_trips_through_status():
+    import json
+
+    from rlscale.operator.observed import Observed
+    from rlscale.spec import parse_spec
+
+    spec = parse_spec({"model": {"path": "Qwen/Qwen2.5-0.5B-Instruct"}, "checkpoint": {"every": 20},
+                       "failurePolicy": {"backoffLimit": 2}})
+    rl = {"metadata": {"name": "r", "namespace": "ns", "generation": 1}, "status": {"progress": {"step": 30}}}
+    st = S.compute_status(Observed(rl, "pod", learners(1), {}, spec=spec), now=T0)
+    assert st["faults"]["count"] == 1 and st["faults"]["lastFaultStep"] == 30
+    assert S.condition(st["conditions"], C.COND_FAILED) is None
+    rl = json.loads(json.dumps({**rl, "status": st}))  # as the API server keeps it
+    assert S.compute_status(Observed(rl, "pod", learners(1), {}, spec=spec), now=at(60)) == st  # nothing new
+    for k, t in ((2, 400), (3, 800)):
+        rl["status"] = S.compute_status(Observed(rl, "pod", learners(k), {}, spec=spec), now=at(t))
+    f = S.condition(rl["status"]["conditions"], C.COND_FAILED)
+    assert rl["status"]["faults"]["count"] == 3 and f["reason"] == "BackoffLimitExceeded"
+    assert "spec.failurePolicy.backoffLimit (2)" in f["message"] and rl["status"]["phase"] == C.PHASE_FAILED
 
 
 def test_oom_image_pull_and_unschedulable_are_named():

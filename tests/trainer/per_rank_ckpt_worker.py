@@ -24,6 +24,7 @@ def main(args: dict) -> None:
     if learner.rank == 0:
         state = learner.load_checkpoint(own)
         start = state["step"] if state else 0
+        print("RESUMED_AT", start, flush=True)
         for i in range(start, start + args["steps"]):
             learner.step(args["batches"][i % len(args["batches"])], lr=args["lr"])
         learner.save_checkpoint(own, {"step": start + args["steps"]}, keep=2)

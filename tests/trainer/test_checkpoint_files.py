@@ -91,3 +91,10 @@ def test_a_run_never_resumes_from_another_runs_checkpoints(tmp_path):
     old = tmp_path / "step-00000010" / ck.STATE_FILE
     old.write_text(json.dumps({"run": {"step": 10}}))
     ck.check_identity(path, "team-b/beta")
+
+
+def test_the_newest_common_step_is_the_newest_every_rank_holds():
+    assert ck.newest_common_step([[2, 4], [2]]) == (2, [4])
+    assert ck.newest_common_step([[2, 4], [2, 4]]) == (4, [])
+    assert ck.newest_common_step([[4], [2]]) == (None, [4, 2])
+    assert ck.newest_common_step([[], []]) == (None, [])

@@ -72,3 +72,27 @@ def test_ranks_with_their_own_checkpoint_volumes_each_keep_a_complete_checkpoint
         torch.testing.assert_close(r0[name], r1[name], atol=1e-6, rtol=0, msg=f"ranks differ in {name}")
     assert max((r0[n] - first[n]).abs().max().item() for n in r0) > 1e-4
     assert checkpoint.latest_checkpoint(tmp_path / "vol" / "rank1").name == "step-00000004"
+
+
+def test_ranks_cut_short_between_their_renames_resume_from_the_newest_step_all_of_them_have(small_model, tmp_path):
+    """A kill after rank 0 renamed its step-4 copy and before rank 1 did: rank 1 holds step 4 only
+    as a partial `.tmp-` directory. Both resume from step 2 (complete on both), say which step they
+    skipped, and the next save is complete on both again."""
+    config = {"model_path": str(small_model), "zero_stage": 1, "micro_batch": 4, "lr": 1e-3}
+    common = {"config": config, "root": str(tmp_path / "vol"), "out": str(tmp_path), "lr": 1e-3,
+              "batches": [batch(1), batch(2), batch(3), batch(4)]}
+    run_two_ranks(tmp_path, {**common, "steps": 2, "tag": "first"})
+    run_two_ranks(tmp_path, {**common, "steps": 2, "tag": "second"})
+    rank1 = tmp_path / "vol" / "rank1"
+    (rank1 / "step-00000004").rename(rank1 / ".tmp-step-00000004")
+    (rank1 / "latest").write_text("step-00000002\n")
+    assert checkpoint.latest_checkpoint(tmp_path / "vol" / "rank0").name == "step-00000004"
+
+    outs = run_two_ranks(tmp_path, {**common, "steps": 1, "tag": "cut"})
+    assert "RESUMED_AT 2" in outs[0], outs[0][-3000:]
+    assert "checkpoint steps [4] are not complete on every rank" in outs[0], outs[0][-3000:]
+    for rank in (0, 1):
+        own = tmp_path / "vol" / f"rank{rank}"
+        assert checkpoint.latest_checkpoint(own).name == "step-00000003", f"rank {rank}"
+        assert not list(own.glob(".tmp-*")), f"rank {rank} kept the partial step"
+

@@ -1,0 +1,110 @@
+"""The run's failure budget (spec.failurePolicy.backoffLimit), counted in faults, not container restarts.
+
+One rank's fault restarts every learner rank (the trainer's gang restart, trainer/gang.py), and the loss
+of the Ray head restarts every rollout pod and, once the new head answers or 120 s pass without one
+(HeadWatch), the learners: counting restarts, a run of five pods of a role failed on its first
+recoverable fault. Here restarts of different pods within WINDOW_SECONDS of a fault's first restart are
+that one fault; a second restart of the same pod is a new fault (a crash loop still counts every
+restart). Once the run has made checkpoint.every steps past its last fault (it checkpointed since),
+the count goes back to 0.
+
+The record lives in status.faults (the operator may restart: nothing is kept in memory):
+  count          faults not yet forgiven
+  restarts       {pod: restarts last seen}, pods with any; a pod left out had none
+  uids           {pod: uid} for those pods: a pod recreated under its name starts again from 0
+  windowStart    when the current fault's first restart was seen; windowPods: the pods restarted in it
+  lastFaultStep  the run's step when the last fault was counted (None: before any step)
+  lastRole       the role of the pod that started the last fault
+Pure: the pass's time comes in as `now`."""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Any
+
+from . import constants as C
+
+# Restarts of different pods this close to a fault's first are that fault. The slowest follower of
+# one cause is a learner waiting out HeadWatch's 120 s patience (plus its 10 s probe) after a Ray
+# head loss; rollout pods go at Ray's 60 s GCS reconnect timeout, ranks of a gang restart within
+# seconds. 180 s leaves 50 s for the kubelet's restart and the pod event to reach the operator,
+# and is shorter than the crash-loop back-off soon gets (a crash-looping pod counts every restart
+# anyway).
+WINDOW_SECONDS = 180
+
+
+def _time(iso: str) -> dt.datetime:
+    return dt.datetime.fromisoformat(iso.replace("Z", "+00:00"))
+
+
+def pod_restarts(pod: dict[str, Any], with_init: bool) -> int:
+    """One pod's container restarts; its init containers' too when `with_init` (before the first step:
+    a run that never starts, a model not in the cache, must still fail)."""
+    st = pod.get("status") or {}
+    statuses = [*(st.get("initContainerStatuses") or [] if with_init else []), *(st.get("containerStatuses") or [])]
+    return sum(int(cs.get("restartCount") or 0) for cs in statuses)
+
+
+def current_step(report: dict[str, Any] | None, progress: dict[str, Any] | None) -> int | None:
+    """The run's step: the report's (this pass's), else status.progress's; None before any."""
+    for src in (report, progress):
+        if src and src.get("step") is not None:
+            return int(src["step"])
+    return None
+
+
+def count(record: dict[str, Any] | None) -> int:
+    return int((record or {}).get("count") or 0)
+
+
+def exceeded(record: dict[str, Any] | None, backoff_limit: int) -> bool:
+    """The run's faults have passed spec.failurePolicy.backoffLimit: it has failed."""
+    return count(record) > backoff_limit
+
+
+def advance(prev: dict[str, Any] | None, pods: list[dict[str, Any]], step: int | None, every: int,
+            now: str, window: float = WINDOW_SECONDS) -> dict[str, Any]:
+    """status.faults moved on by the pods seen at `now` with the run at `step` (checkpoint.every `every`)."""
+    prev = prev or {}
+    rec = dict(prev)
+    n = int(prev.get("count") or 0)
+    last_step = prev.get("lastFaultStep")
+    if n and step is not None and step - int(last_step or 0) >= max(every, 1):
+        n = 0  # the run checkpointed since its last fault: forgiven
+    seen_before, uids_before = prev.get("restarts") or {}, prev.get("uids") or {}
+    restarts: dict[str, int] = {}
+    uids: dict[str, str] = {}
+    grew: list[tuple[str, str, int]] = []
+    progressed = step is not None and step > 0
+    for pod in sorted(pods, key=lambda p: (p.get("metadata") or {}).get("name", "")):
+        meta = pod.get("metadata") or {}
+        name, uid = meta.get("name", "?"), meta.get("uid")
+        k = pod_restarts(pod, with_init=not progressed)
+        same = uid is None or uids_before.get(name) in (None, uid)
+        base = int(seen_before.get(name) or 0) if same else 0
+        if k > base:  # fewer: the pod was recreated (or its init containers stopped counting): a new baseline
+            grew.append((name, (meta.get("labels") or {}).get(C.LABEL_ROLE, "?"), k - base))
+        if k:
+            restarts[name] = k
+            if uid:
+                uids[name] = uid
+    start, in_window = prev.get("windowStart"), list(prev.get("windowPods") or [])
+    for name, role, times in grew:
+        for _ in range(times):
+            if start and (_time(now) - _time(start)).total_seconds() <= window and name not in in_window:
+                in_window.append(name)  # another pod of the same fault
+            else:
+                n, start, in_window = n + 1, now, [name]
+                rec.update(lastFaultStep=step, lastRole=role)
+    rec.update(count=n, restarts=restarts, uids=uids)
+    if start:
+        rec.update(windowStart=start, windowPods=in_window)
+    return {k: v for k, v in rec.items() if v not in ({}, None)} if n or restarts or start else {}
+
+
+def message(record: dict[str, Any], backoff_limit: int) -> str:
+    """What the Failed condition says (the last exit follows it)."""
+    n = count(record)
+    return (f"{n} fault{'s' if n != 1 else ''} (restarts of the {record.get('lastRole', '?')} pods, those of "
+            f"different pods within {WINDOW_SECONDS} s one fault) exceed spec.failurePolicy.backoffLimit "
+            f"({backoff_limit})")
