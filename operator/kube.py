@@ -17,9 +17,11 @@ from . import constants as C
 _PLURALS = {("v1", "ConfigMap"): "configmaps", ("v1", "Service"): "services", ("v1", "Pod"): "pods",
             ("v1", "ServiceAccount"): "serviceaccounts", ("v1", "Secret"): "secrets",
             ("networking.k8s.io/v1", "NetworkPolicy"): "networkpolicies",
+            ("policy/v1", "PodDisruptionBudget"): "poddisruptionbudgets",
             ("rbac.authorization.k8s.io/v1", "Role"): "roles",
             ("rbac.authorization.k8s.io/v1", "RoleBinding"): "rolebindings",
             ("apps/v1", "Deployment"): "deployments", ("apps/v1", "StatefulSet"): "statefulsets",
+            ("coordination.k8s.io/v1", "Lease"): "leases",
             (C.KUEUE_API, "Workload"): "workloads", (C.POD_GROUP_API, "PodGroup"): "podgroups"}
 
 class NamespaceTerminating(ApiException):

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import logging
+import os
+import signal
+import threading
 
 import kopf
 
@@ -11,8 +14,11 @@ from rlscale.metrics_names import OPERATOR_METRICS_PORT
 from . import metrics
 from .handlers import Handlers
 from .kube import Kube
+from .leader import LeaderElector, StandbyHealth, parse_lease_ref
 from .reconcile import Controller
 from .settings import OperatorSettings
+
+log = logging.getLogger(__name__)
 
 
 def run(namespaces: list[str] | None = None, metrics_port: int = OPERATOR_METRICS_PORT,
@@ -24,13 +30,63 @@ def run(namespaces: list[str] | None = None, metrics_port: int = OPERATOR_METRIC
     # One access line per liveness probe (every 20 s in the chart) buries the operator's own.
     logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
     metrics.serve(metrics_port, settings.bind)
+    kube = Kube(settings.kubeconfig)
+    lost = threading.Event()  # set when this replica loses the Lease
+    done = threading.Event()  # kopf has returned: renew no more
+    elector = _elect(kube, settings, lost, done)
+    if elector is False:
+        return 0  # stopped while standing by
     registry = kopf.OperatorRegistry()
-    Handlers(Controller(Kube(settings.kubeconfig), settings), settings).register(registry)
-    kopf.run(
-        registry=registry,
-        standalone=True,
-        clusterwide=not namespaces,
-        namespaces=namespaces or (),
-        liveness_endpoint=settings.health or None,
-    )
+    Handlers(Controller(kube, settings), settings).register(registry)
+    try:
+        kopf.run(
+            registry=registry,
+            standalone=True,
+            clusterwide=not namespaces,
+            namespaces=namespaces or (),
+            liveness_endpoint=settings.health or None,
+        )
+    finally:
+        done.set()
+        metrics.LEADER.set(0)
+    if lost.is_set():
+        # Lost, not stopped: exit non-zero so the pod restarts as a standby with a clean slate.
+        return 1
+    if elector is not None:
+        elector.release()
     return 0
+
+
+def _elect(kube: Kube, settings: OperatorSettings, lost: threading.Event,
+           done: threading.Event) -> LeaderElector | None | bool:
+    """Block until this replica leads (its renewal thread then sets `lost` if the Lease slips);
+    None when no Lease is configured, False when interrupted while standing by."""
+    if not settings.lease:
+        metrics.LEADER.set(1)
+        return None
+    ns, name = parse_lease_ref(settings.lease)
+    lease_s = settings.lease_seconds
+    elector = LeaderElector(kube, ns, name, settings.identity, lease_s=lease_s,
+                            renew_deadline_s=lease_s * 2 / 3, retry_s=lease_s / 7.5)
+    health = StandbyHealth(settings.health) if settings.health else None
+    log.info("leader election: %s standing by for lease %s", settings.identity, settings.lease)
+    stop = threading.Event()
+    try:
+        won = elector.wait_until_leader(stop)
+    except KeyboardInterrupt:
+        won = False
+    finally:
+        if health is not None:
+            health.close()
+    if not won:
+        return False
+    metrics.LEADER.set(1)
+    log.info("leader election: %s leads; reconciling", settings.identity)
+    def step_down() -> None:
+        # kopf's own SIGTERM path stops it cleanly. (Its stop_flag, given a threading.Event, parks an
+        # executor thread on it that the event loop's shutdown then waits for: a SIGTERM'd operator
+        # hung for 60 s and more in tests/operator/test_ha.py until that was dropped.)
+        lost.set()
+        os.kill(os.getpid(), signal.SIGTERM)
+    elector.hold(step_down, done)
+    return elector

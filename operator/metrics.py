@@ -15,6 +15,7 @@ PLANNED_BATCH = Gauge(f"{P}planned_batch_samples", "Planned samples per step (pr
 REPLICAS = Gauge(f"{P}replicas", "Replicas by role, desired and ready.", ["namespace", "run", "role", "state"])
 PREDICTED_TTT = Gauge(f"{P}predicted_time_to_target_seconds", "The plan's predicted time-to-target.",
                       ["namespace", "run"])
+LEADER = Gauge(f"{P}leader", "1 while this replica holds the leader Lease and reconciles, 0 while it stands by.")
 REPLANS = Counter(f"{P}replans", "Re-plans that switched a run's configuration, by trigger (replan).", ["trigger"])
 
 

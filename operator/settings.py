@@ -4,6 +4,7 @@ down, so no module reads the environment on import or in a handler."""
 from __future__ import annotations
 
 import os
+import socket
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
@@ -25,6 +26,12 @@ ENV_HEALTH = "RLSCALE_OPERATOR_HEALTH"
 ENV_WORKERS = "RLSCALE_OPERATOR_WORKERS"
 ENV_STEP_DELAY = "RLSCALE_OPERATOR_STEP_DELAY"
 ENV_KUBECONFIG = "KUBECONFIG"
+# Leader election (the chart sets these when it runs more than one replica): the Lease as
+# <namespace>/<name> ("" = no election, this process reconciles at once), this replica's name in it
+# (the pod's name), and the lease duration in seconds.
+ENV_LEASE = "RLSCALE_OPERATOR_LEASE"
+ENV_IDENTITY = "RLSCALE_OPERATOR_IDENTITY"
+ENV_LEASE_SECONDS = "RLSCALE_OPERATOR_LEASE_SECONDS"
 # The chart's policy values: allowlists (comma-separated; empty allows any) of image prefixes,
 # runtime classes and priority classes a run may use, and whether a run's namespace must carry a
 # Pod Security enforce label (true/false).
@@ -35,7 +42,7 @@ ENV_REQUIRE_POD_SECURITY = "RLSCALE_REQUIRE_POD_SECURITY"
 ENV_NAMES = (ENV_TRAINER_IMAGE, ENV_ROLLOUT_IMAGE, ENV_CHECKPOINT_STORAGE, ENV_NETWORK_POLICY, ENV_METRICS_FROM,
              ENV_PROGRESS_INTERVAL, ENV_LOG_LEVEL, ENV_KOPF_LOG_LEVEL, ENV_BIND, ENV_HEALTH, ENV_WORKERS,
              ENV_STEP_DELAY, ENV_KUBECONFIG, ENV_IMAGE_PREFIXES, ENV_RUNTIME_CLASSES, ENV_PRIORITY_CLASSES,
-             ENV_REQUIRE_POD_SECURITY)
+             ENV_REQUIRE_POD_SECURITY, ENV_LEASE, ENV_IDENTITY, ENV_LEASE_SECONDS)
 
 
 def _flag(text: str) -> bool:
@@ -71,6 +78,9 @@ class OperatorSettings:
     # A run's namespace must carry pod-security.kubernetes.io/enforce (the API server's Pod
     # Security admission then checks the run's pods).
     require_pod_security: bool = True
+    lease: str = ""  # "<namespace>/<name>" of the leader-election Lease; "" reconciles without one
+    identity: str = field(default_factory=lambda: f"{socket.gethostname()}-{os.getpid()}")
+    lease_seconds: float = 15.0  # a standby takes over this long after the leader's last renewal
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> OperatorSettings:
@@ -93,4 +103,6 @@ class OperatorSettings:
                    image_prefixes=_names(env.get(ENV_IMAGE_PREFIXES, "")),
                    runtime_class_names=_names(env.get(ENV_RUNTIME_CLASSES, "")),
                    priority_class_names=_names(env.get(ENV_PRIORITY_CLASSES, "")),
-                   require_pod_security=_flag(env.get(ENV_REQUIRE_POD_SECURITY, "true")))
+                   require_pod_security=_flag(env.get(ENV_REQUIRE_POD_SECURITY, "true")),
+                   lease=env.get(ENV_LEASE, ""), identity=env.get(ENV_IDENTITY) or d.identity,
+                   lease_seconds=float(env.get(ENV_LEASE_SECONDS) or d.lease_seconds))

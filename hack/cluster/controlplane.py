@@ -274,7 +274,18 @@ def apply_crds(c: Cluster) -> None:
         return
     for f in files:
         c.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(f))
-    c.kubectl("wait", "--for=condition=Established", "--timeout=60s", "crd", "--all", timeout=70)
+    # A CRD read before the API server's controller first writes its status has no conditions,
+    # and `kubectl wait` fails on it at once ("<nil> is of the type <nil>") instead of waiting:
+    # seen once on a 2-core machine busy compiling Go. Ask again until the deadline.
+    deadline = time.monotonic() + 60
+    while True:
+        out = c.kubectl("wait", "--for=condition=Established", "--timeout=60s", "crd", "--all", timeout=70,
+                        check=False)
+        if out.returncode == 0:
+            return
+        if time.monotonic() > deadline or "accessor error" not in out.stderr:
+            raise ClusterError(f"CRDs not Established: {out.stderr.strip()}")
+        time.sleep(0.5)
 
 
 def down(state_dir: Path | None = None) -> bool:

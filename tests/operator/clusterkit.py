@@ -26,10 +26,10 @@ __all__ = ["K8S_VERSION", "OPERATOR_NS", "OPERATOR_SA", "REPO", "Kube", "Operato
            "example_run", "wait_for"]
 
 
-def chart_objects(helm: Path, *set_args: str) -> list[dict]:
+def chart_objects(helm: Path, *set_args: str, release: str = "rlscale") -> list[dict]:
     """`helm template` of the chart, parsed."""
     # helm built from source assumes Kubernetes v1.20 offline; say which one we run.
-    out = subprocess.run([str(helm), "template", "rlscale", str(REPO / "charts" / "rlscale"),
+    out = subprocess.run([str(helm), "template", release, str(REPO / "charts" / "rlscale"),
                           "--namespace", OPERATOR_NS, "--kube-version", K8S_VERSION, *set_args],
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr

@@ -26,11 +26,12 @@ def test_chart_lints_clean():
 def test_default_render_has_operator_rbac_and_dashboard():
     objs = chart_objects(HELM)
     kinds = sorted(o["kind"] for o in objs)
-    assert kinds == ["ClusterRole", "ClusterRoleBinding", "ConfigMap", "Deployment", "Service", "ServiceAccount"]
+    assert kinds == ["ClusterRole", "ClusterRoleBinding", "ConfigMap", "Deployment", "PodDisruptionBudget", "Role",
+                     "RoleBinding", "Service", "ServiceAccount"]
     dep = next(o for o in objs if o["kind"] == "Deployment")
     c = dep["spec"]["template"]["spec"]["containers"][0]
-    assert c["args"][0] == "operator" and dep["spec"]["strategy"]["type"] == "Recreate"
-    env = {e["name"]: e["value"] for e in c["env"]}
+    assert c["args"][0] == "operator"
+    env = {e["name"]: e.get("value") for e in c["env"]}
     assert env["RLSCALE_CHECKPOINT_STORAGE"] == "50Gi"
     assert dep["metadata"]["namespace"] == OPERATOR_NS
     assert env["RLSCALE_NETWORK_POLICY"] == "true" and env["RLSCALE_METRICS_FROM"] == "monitoring"
@@ -47,11 +48,40 @@ def test_default_render_has_operator_rbac_and_dashboard():
     assert '"uid": "rlscale-runs"' in dash["data"]["rlscale.json"]
 
 
+def test_two_replicas_elect_a_leader_over_the_releases_lease():
+    objs = chart_objects(HELM)
+    dep = next(o for o in objs if o["kind"] == "Deployment")
+    spec = dep["spec"]["template"]["spec"]
+    env = {e["name"]: e for e in spec["containers"][0]["env"]}
+    assert dep["spec"]["replicas"] == 2 and "strategy" not in dep["spec"]  # rolling: the new pod stands by
+    assert env["RLSCALE_OPERATOR_LEASE"]["value"] == f"{OPERATOR_NS}/rlscale-operator-leader"
+    assert env["RLSCALE_OPERATOR_LEASE_SECONDS"]["value"] == "15"
+    assert env["RLSCALE_OPERATOR_IDENTITY"]["valueFrom"] == {"fieldRef": {"fieldPath": "metadata.name"}}
+    anti = spec["affinity"]["podAntiAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"][0]
+    assert anti["podAffinityTerm"]["labelSelector"]["matchLabels"] == dep["spec"]["selector"]["matchLabels"]
+    pdb = next(o for o in objs if o["kind"] == "PodDisruptionBudget")
+    assert pdb["spec"] == {"maxUnavailable": 1, "selector": dep["spec"]["selector"]}
+    # The Lease is the only thing the replicas may touch in the release's namespace, by name.
+    role = next(o for o in objs if o["kind"] == "Role")
+    assert role["metadata"]["namespace"] == OPERATOR_NS
+    assert role["rules"] == [
+        {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["create"]},
+        {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "resourceNames": ["rlscale-operator-leader"],
+         "verbs": ["get", "patch"]}]
+    # One replica: no budget, no anti-affinity; an affinity of the user's replaces ours.
+    one = chart_objects(HELM, "--set", "operator.replicas=1")
+    assert not [o for o in one if o["kind"] == "PodDisruptionBudget"]
+    dep1 = next(o for o in one if o["kind"] == "Deployment")
+    assert dep1["spec"]["replicas"] == 1 and "affinity" not in dep1["spec"]["template"]["spec"]
+    out = helm("template", "x", str(CHART), "--kube-version", K8S_VERSION, "--set", "operator.replicas=0")
+    assert out.returncode != 0 and "replicas" in out.stderr
+
+
 def test_namespaced_install_uses_roles_in_each_namespace():
     objs = chart_objects(HELM, "--set", "operator.watchNamespaces={team-a,team-b}")
     assert not [o for o in objs if o["kind"].startswith("Cluster")]
     roles = [o for o in objs if o["kind"] == "Role"]
-    assert sorted(r["metadata"]["namespace"] for r in roles) == ["team-a", "team-b"]
+    assert sorted(r["metadata"]["namespace"] for r in roles) == [OPERATOR_NS, "team-a", "team-b"]
     dep = next(o for o in objs if o["kind"] == "Deployment")
     assert "--namespace=team-a" in dep["spec"]["template"]["spec"]["containers"][0]["args"]
 
@@ -82,7 +112,7 @@ def test_monitors_carry_the_labels_a_prometheus_selects_by():
         assert m["metadata"]["labels"]["release"] == "kps"
         assert m["metadata"]["labels"]["app.kubernetes.io/name"] == "rlscale"
     dep = next(o for o in objs if o["kind"] == "Deployment")
-    env = {e["name"]: e["value"] for e in dep["spec"]["template"]["spec"]["containers"][0]["env"]}
+    env = {e["name"]: e.get("value") for e in dep["spec"]["template"]["spec"]["containers"][0]["env"]}
     assert env["RLSCALE_METRICS_FROM"] == "obs,prom"
 
 
@@ -91,7 +121,7 @@ def test_policy_values_reach_the_operator_env():
                          "--set", "policy.runtimeClassNames={nvidia}", "--set", "policy.priorityClassNames={high,low}",
                          "--set", "policy.requirePodSecurity=false")
     dep = next(o for o in objs if o["kind"] == "Deployment")
-    env = {e["name"]: e["value"] for e in dep["spec"]["template"]["spec"]["containers"][0]["env"]}
+    env = {e["name"]: e.get("value") for e in dep["spec"]["template"]["spec"]["containers"][0]["env"]}
     assert env["RLSCALE_IMAGE_PREFIXES"] == "reg.example/ml/,ghcr.io/rlscale/"
     assert env["RLSCALE_RUNTIME_CLASS_NAMES"] == "nvidia" and env["RLSCALE_PRIORITY_CLASS_NAMES"] == "high,low"
     assert env["RLSCALE_REQUIRE_POD_SECURITY"] == "false"
