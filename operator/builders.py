@@ -17,24 +17,8 @@ from rlscale.runconfig import RunConfig
 from rlscale.spec import RLRunSpec
 
 from . import constants as C
-
-# Room left for what controllers append (StatefulSet pod ordinals, revision hashes).
-_MAX_BASE = 52
-
-
-@dataclass(frozen=True)
-class RunRef:
-    """The RLRun that owns the children: enough for names and owner references."""
-
-    name: str
-    namespace: str
-    uid: str
-    api_version: str = f"{C.GROUP}/{C.VERSION}"
-
-    def owner_reference(self) -> dict[str, Any]:
-        # controller=true marks the one owner; the garbage collector deletes children with it.
-        return {"apiVersion": self.api_version, "kind": C.RLRUN_KIND, "name": self.name,
-                "uid": self.uid, "controller": True, "blockOwnerDeletion": True}
+from .availability import build_disruption_budgets, readiness_probe
+from .naming import RunRef, labels, names, object_meta
 
 
 @dataclass(frozen=True)
@@ -70,35 +54,6 @@ def images_record(spec: RLRunSpec, images: Images) -> dict[str, str]:
     return rec
 
 
-def child_name(run: str, suffix: str) -> str:
-    """`<run>-<suffix>`, shortened with a stable hash when it would not fit a DNS label."""
-    if len(run) + 1 + len(suffix) <= _MAX_BASE:
-        return f"{run}-{suffix}"
-    h = hashlib.sha256(run.encode()).hexdigest()[:6]
-    keep = _MAX_BASE - len(suffix) - len(h) - 2
-    return f"{run[:keep].rstrip('-')}-{h}-{suffix}"
-
-
-def names(run: str) -> dict[str, str]:
-    """Every child's name by role."""
-    return {
-        C.ROLE_CONFIG: child_name(run, "config"),
-        C.ROLE_RAY_HEAD: child_name(run, "ray-head"),
-        C.ROLE_ROLLOUT: child_name(run, "rollout"),
-        C.ROLE_LEARNER: child_name(run, "learner"),
-        C.ROLE_METRICS: child_name(run, "metrics"),
-        C.ROLE_RUNNER: child_name(run, "runner"),
-        C.ROLE_TOKEN: child_name(run, "ray-token"),
-        C.ROLE_NETWORK: child_name(run, "network"),
-        C.ROLE_QUEUE: child_name(run, "queue"),
-        C.ROLE_GANG: child_name(run, "gang"),
-    }
-
-
-def labels(run: str, role: str) -> dict[str, str]:
-    return {C.LABEL_RUN: run, C.LABEL_ROLE: role, C.LABEL_MANAGED_BY: C.MANAGED_BY}
-
-
 def plan_hash(plan: Plan) -> str:
     """The plan the workloads were built from (their annotation), as status.plan shows it."""
     return hashlib.sha256(json.dumps(plan.to_dict(candidates=False), sort_keys=True).encode()).hexdigest()[:12]
@@ -125,14 +80,6 @@ def desired_replicas(spec: RLRunSpec, plan: Plan | None, finished: bool = False,
         out[C.ROLE_ROLLOUT] = max(out[C.ROLE_ROLLOUT], draining)
         out[C.ROLE_RAY_HEAD] = 1
     return out
-
-
-def _meta(run: RunRef, name: str, role: str, annotations: dict[str, str] | None = None) -> dict[str, Any]:
-    meta = {"name": name, "namespace": run.namespace, "labels": labels(run.name, role),
-            "ownerReferences": [run.owner_reference()]}
-    if annotations:
-        meta["annotations"] = annotations
-    return meta
 
 
 def object_store_bytes(spec: RLRunSpec) -> int:
@@ -167,7 +114,7 @@ def run_config(run: RunRef, spec: RLRunSpec, plan: Plan) -> RunConfig:
 def build_configmap(run: RunRef, spec: RLRunSpec, plan: Plan) -> dict[str, Any]:
     return {
         "apiVersion": "v1", "kind": "ConfigMap",
-        "metadata": _meta(run, names(run.name)[C.ROLE_CONFIG], C.ROLE_CONFIG),
+        "metadata": object_meta(run, names(run.name)[C.ROLE_CONFIG], C.ROLE_CONFIG),
         "data": {C.CONFIG_KEY: run_config(run, spec, plan).to_json()},
     }
 
@@ -204,7 +151,7 @@ def build_ray_token_secret(run: RunRef, token: str) -> dict[str, Any]:
     """The run's Ray token; created once (never re-applied: a new token would lock out the
     running pods), deleted with the run."""
     return {"apiVersion": "v1", "kind": "Secret", "type": "Opaque",
-            "metadata": _meta(run, names(run.name)[C.ROLE_TOKEN], C.ROLE_TOKEN),
+            "metadata": object_meta(run, names(run.name)[C.ROLE_TOKEN], C.ROLE_TOKEN),
             "stringData": {C.TOKEN_KEY: token}}
 
 
@@ -226,7 +173,7 @@ def build_network_policy(run: RunRef, metrics_from: tuple[str, ...]) -> dict[str
             {"key": "kubernetes.io/metadata.name", "operator": "In", "values": sorted(metrics_from)}]}}],
             "ports": [{"port": C.METRICS_PORT, "protocol": "TCP"}]})
     return {"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
-            "metadata": _meta(run, names(run.name)[C.ROLE_NETWORK], C.ROLE_NETWORK),
+            "metadata": object_meta(run, names(run.name)[C.ROLE_NETWORK], C.ROLE_NETWORK),
             "spec": {"podSelector": {"matchLabels": {C.LABEL_RUN: run.name}},
                      "policyTypes": ["Ingress"], "ingress": rules}}
 
@@ -277,7 +224,7 @@ def _pod_spec(run: RunRef, spec: RLRunSpec, role: str, image: str, command: list
     env = [*env, *over.get("env", [])]
     container = _container(role, image, command, env,
                            [*mounts, *(extra_mounts or []), *over.get("volumeMounts", [])],
-                           ports=ports, resources=resources)
+                           ports=ports, resources=resources, readinessProbe=readiness_probe(role))
     pod: dict[str, Any] = {
         # The run's own account: it may read and annotate its RLRun (progress), nothing else.
         "serviceAccountName": names(run.name)[C.ROLE_RUNNER],
@@ -377,7 +324,7 @@ def build_ray_head(run: RunRef, spec: RLRunSpec, images: Images, finished: bool 
     )
     return {
         "apiVersion": "apps/v1", "kind": "Deployment",
-        "metadata": _meta(run, n[C.ROLE_RAY_HEAD], C.ROLE_RAY_HEAD),
+        "metadata": object_meta(run, n[C.ROLE_RAY_HEAD], C.ROLE_RAY_HEAD),
         "spec": {
             "replicas": desired_replicas(spec, None, finished, admitted, draining)[C.ROLE_RAY_HEAD],
             # Never two heads of one run: the old one goes before its replacement starts.
@@ -393,8 +340,11 @@ def build_ray_head_service(run: RunRef) -> dict[str, Any]:
     ports = [{"name": nm, "port": p, "targetPort": p, "protocol": "TCP"}
              for nm, p in (("gcs", C.RAY_GCS_PORT), ("client", C.RAY_CLIENT_PORT))]
     return {"apiVersion": "v1", "kind": "Service",
-            "metadata": _meta(run, n[C.ROLE_RAY_HEAD], C.ROLE_RAY_HEAD),
-            "spec": {"selector": labels(run.name, C.ROLE_RAY_HEAD), "ports": ports}}
+            "metadata": object_meta(run, n[C.ROLE_RAY_HEAD], C.ROLE_RAY_HEAD),
+            # The head's readiness (its GCS answers) does not gate the Service: a probe that misses
+            # (a kubelet restart, a busy node) must not cut the run's nodes off their GCS.
+            "spec": {"selector": labels(run.name, C.ROLE_RAY_HEAD), "publishNotReadyAddresses": True,
+                     "ports": ports}}
 
 
 def build_rollout_deployment(run: RunRef, spec: RLRunSpec, plan: Plan, images: Images,
@@ -412,12 +362,17 @@ def build_rollout_deployment(run: RunRef, spec: RLRunSpec, plan: Plan, images: I
                     ["rlscale", "rollout", "--config", C.CONFIG_PATH], env,
                     _resources(spec.rollout, gpu), _ports(("metrics", C.METRICS_PORT)),
                     model="ro" if shared else "rw", init_model=not shared)
-    meta = _meta(run, n[C.ROLE_ROLLOUT], C.ROLE_ROLLOUT, {C.ANNOTATION_PLAN_HASH: plan_hash(plan)})
+    meta = object_meta(run, n[C.ROLE_ROLLOUT], C.ROLE_ROLLOUT, {C.ANNOTATION_PLAN_HASH: plan_hash(plan)})
     return {
         "apiVersion": "apps/v1", "kind": "Deployment",
         "metadata": meta,
         "spec": {
             "replicas": desired_replicas(spec, plan, finished, admitted, draining)[C.ROLE_ROLLOUT],
+            # A pod is Ready once a Serve replica runs on it, and Serve runs the driver's count of
+            # replicas, all placed: an extra (surge) pod would get none and the update would wait
+            # for it forever. So an old pod goes first and Serve re-places its replica on the new
+            # one (which needs no spare GPU either).
+            "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 0, "maxUnavailable": 1}},
             "selector": {"matchLabels": {C.LABEL_RUN: run.name, C.LABEL_ROLE: C.ROLE_ROLLOUT}},
             "template": {"metadata": _template_meta(run, spec, C.ROLE_ROLLOUT), "spec": pod},
         },
@@ -461,7 +416,7 @@ def build_learner_statefulset(run: RunRef, spec: RLRunSpec, plan: Plan, images: 
                     _resources(spec.learner, gpu), _ports(("master", C.MASTER_PORT), ("metrics", C.METRICS_PORT)),
                     vols, mounts, model="rw", init_model=True, token=True,
                     grace_seconds=learner_grace_seconds(spec, world))
-    meta = _meta(run, n[C.ROLE_LEARNER], C.ROLE_LEARNER, {C.ANNOTATION_PLAN_HASH: plan_hash(plan)})
+    meta = object_meta(run, n[C.ROLE_LEARNER], C.ROLE_LEARNER, {C.ANNOTATION_PLAN_HASH: plan_hash(plan)})
     sts: dict[str, Any] = {
         "apiVersion": "apps/v1", "kind": "StatefulSet",
         "metadata": meta,
@@ -470,6 +425,11 @@ def build_learner_statefulset(run: RunRef, spec: RLRunSpec, plan: Plan, images: 
             "serviceName": n[C.ROLE_LEARNER],
             # Ranks rendezvous with each other: start them together, not one by one.
             "podManagementPolicy": "Parallel",
+            # A changed template replaces every rank at once: a rank is Ready only once all of them
+            # have joined, and ranks of two templates (another WORLD_SIZE) never join each other, so
+            # one at a time would wait forever for the first. Ignored where the API server lacks
+            # MaxUnavailableStatefulSet (beta, on by default, since Kubernetes 1.35).
+            "updateStrategy": {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": "100%"}},
             "selector": {"matchLabels": {C.LABEL_RUN: run.name, C.LABEL_ROLE: C.ROLE_LEARNER}},
             "template": {"metadata": _template_meta(run, spec, C.ROLE_LEARNER), "spec": pod},
         },
@@ -484,7 +444,7 @@ def build_learner_service(run: RunRef) -> dict[str, Any]:
     """Headless: gives each rank a stable DNS name (rank 0 is MASTER_ADDR)."""
     n = names(run.name)
     return {"apiVersion": "v1", "kind": "Service",
-            "metadata": _meta(run, n[C.ROLE_LEARNER], C.ROLE_LEARNER),
+            "metadata": object_meta(run, n[C.ROLE_LEARNER], C.ROLE_LEARNER),
             "spec": {"clusterIP": "None", "publishNotReadyAddresses": True,
                      "selector": labels(run.name, C.ROLE_LEARNER),
                      "ports": [{"name": "master", "port": C.MASTER_PORT, "targetPort": C.MASTER_PORT}]}}
@@ -494,8 +454,9 @@ def build_metrics_service(run: RunRef) -> dict[str, Any]:
     """One Service over every pod of the run, port `metrics`, for ServiceMonitor scraping."""
     n = names(run.name)
     return {"apiVersion": "v1", "kind": "Service",
-            "metadata": _meta(run, n[C.ROLE_METRICS], C.ROLE_METRICS),
-            "spec": {"selector": {C.LABEL_RUN: run.name},
+            "metadata": object_meta(run, n[C.ROLE_METRICS], C.ROLE_METRICS),
+            # Pods are scraped whether or not they are Ready (a replica still loading, a rank rejoining).
+            "spec": {"selector": {C.LABEL_RUN: run.name}, "publishNotReadyAddresses": True,
                      "ports": [{"name": "metrics", "port": C.METRICS_PORT, "targetPort": "metrics"}]}}
 
 
@@ -504,11 +465,12 @@ def build_runner_account(run: RunRef) -> list[dict[str, Any]]:
     (rank 0 reports progress in an annotation)."""
     n = names(run.name)[C.ROLE_RUNNER]
     return [
-        {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": _meta(run, n, C.ROLE_RUNNER)},
-        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role", "metadata": _meta(run, n, C.ROLE_RUNNER),
+        {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": object_meta(run, n, C.ROLE_RUNNER)},
+        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role", "metadata": object_meta(run, n, C.ROLE_RUNNER),
          "rules": [{"apiGroups": [C.GROUP], "resources": [C.PLURAL], "resourceNames": [run.name],
                     "verbs": ["get", "patch"]}]},
-        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding", "metadata": _meta(run, n, C.ROLE_RUNNER),
+        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+         "metadata": object_meta(run, n, C.ROLE_RUNNER),
          "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": n},
          "subjects": [{"kind": "ServiceAccount", "name": n, "namespace": run.namespace}]},
     ]
@@ -528,6 +490,7 @@ def build_children(run: RunRef, spec: RLRunSpec, plan: Plan, images: Images | No
         build_ray_head_service(run),
         build_learner_service(run),
         build_metrics_service(run),
+        *build_disruption_budgets(run, spec, finished),
         # Before any pod that names it.
         *([build_pod_group(run, spec, plan)] if spec.scheduling.pod_group else []),
         build_ray_head(run, spec, images, finished, admitted, draining),
@@ -547,7 +510,7 @@ def build_pod_group(run: RunRef, spec: RLRunSpec, plan: Plan) -> dict[str, Any]:
     none, and a run never holds half its GPUs waiting for the rest."""
     planned = desired_replicas(spec.model_copy(update={"suspend": False}), plan)
     return {"apiVersion": C.POD_GROUP_API, "kind": "PodGroup",
-            "metadata": _meta(run, names(run.name)[C.ROLE_GANG], C.ROLE_GANG),
+            "metadata": object_meta(run, names(run.name)[C.ROLE_GANG], C.ROLE_GANG),
             "spec": {"minMember": sum(planned.values()), "scheduleTimeoutSeconds": POD_GROUP_TIMEOUT_S}}
 
 
@@ -566,7 +529,7 @@ def build_workload(run: RunRef, spec: RLRunSpec, plan: Plan,
     pod_sets = [{"name": role, "count": counts[role], "template": copy.deepcopy(templates[role])}
                 for role in QUEUED_ROLES]
     return {"apiVersion": C.KUEUE_API, "kind": "Workload",
-            "metadata": _meta(run, names(run.name)[C.ROLE_QUEUE], C.ROLE_QUEUE),
+            "metadata": object_meta(run, names(run.name)[C.ROLE_QUEUE], C.ROLE_QUEUE),
             "spec": {"queueName": spec.scheduling.queue_name, "active": not spec.suspend, "podSets": pod_sets}}
 
 

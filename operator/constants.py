@@ -96,6 +96,9 @@ METRICS_PORT = DEFAULT_METRICS_PORT
 RAY_GCS_PORT = 6379
 RAY_CLIENT_PORT = 10001
 MASTER_PORT = 29500
+# The rollout and learner pods answer their readiness probe at this path on the metrics port
+# (rlscale.rollout.readiness serves it; the same string is named there).
+READY_PATH = "/ready"
 GPU_RESOURCE = "nvidia.com/gpu"
 
 # Images when the spec names none (the chart sets others: operator/settings.py).

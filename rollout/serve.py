@@ -129,11 +129,15 @@ class RolloutReplica:
         self._sync(self.engine.version)
         self.metrics.weights_version.set(self.engine.version)
         self._metrics_server = None
+        # True from the end of construction (engine loaded, newest weights in, registered) until a
+        # graceful stop: the pod's readiness probe asks /ready on the metrics port.
+        self.serving = False
         url = None
         if metrics_port is not None:
-            from prometheus_client import start_http_server
+            from rlscale.rollout.readiness import ProbeServer
 
-            self._metrics_server, _ = start_http_server(metrics_port, registry=self.metrics.registry)
+            self._metrics_server = ProbeServer(metrics_port, registry=self.metrics.registry,
+                                               check=lambda: self.serving)
             url = f"http://{ray.util.get_node_ip_address()}:{self._metrics_server.server_port}/metrics"
         info = {
             "pid": os.getpid(),
@@ -142,6 +146,7 @@ class RolloutReplica:
             "metrics_url": url,
         }
         ray.get(self.store.register.remote(self.replica_id, info))
+        self.serving = True
 
     def _sync(self, need: int) -> None:
         """Load the store's newest weights if they are newer than ours; wait for `need`."""
@@ -238,6 +243,7 @@ class RolloutReplica:
     def __del__(self):
         # Serve calls this on a graceful stop (scale-down); a crashed replica stays
         # registered, so readers also check that the process lives.
+        self.serving = False
         server = getattr(self, "_metrics_server", None)
         if server is not None:
             server.shutdown()

@@ -72,10 +72,12 @@ def _main(config_path: str | None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s learner %(levelname)s %(message)s", stream=sys.stderr)
     os.environ.setdefault("TORCH_EXTENSIONS_DIR", os.path.expanduser("~/.cache/rlscale/torch_extensions"))
     cfg = load_run_config(config_path)
+    in_pod = cfg.in_pod
+    # The pod's readiness probe asks /ready from now on: 503 until this rank has joined the gang.
+    probe = start_probe_server(cfg.metrics_port) if in_pod else None
     if int(os.environ.get("RANK", "0")) == 0:
         check_reward(cfg)
     cfg.model_dir = resolve_model_dir(cfg)  # one lookup for the learner, the tokenizer and the replicas
-    in_pod = cfg.in_pod
     rank = int(os.environ.get("RANK", "0"))
     if in_pod and rank == 0:
         # The driver reaches Ray through a node of its own (its object store holds the weights it
@@ -88,6 +90,8 @@ def _main(config_path: str | None) -> int:
     from rlscale.trainer.learner import Learner
 
     learner = Learner(learner_config_from_run(cfg))
+    if probe is not None:
+        probe.ready_when(lambda: in_gang(learner))
     log.info("rank %d of %d ready (ZeRO stage %d)", learner.rank, learner.world_size, learner.config.zero_stage)
     if learner.rank > 0:
         import signal
@@ -101,8 +105,8 @@ def _main(config_path: str | None) -> int:
             log.info("rank %d: signal %d; waiting for rank 0 to checkpoint and release this rank", learner.rank, signum)
 
         signal.signal(signal.SIGTERM, on_term)
-        if in_pod:
-            serve_follower_metrics(learner, cfg.metrics_port)
+        if probe is not None:
+            serve_follower_metrics(learner, probe)
         learner.follow()
         if in_pod and not stopping:
             # Rank 0 released this rank because the run ended (it drives the exit otherwise);
@@ -114,22 +118,40 @@ def _main(config_path: str | None) -> int:
     from rlscale.trainer.run_env import drive
 
     try:
-        return drive(cfg, learner, rollout.result() if rollout else None)
+        return drive(cfg, learner, rollout.result() if rollout else None, probe=probe)
     finally:
         learner.shutdown()
 
 
-def serve_follower_metrics(learner, port: int) -> None:
-    """Ranks > 0 serve /metrics on the port every learner pod declares: the optimiser steps this
-    rank has applied (a rank behind rank 0's rlscale_steps_total is stuck or restarted)."""
-    from prometheus_client import CollectorRegistry, Gauge, start_http_server
+def start_probe_server(port: int):
+    """The pod's /ready and /metrics on the port every learner pod declares, up from the process's
+    start; /ready answers 503 until ready_when names the check (rlscale.rollout.readiness)."""
+    from rlscale.rollout.readiness import ProbeServer
+
+    return ProbeServer(port, addr="0.0.0.0")
+
+
+def in_gang(learner) -> bool:
+    """Whether this rank takes part in the training: the Learner is built (torch.distributed
+    initialised, the DeepSpeed engine built, every rank past the start barrier) and rank 0 has not
+    released the gang (the run's end). A rank that exits for a gang restart answers nothing, and
+    its restarted process answers 503 until it has joined again."""
+    import torch.distributed as dist
+
+    return dist.is_initialized() and not learner.gang.stopped
+
+
+def serve_follower_metrics(learner, probe) -> None:
+    """Ranks > 0 serve /metrics on the pod's probe server: the optimiser steps this rank has
+    applied (a rank behind rank 0's rlscale_steps_total is stuck or restarted)."""
+    from prometheus_client import CollectorRegistry, Gauge
 
     from rlscale.metrics_names import PREFIX
 
     reg = CollectorRegistry()
     Gauge(f"{PREFIX}learner_rank_steps", "Optimiser steps this learner rank has applied.", ["rank"],
           registry=reg).labels(str(learner.rank)).set_function(lambda: learner.steps)
-    start_http_server(port, addr="0.0.0.0", registry=reg)
+    probe.serve_registry(reg)
 
 
 def check_reward(cfg) -> None:

@@ -39,6 +39,11 @@ class _Watch:
     def stop(self) -> None:
         self._stop.set()
 
+    @property
+    def stopped(self) -> bool:
+        """stop() was called: the gang was released on purpose (the run has ended)."""
+        return self._stop.is_set()
+
     def _leave(self, message: str) -> None:
         """Log why and exit, unless the watch was stopped (an end on purpose)."""
         if self._stop.is_set():

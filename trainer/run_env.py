@@ -144,10 +144,11 @@ def connect_rollout(cfg: RunConfig):
         num_gpus=float(spec.rollout.gpus_per_replica) if on_gpu else 0.0))
 
 
-def drive(cfg: RunConfig, learner, client=None) -> int:
+def drive(cfg: RunConfig, learner, client=None, probe=None) -> int:
     """Rank 0's whole job: connect to the run's Ray cluster, deploy rollout, run the loop, clean up.
 
     `client`: a RolloutClient from connect_rollout, when rank 0 deployed it beside the learner's start-up.
+    `probe`: the pod's probe server (rlscale.rollout.readiness), which then serves the driver's /metrics.
     """
     os.environ.update(ray_auth_env())  # read by Ray at import
     import ray
@@ -166,7 +167,11 @@ def drive(cfg: RunConfig, learner, client=None) -> int:
         # The Ray cluster outlived an earlier driver: versions only move forward.
         driver.state.version = client.published_version + 1
     install_stop_handlers(driver)
-    server = driver.metrics.serve(cfg.metrics_port, addr=env.metrics_addr)
+    if probe is not None:  # the pod's server, up since the process started, takes the driver's metrics
+        probe.serve_registry(driver.metrics.registry)
+        server = None
+    else:
+        server = driver.metrics.serve(cfg.metrics_port, addr=env.metrics_addr)
     try:
         end = driver.run()
         env.finish(end, client, learner)

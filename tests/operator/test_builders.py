@@ -35,7 +35,7 @@ def by_kind(children):
 
 def test_every_child_is_owned_labelled_and_named_once():
     kids = B.build_children(RUN, spec(), PLAN)
-    assert len(by_kind(kids)) == len(kids) == 11
+    assert len(by_kind(kids)) == len(kids) == 14
     for m in kids:
         md = m["metadata"]
         assert md["namespace"] == "team-a"
@@ -439,3 +439,101 @@ def test_run_images_prefer_the_record_and_the_record_holds_only_the_defaults_tak
     assert B.images_record(spec(), kept) == {"trainer": "reg/t:1", "rollout": "reg/r:1"}
     assert B.images_record(spec(learner={"image": "mine/t:7"}), kept) == {"rollout": "reg/r:1"}
     assert B.images_record(spec(learner={"image": "a"}, rollout={"image": "b"}), kept) == {}
+
+
+def test_every_role_is_ready_only_when_its_work_can_start():
+    """Readiness probes, no liveness or startup probes (a slow start waits, it never restarts):
+    the head's GCS answers gRPC health checks on its port; rollout and learner pods answer
+    /ready on their metrics port, the path rlscale.rollout.readiness serves. CPU and GPU runs
+    get the same probes."""
+    from rlscale.rollout.readiness import READY_PATH
+
+    assert C.READY_PATH == READY_PATH
+    for s in (spec(), parse_spec({"hardware": {"accelerator": "cpu"}})):
+        got = {role: pod["containers"][0] for role, pod, _ in pods(B.build_children(RUN, s, PLAN))}
+        assert set(got) == {C.ROLE_RAY_HEAD, C.ROLE_ROLLOUT, C.ROLE_LEARNER}
+        for role, c in got.items():
+            probe = c["readinessProbe"]
+            assert "livenessProbe" not in c and "startupProbe" not in c, role
+            assert probe["periodSeconds"] == 5 and probe["failureThreshold"] >= 2, role
+            if role == C.ROLE_RAY_HEAD:
+                assert probe["grpc"] == {"port": C.RAY_GCS_PORT}
+                assert C.RAY_GCS_PORT in [p["containerPort"] for p in c["ports"]]
+            else:
+                assert probe["httpGet"]["path"] == READY_PATH and probe["httpGet"]["port"] == "metrics", role
+                # The named port is the one the role's process serves /metrics and /ready on.
+                assert {"name": "metrics", "containerPort": C.METRICS_PORT, "protocol": "TCP"} in c["ports"], role
+        # Init containers (the model's preparation) have none: they run to completion.
+        init = B.build_learner_statefulset(RUN, s, PLAN, B.Images())["spec"]["template"]["spec"]["initContainers"]
+        assert all("readinessProbe" not in i for i in init)
+
+
+def test_updates_never_wait_for_a_pod_that_readiness_keeps_out():
+    """A rollout pod is Ready once Serve places a replica there, which it does only in place of a
+    lost one: an old pod goes before its replacement comes (no surge). A learner rank is Ready only
+    once every rank has joined: a changed template replaces all ranks at once."""
+    kids = by_kind(B.build_children(RUN, spec(), PLAN))
+    assert kids[("Deployment", "grpo-7b-rollout")]["spec"]["strategy"] == {
+        "type": "RollingUpdate", "rollingUpdate": {"maxSurge": 0, "maxUnavailable": 1}}
+    assert kids[("StatefulSet", "grpo-7b-learner")]["spec"]["updateStrategy"] == {
+        "type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": "100%"}}
+    assert kids[("Deployment", "grpo-7b-ray-head")]["spec"]["strategy"] == {"type": "Recreate"}
+    # Metrics are scraped from pods that are not Ready too (a replica loading, a rank rejoining);
+    # the ranks find rank 0, and every node its head, whether or not a probe has passed.
+    for name in ("grpo-7b-metrics", "grpo-7b-learner", "grpo-7b-ray-head"):
+        assert kids[("Service", name)]["spec"]["publishNotReadyAddresses"] is True, name
+
+
+def _budgets(kids):
+    return {m["metadata"]["labels"][C.LABEL_ROLE]: m for m in kids if m["kind"] == "PodDisruptionBudget"}
+
+
+def test_disruption_budgets_keep_a_training_run_whole_and_open_once_it_is_not_training():
+    kids = B.build_children(RUN, spec(), PLAN)
+    budgets = _budgets(kids)
+    assert set(budgets) == {C.ROLE_RAY_HEAD, C.ROLE_ROLLOUT, C.ROLE_LEARNER}
+    workloads = {m["metadata"]["labels"][C.LABEL_ROLE]: m for m in kids if m["kind"] in ("Deployment", "StatefulSet")}
+    for role, pdb in budgets.items():
+        assert pdb["apiVersion"] == "policy/v1"
+        md = pdb["metadata"]
+        assert md["name"] == B.names("grpo-7b")[role] == workloads[role]["metadata"]["name"]
+        assert md["labels"][C.LABEL_RUN] == "grpo-7b" and md["ownerReferences"][0]["uid"] == RUN.uid
+        sel = pdb["spec"]["selector"]["matchLabels"]
+        # It selects its role's pods and no other role's.
+        for other, w in workloads.items():
+            pod_labels = w["spec"]["template"]["metadata"]["labels"]
+            assert (sel.items() <= pod_labels.items()) == (other == role), (role, other)
+        # Pods that are not Ready (a rank waiting to rejoin, a crash loop) may always be evicted.
+        assert pdb["spec"]["unhealthyPodEvictionPolicy"] == "AlwaysAllow"
+    # Training: no voluntary eviction of the head or a rank (each restarts every rank); rollout
+    # pods one at a time.
+    assert {r: b["spec"]["maxUnavailable"] for r, b in budgets.items()} == {
+        C.ROLE_RAY_HEAD: 0, C.ROLE_LEARNER: 0, C.ROLE_ROLLOUT: 1}
+    # Suspended (the admin's way to drain a node) or ended: every pod may go.
+    for kids in (B.build_children(RUN, spec(suspend=True), PLAN), B.build_children(RUN, spec(), PLAN, finished=True)):
+        assert {b["spec"]["maxUnavailable"] for b in _budgets(kids).values()} == {"100%"}
+
+
+def test_every_child_has_an_api_path_and_a_rule_that_lets_the_operator_apply_it():
+    """The operator applies each child at its API path (operator/kube.py) with get, create and patch
+    from the chart's rules (charts/rlscale/templates/_rules.tpl)."""
+    import pathlib
+
+    import yaml
+
+    from rlscale.operator.kube import object_path
+
+    text = (pathlib.Path(__file__).parents[2] / "charts/rlscale/templates/_rules.tpl").read_text()
+    body = "\n".join(line for line in text.splitlines() if not line.startswith("{{"))
+    rules = yaml.safe_load(body)
+    s = spec(scheduling={"queueName": "q", "podGroup": True})
+    kids = B.build_children(RUN, s, PLAN)
+    kids.append(B.build_workload(RUN, s, PLAN, kids))
+    assert "PodDisruptionBudget" in {m["kind"] for m in kids}
+    for m in kids:
+        path = object_path(m["apiVersion"], m["kind"], "team-a", m["metadata"]["name"])
+        group = "" if m["apiVersion"] == "v1" else m["apiVersion"].split("/")[0]
+        plural = path.split("/")[-2]
+        verbs = {v for r in rules if group in r["apiGroups"] and plural in r["resources"] for v in r["verbs"]}
+        assert {"get", "create", "patch"} <= verbs, (m["kind"], group, plural, verbs)
+        assert "delete" not in verbs, m["kind"]

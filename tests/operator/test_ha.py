@@ -19,7 +19,7 @@ pytestmark = pytest.mark.cluster
 LEASE = "rlscale-operator-leader"  # the chart's Lease for release "rlscale" (its Role names it)
 LEASE_S = 6  # short, so the test waits little; the chart's default is 15
 KINDS = ("configmap", "service", "deployment", "statefulset", "serviceaccount", "role", "rolebinding",
-         "networkpolicy", "secret")
+         "networkpolicy", "secret", "poddisruptionbudget")
 
 
 def holder(kube) -> str:

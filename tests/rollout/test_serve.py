@@ -91,6 +91,16 @@ def test_replica_metrics_are_served(client):
         assert name in text, name
 
 
+def test_the_replica_answers_ready_on_its_metrics_port(client):
+    """A rollout pod's readiness probe asks /ready on the replica's metrics port: 200 once the
+    replica has loaded its engine and registered."""
+    import urllib.request
+
+    (url,) = [i["metrics_url"] for i in _live(client).values()]
+    with urllib.request.urlopen(url.replace("/metrics", "/ready"), timeout=10) as r:
+        assert (r.status, r.read()) == (200, b"ready\n")
+
+
 def test_scaling_up_and_down_under_load_loses_no_request(client, model_dirs):
     # A new version before scaling up: replicas that start late must load it first.
     client.publish_weights(2, decisive_state_dict(model_dirs[0], seed=0))

@@ -33,6 +33,10 @@
 - apiGroups: [networking.k8s.io]
   resources: [networkpolicies]
   verbs: [get, list, watch, create, patch]
+# Each run's PodDisruptionBudgets (one per role): voluntary evictions wait while the run trains.
+- apiGroups: [policy]
+  resources: [poddisruptionbudgets]
+  verbs: [get, list, watch, create, patch]
 # Each run's pods get a Role that may only get and patch their own RLRun (progress reports);
 # granting it needs the operator to hold the same rights, which it does above.
 - apiGroups: [rbac.authorization.k8s.io]
