@@ -25,6 +25,7 @@ venv:
 k8s:
 	@bash hack/cluster/node-deps.sh
 	@bash hack/cluster/build.sh
+	@bash hack/cluster/build-node.sh
 
 prometheus:
 	@bash hack/setup-prometheus.sh

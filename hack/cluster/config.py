@@ -32,7 +32,7 @@ DNS_SERVICE_IP = "10.96.0.10"  # kube-system/kube-dns, endpoints: CoreDNS on NOD
 CLUSTER_DOMAIN = "cluster.local"
 REAL_NODE_LABEL = "rlscale.dev/node"  # =real on the real node; kwok nodes have type=kwok
 # Stop order is the reverse: kubelet first, containerd after the pods' containers are gone.
-NODE_COMPONENTS = ["containerd", "coredns", "kube-proxy", "kubelet"]
+NODE_COMPONENTS = ["containerd", "coredns", "kube-proxy", "kubelet", "kube-router"]
 CNI_BIN_DIR = Path("/usr/lib/cni")  # Debian's containernetworking-plugins
 
 

@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Installs the real node's host packages (Debian): the container runtime, CNI plugins,
-# nftables/iptables for kube-proxy, gcc for the pause image, busybox-static for the test
-# image. Idempotent: a machine that has them all costs 8 dpkg-query calls (0.1 s).
+# nftables/iptables for kube-proxy, iptables and ipset for kube-router's NetworkPolicy
+# enforcement, gcc for the pause image, busybox-static for the test image. Idempotent: a
+# machine that has them all costs 9 dpkg-query calls (0.1 s).
 set -euo pipefail
-pkgs=(containerd runc containernetworking-plugins nftables iptables gcc libc6-dev busybox-static)
+pkgs=(containerd runc containernetworking-plugins nftables iptables ipset gcc libc6-dev busybox-static)
 missing=()
 for p in "${pkgs[@]}"; do
   st="$(dpkg-query -W -f='${Status}' "$p" 2>/dev/null || true)"

@@ -1,13 +1,16 @@
 """The real node next to the control plane: containerd + runc + a CNI bridge, kubelet,
-kube-proxy (nftables) and CoreDNS as host processes, one per machine (it owns a bridge,
-nftables tables and ports 53/kubelet), claimed by one cluster at a time through the owner
-file in node_root(); and node_cleanup(), which undoes whatever a node left. Stdlib only."""
+kube-proxy (nftables), CoreDNS and kube-router's network policy controller (NetworkPolicy
+enforcement: iptables and ipset) as host processes, one per machine (it owns a bridge,
+nftables tables, iptables chains, ipsets and ports 53/kubelet), claimed by one cluster at a
+time through the owner file in node_root(); and node_cleanup(), which undoes whatever a node
+left. Stdlib only."""
 
 from __future__ import annotations
 
 import ctypes
 import json
 import os
+import shlex
 import shutil
 import signal
 import subprocess
@@ -27,6 +30,7 @@ from .config import (
     NODE_IP,
     NODE_NAME,
     REAL_NODE_LABEL,
+    SERVICE_CIDR,
     ClusterError,
     bin_dir,
     containerd_socket,
@@ -38,6 +42,13 @@ from .procs import pid_alive, spawn, stop, wait_until
 
 if TYPE_CHECKING:
     from .controlplane import Cluster
+
+
+# The node's own daemons, built by hack/cluster/build-node.sh.
+NODE_BINARIES = ("kubelet", "kube-proxy", "coredns", "kube-router")
+# kube-router's ipsets (its netpol controller's prefixes for a policy's source and destination
+# pods); its iptables chains all start with KUBE- (KUBE-ROUTER-*, KUBE-NWPLCY-*, KUBE-POD-FW-*).
+KUBE_ROUTER_IPSET_PREFIXES = ("KUBE-SRC-", "KUBE-DST-")
 
 
 def _run(*cmd: str, check: bool = True, timeout: float = 30) -> subprocess.CompletedProcess:
@@ -53,15 +64,17 @@ def _owner_file() -> Path:
 
 def check_node_prerequisites() -> None:
     """The host tools and built binaries a real node needs, or a ClusterError naming them."""
-    missing = [x for x in ("containerd", "runc", "ctr", "nft", "ip", "gcc")
+    missing = [x for x in ("containerd", "runc", "ctr", "nft", "ip", "gcc", "iptables", "iptables-save",
+                           "iptables-restore", "ipset")
                if not shutil.which(x)] + [str(p) for p in (CNI_BIN_DIR / "bridge", CNI_BIN_DIR / "host-local")
                                          if not p.exists()]
     if missing:
         raise ClusterError(f"the real node needs {', '.join(missing)}: run `make k8s` "
                            "(it runs hack/cluster/node-deps.sh)")
-    bins = [b for b in ("kubelet", "kube-proxy", "coredns") if not (bin_dir() / b).exists()]
+    bins = [b for b in NODE_BINARIES if not (bin_dir() / b).exists()]
     if bins:
-        raise ClusterError(f"{', '.join(bins)} missing in {bin_dir()}: run `make k8s`")
+        raise ClusterError(f"{', '.join(bins)} missing in {bin_dir()}: run `make k8s` "
+                           "and `bash hack/cluster/build-node.sh` (it builds kube-router)")
 
 
 def node_holder() -> Path | None:
@@ -88,6 +101,10 @@ def release_node(state_dir: Path) -> None:
         _owner_file().unlink(missing_ok=True)
 
 
+_IP_FORWARD = Path("/proc/sys/net/ipv4/ip_forward")
+_BRIDGE_NF = Path("/proc/sys/net/bridge/bridge-nf-call-iptables")
+
+
 def node_network_up(c: Cluster) -> None:
     """The bridge with the node IP (the pods' gateway), made before the apiserver binds it."""
     run = node_root() / "run"
@@ -97,12 +114,19 @@ def node_network_up(c: Cluster) -> None:
     prefix = NODE_CIDR.split("/")[1]
     _run("ip", "addr", "replace", f"{NODE_IP}/{prefix}", "dev", NODE_BRIDGE)
     _run("ip", "link", "set", NODE_BRIDGE, "up")
-    # Service traffic DNATed to a pod on the same bridge is routed back out of it.
-    fwd = Path("/proc/sys/net/ipv4/ip_forward")
-    saved = run / "ip_forward.saved"
-    if not saved.exists():
-        saved.write_text(fwd.read_text())
-    fwd.write_text("1\n")
+    # Service traffic DNATed to a pod on the same bridge is routed back out of it; and
+    # traffic between two pods on the bridge passes the IPv4 hooks (iptables FORWARD), where
+    # kube-router enforces NetworkPolicies, only with bridge-nf-call-iptables.
+    if not _BRIDGE_NF.exists():
+        _run("modprobe", "br_netfilter", check=False)
+        if not _BRIDGE_NF.exists():
+            raise ClusterError(f"{_BRIDGE_NF} is missing: the real node needs the br_netfilter "
+                               "module (modprobe br_netfilter) to enforce NetworkPolicies")
+    for knob, saved_name in ((_IP_FORWARD, "ip_forward.saved"), (_BRIDGE_NF, "bridge-nf-call-iptables.saved")):
+        saved = run / saved_name
+        if not saved.exists():
+            saved.write_text(knob.read_text())
+        knob.write_text("1\n")
 
 
 def _containerd_config(c: Cluster) -> Path:
@@ -181,7 +205,8 @@ def _import_image(c: Cluster, build, ref: str, name: str) -> None:
 
 
 def start_real_node(c: Cluster) -> None:
-    """kubelet, kube-proxy and CoreDNS against the running apiserver; wait for Ready."""
+    """kubelet, kube-proxy and CoreDNS against the running apiserver; wait for Ready; then
+    kube-router's network policy controller, and wait for its iptables chains."""
     _node_credentials(c)
     _dns_service(c)
     _wait_containerd(c)
@@ -194,6 +219,10 @@ def start_real_node(c: Cluster) -> None:
     wait_until("kube-proxy healthz", lambda: _http_ok(c.ports["kube-proxy-healthz"], "/healthz"), 60, c,
                "kube-proxy")
     wait_until("node Ready", lambda: _node_ready(c) is True, 120, c, "kubelet")
+    # After Ready: kube-router reads the node's InternalIP once, at start, and enforces
+    # policies only for pods whose hostIP is that address.
+    _start_kube_router(c)
+    wait_until("kube-router's iptables chains", _kube_router_hooked, 60, c, "kube-router")
 
 
 def _node_credentials(c: Cluster) -> None:
@@ -284,6 +313,28 @@ def _start_coredns(c: Cluster) -> None:
     spawn(c, "coredns", ["-conf", str(c.dir / "Corefile")])
 
 
+def _start_kube_router(c: Cluster) -> None:
+    """kube-router with only its network policy controller: no routing (the bridge routes),
+    no service proxy (kube-proxy), no CNI config. It talks to the API server with the admin
+    kubeconfig, as CoreDNS does; its health and metrics servers, which would listen on all
+    addresses, are off."""
+    spawn(c, "kube-router", [
+        f"--kubeconfig={c.kubeconfig}", f"--hostname-override={NODE_NAME}",
+        "--run-firewall=true", "--run-router=false", "--run-service-proxy=false",
+        "--run-loadbalancer=false", "--enable-cni=false", "--enable-ipv4=true", "--enable-ipv6=false",
+        f"--service-cluster-ip-range={SERVICE_CIDR}",
+        "--health-port=0", "--metrics-port=0", "--v=0",
+    ])
+
+
+def _kube_router_hooked() -> bool:
+    """kube-router's FORWARD hook and its default policy chain exist (it made them after its
+    caches synced, just before its first full sync)."""
+    fwd = _run("iptables", "-w", "-t", "filter", "-S", "FORWARD", check=False)
+    dflt = _run("iptables", "-w", "-t", "filter", "-S", "KUBE-NWPLCY-DEFAULT", check=False)
+    return fwd.returncode == 0 and "-j KUBE-ROUTER-FORWARD" in fwd.stdout and dflt.returncode == 0
+
+
 def _http_ok(port: int, path: str) -> bool:
     try:
         with urllib.request.urlopen(f"http://{LOOPBACK}:{port}{path}", timeout=2) as r:
@@ -328,7 +379,7 @@ def _dns_service(c: Cluster) -> None:
 def stop_node_components(c: Cluster) -> None:
     """The kubelet first (else it restarts what is killed), then the pods' containers while
     containerd still answers, then containerd."""
-    stop(c, ["kubelet", "kube-proxy", "coredns"])
+    stop(c, ["kubelet", "kube-proxy", "coredns", "kube-router"])
     if pid_alive(c.pids.get("containerd", 0)):
         _containers_purge(containerd_socket())
     stop(c, ["containerd"])
@@ -399,7 +450,8 @@ def _iptables_sweep() -> None:
             if not chains:
                 continue
             for r in rules:
-                parts = r.split()
+                # shlex: kube-router's jumps carry comments with spaces ("kube-router netpol - ...").
+                parts = shlex.split(r)
                 if parts[:1] == ["-A"] and not parts[1].startswith("KUBE-") and any(
                         p.startswith("KUBE-") for p in parts[2:]):
                     _run(tool, "-w", "-t", table, "-D", *parts[1:], check=False)
@@ -409,10 +461,21 @@ def _iptables_sweep() -> None:
                 _run(tool, "-w", "-t", table, "-X", ch, check=False)
 
 
+def _ipset_sweep() -> None:
+    """Destroy kube-router's ipsets (after _iptables_sweep removed the rules using them)."""
+    if not shutil.which("ipset"):
+        return
+    out = _run("ipset", "list", "-n", check=False)
+    for name in out.stdout.split() if out.returncode == 0 else []:
+        if name.startswith(KUBE_ROUTER_IPSET_PREFIXES):
+            _run("ipset", "destroy", name, check=False)
+
+
 def node_cleanup() -> None:
     """Undo everything a real node may have left, running or killed: pod processes, shims,
     mounts and netns under node/run, the bridge, kube-proxy's nftables tables, KUBE-*
-    iptables chains, pod cgroups; restores ip_forward. Keeps containerd's root (images)."""
+    iptables chains (the kubelet's and kube-router's), kube-router's ipsets, pod cgroups;
+    restores ip_forward and bridge-nf-call-iptables. Keeps containerd's root (images)."""
     root, run = node_root(), node_root() / "run"
     sock = str(containerd_socket())
     procs: set[int] = set()
@@ -449,14 +512,16 @@ def node_cleanup() -> None:
         for fam in ("ip", "ip6"):
             _run("nft", "delete", "table", fam, "kube-proxy", check=False)
     _iptables_sweep()
+    _ipset_sweep()
     if shutil.which("ip"):
         _run("ip", "link", "del", NODE_BRIDGE, check=False)
-    saved = run / "ip_forward.saved"
-    if saved.exists():
-        try:
-            Path("/proc/sys/net/ipv4/ip_forward").write_text(saved.read_text())
-        except OSError:
-            pass
+    for knob, saved_name in ((_IP_FORWARD, "ip_forward.saved"), (_BRIDGE_NF, "bridge-nf-call-iptables.saved")):
+        saved = run / saved_name
+        if saved.exists():
+            try:
+                knob.write_text(saved.read_text())
+            except OSError:
+                pass
     if run.exists():
         shutil.rmtree(run, ignore_errors=True)
     for p in (Path(sock), Path(sock + ".ttrpc")):
