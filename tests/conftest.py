@@ -8,6 +8,8 @@ import subprocess
 import sys
 import time
 import traceback
+import urllib.error
+import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -64,3 +66,12 @@ def _autograd_back_on():
     torch = sys.modules.get("torch")
     if torch is not None and not torch.is_grad_enabled():
         torch.set_grad_enabled(True)
+
+
+def http_get(port: int, path: str) -> tuple[int, str]:
+    """GET http://127.0.0.1:port/path as (status, body), an error status included."""
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as r:
+            return r.status, r.read().decode()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode()

@@ -25,15 +25,8 @@
 set -euo pipefail
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 bash "$HERE/build.sh" node
-# shellcheck source=versions.env
-source "$HERE/versions.env"
-
-CACHE="${RLSCALE_CACHE:-$HOME/.cache/rlscale}"
-BIN="${RLSCALE_K8S_BIN:-$CACHE/k8s/$K8S_VERSION}"
-export GOMODCACHE="${GOMODCACHE:-$CACHE/go/mod}"
-export GOCACHE="${GOCACHE:-$HOME/.cache/go-build}"
-export GOFLAGS="${GOFLAGS:--buildvcs=false}"
-export GOTOOLCHAIN=local
+# shellcheck source=goenv.sh
+source "$HERE/goenv.sh"
 RECIPE=go-install-1
 want="$KUBE_ROUTER_VERSION $RECIPE"
 if [[ -x "$BIN/kube-router" && -f "$BIN/.kube-router.version" && "$(cat "$BIN/.kube-router.version")" == "$want" ]]; then

@@ -29,16 +29,8 @@
 # to go/all's versions so they come from the same compiled packages.
 set -euo pipefail
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-# shellcheck source=versions.env
-source "$HERE/versions.env"
-
-CACHE="${RLSCALE_CACHE:-$HOME/.cache/rlscale}"
-BIN="${RLSCALE_K8S_BIN:-$CACHE/k8s/$K8S_VERSION}"
-export GOMODCACHE="${GOMODCACHE:-$CACHE/go/mod}"
-export GOCACHE="${GOCACHE:-$HOME/.cache/go-build}"
-export GOFLAGS="${GOFLAGS:--buildvcs=false}"
-# The machines' Go is new enough; never let a go.mod trigger a toolchain download.
-export GOTOOLCHAIN=local
+# shellcheck source=goenv.sh
+source "$HERE/goenv.sh"
 mkdir -p "$BIN"
 
 # The recipe's name goes into every stamp: binaries an older recipe built (other dependency

@@ -9,14 +9,11 @@ import pytest
 from prometheus_client import CollectorRegistry, Gauge
 
 from rlscale.rollout.readiness import READY_PATH, ProbeServer
+from tests.conftest import http_get
 
 
 def get(server: ProbeServer, path: str) -> tuple[int, str]:
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{server.server_port}{path}", timeout=5) as r:
-            return r.status, r.read().decode()
-    except urllib.error.HTTPError as e:
-        return e.code, e.read().decode()
+    return http_get(server.server_port, path)
 
 
 @pytest.fixture

@@ -5,22 +5,15 @@ is out of it again (the gang released at the run's end); the same server carries
 from __future__ import annotations
 
 import signal
-import urllib.error
-import urllib.request
 
 import pytest
 
 from rlscale.roles import free_port
 from rlscale.runconfig import RunConfig
 from rlscale.spec import parse_spec
+from tests.conftest import http_get
 
-
-def get(port: int, path: str) -> tuple[int, str]:
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as r:
-            return r.status, r.read().decode()
-    except urllib.error.HTTPError as e:
-        return e.code, e.read().decode()
+get = http_get
 
 
 @pytest.fixture
