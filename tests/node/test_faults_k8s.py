@@ -1,19 +1,28 @@
-"""A run on the real node keeps strangers out, and meets the faults of a shared GPU cluster one
-after the other and keeps training, losing at most one checkpoint interval of samples each time.
+"""A run of two rollout pods and two learner pods on the real node keeps strangers out, and meets
+the faults of a shared GPU cluster one after the other and keeps training, losing at most one
+checkpoint interval of samples each time.
 Its task is a user's own: a JSONL file on the model claim and a reward plug-in in a ConfigMap.
 
-- a pod in another namespace is refused by the run's Ray head (GCS and Ray Client) without the
-  run's token or with a wrong one, and connects with the run's token;
-- the operator restarted mid-run: no pod of the run is replaced or restarted, the run goes on;
+- a pod in another namespace cannot open a TCP connection to the run's Ray head or rank 0's
+  rendezvous port (the run's NetworkPolicy, which kube-router enforces on the real node); a pod in
+  the run's namespace that wears the run's label, which the policy admits, is refused by the
+  head (GCS and Ray Client) without the run's token or with a wrong one, and connects with it;
+- the operator's leader killed mid-run (no grace): the standby replica takes the Lease within one
+  lease duration and adopts the run; no pod of the run is replaced or restarted, the run goes on;
 - a rollout pod killed mid-step (no grace): a request in flight is resent, and requests wait
   until Serve has a replica again; no step is lost and the learner keeps running;
-- the learner's process killed (SIGKILL, as the kernel's OOM killer does): the pod restarts and
+- one learner rank's process killed (SIGKILL, not the driver's rank): the gang restarts and
   resumes from the newest checkpoint, losing at most `checkpoint.every` steps;
 - suspend, then resume: the learner checkpoints on SIGTERM when its step can finish (at most
   one interval is lost when the rollout pods stop first);
 - the Ray head killed: rank 0 sees a new cluster behind the head's Service and exits, so every
   pod of the run rejoins the new head and the learner resumes from the newest checkpoint
-  (docs/operations.md, "Faults").
+  (docs/operations.md, "Faults");
+- the driver's rank grows past its container's memory limit and the kernel kills it: the run
+  names it OOMKilled and resumes from the newest checkpoint;
+- the node's kubelet stopped for 20 s and started: no pod is replaced, no step lost;
+- then the run reaches its target (the test's plug-in lets it) and ends Succeeded: with two pods
+  of each role and the default failure policy, no fault above failed it.
 
 Samples lost are read off the run's own report: the steps a restart moved from metrics.jsonl to
 metrics.redone.jsonl, each with its batch size.
@@ -39,6 +48,8 @@ import pytest
 from hack import cluster as cp
 from hack.cluster import nodeimages as ni
 from hack.cluster import quickstart as qs
+from hack.cluster import realnode as rn
+from hack.cluster.procs import stop
 from rlscale.operator import builders as B
 from rlscale.operator import constants as C
 from tests.node.runs import RunView, wait
@@ -53,18 +64,25 @@ pytestmark = [pytest.mark.cluster, pytest.mark.slow, pytest.mark.timeout(3000 + 
 NS = "faults-e2e"
 RUN = "faults"
 EVERY = 5  # checkpoint.every: the most steps a crash may cost
+ROLLOUTS, LEARNERS = 2, 2  # pods of each role: a fault of one must not fail the run
+LEARNER_MEMORY = "4Gi"  # each learner container's limit, which the plug-in's hog passes
 GCS_GIVE_UP_S = 60  # Ray's gcs_rpc_server_reconnect_timeout_s (its default)
 STRANGER_NS = "faults-stranger"
+TCP_WAIT_S = 60  # how long the outsider keeps trying each port before it calls it unreachable
 PSS = {"pod-security.kubernetes.io/enforce": "restricted"}
 
-# A pod outside the run tries the run's Ray head: GCS (a GCS client's call, which needs no Ray
-# node of its own) and Ray Client, with no token and with a wrong one (each must be refused),
-# and with the run's own token (which must connect: so the refusals are Ray's authentication,
-# not an unreachable address).
+# Two strangers. One in another namespace tries to open TCP connections to the run's Ray head
+# (GCS, Ray Client) and rank 0's rendezvous port: the run's NetworkPolicy must drop them. One in
+# the run's namespace wearing the run's label, which the policy lets through, tries the head: GCS
+# (a GCS client's call, which needs no Ray node of its own) and Ray Client, with no token and with
+# a wrong one (each must be refused), and with the run's own token (which must connect: so the
+# refusals are Ray's authentication, not an unreachable address).
 STRANGER = """
 import os, socket, sys, time
 host, port, address, kind = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4]
-end = time.time() + 600
+# From outside the run's namespace a TCP connection is all there is to try (the NetworkPolicy
+# drops it): unreachable once TCP_WAIT_S passes without one; from inside, wait for the head.
+end = time.time() + (float(os.environ["TCP_WAIT_S"]) if kind == "tcp" else 600)
 while time.time() < end:
     try:
         socket.create_connection((host, port), 2).close()
@@ -73,6 +91,9 @@ while time.time() < end:
         time.sleep(2)
 else:
     print("RESULT unreachable", flush=True)
+    sys.exit(0)
+if kind == "tcp":
+    print("RESULT connected", flush=True)
     sys.exit(0)
 for attempt in range(4):
     try:
@@ -100,26 +121,49 @@ else:
 
 # The run's reward, shipped to its learner pods in a ConfigMap: the quickstart's exact match.
 PLUGIN = """
-import re
+import os, re, time
+
+_STARTED = time.time()
+_DATA = "{data}"
+
+
+def _since_start(name):
+    # A trigger the test wrote after this process started (a restarted process ignores an old one).
+    try:
+        return os.stat(os.path.join(_DATA, name)).st_mtime > _STARTED
+    except OSError:
+        return False
 
 
 def score(prompt, completion, answer, extra):
+    if _since_start("oom-now"):
+        # Grow this process (the learner's rank 0, which scores) past its container's memory limit.
+        hog = []
+        while True:
+            hog.append(b"x" * (64 << 20))
     numbers = re.findall(r"-?[0-9]+", completion)
-    return 1.0 if numbers and numbers[-1] == answer else 0.0
-"""
+    right = 1.0 if numbers and numbers[-1] == answer else 0.0
+    # Once the test says so, every reward is 100 higher: GRPO's group-normalised advantages do not
+    # change, and eval/reward passes the run's target, so the run ends Succeeded on its own.
+    return right + (100.0 if os.path.exists(os.path.join(_DATA, "finish-now")) else 0.0)
+""".replace("{data}", f"{C.MODEL_MOUNT}/data")
 
 
 # The scenario's steps, in the order they happen; the episodes' names are the `lost` table's keys.
 INSTALLED = "the run installed"
 STRANGER_STARTED = "the stranger pod started"
 TRAINING = "the run training"
-OPERATOR_RESTARTED = "operator restarted"
+OPERATOR_RESTARTED = "operator leader killed"
 ROLLOUT_KILLED = "rollout pod killed"
 LEARNER_KILLED = "learner process killed"
 SUSPENDED = "suspended"
 RESUMED = "resumed"
 STRANGER_READ = "the stranger pod's attempts read"
 HEAD_KILLED = "ray head killed"
+OOM_KILLED = "learner OOM-killed"
+KUBELET_RESTARTED = "kubelet stopped and started"
+FINISHED = "the run reached its target"
+KUBELET_DOWN_S = 20  # under the node monitor's 40 s grace: the node is not marked NotReady
 FINAL = "the run's final state read"
 ROLES = (C.ROLE_RAY_HEAD, C.ROLE_ROLLOUT, C.ROLE_LEARNER)
 OP_SEL = "app.kubernetes.io/name=rlscale"
@@ -139,6 +183,10 @@ class Facts:
     pods_before_operator_restart: dict = field(default_factory=dict)  # role -> {pod uid: restarts}
     pods_after_operator_restart: dict = field(default_factory=dict)
     operator_pods_after_restart: int = 0
+    operator_pods_before_restart: list[str] = field(default_factory=list)
+    leader_before: str = ""  # the Lease's holder (a pod name) before the kill, and after it
+    leader_after: str = ""
+    handover_s: float = 0.0  # seconds from the kill to the standby holding the Lease
     learner_before_rollout_kill: dict = field(default_factory=dict)  # {pod uid: restarts}
     learner_after_rollout_kill: dict = field(default_factory=dict)
     killed_rollout_pod: str = ""
@@ -153,6 +201,13 @@ class Facts:
     stranger_said: dict[str, str] = field(default_factory=dict)  # attempt -> its RESULT line
     learner_log_at_head_loss: str = ""  # followed from before the kill
     learner_states: list[dict] = field(default_factory=list)  # learner-0's containers after the head's loss
+    oom_reasons: set[str] = field(default_factory=set)  # learner-0's last termination reasons seen
+    oom_degraded: set[str] = field(default_factory=set)  # the Degraded conditions seen meanwhile
+    oom_events: list[str] = field(default_factory=list)  # the run's Events that name OOMKilled
+    resumed_after_oom: list[int] = field(default_factory=list)
+    pods_before_kubelet: dict = field(default_factory=dict)  # role -> {pod uid: restarts}
+    pods_after_kubelet: dict = field(default_factory=dict)
+    ended_at_step: int = 0
     final_steps: list[int] = field(default_factory=list)  # the steps in metrics.jsonl at the end
     final_conditions: dict[str, dict] = field(default_factory=dict)
     final_status: dict = field(default_factory=dict)
@@ -194,6 +249,9 @@ class FaultsRun:
         s.run(RESUMED, self.resume, needs=[TRAINING])
         s.run(STRANGER_READ, self.read_stranger, needs=[STRANGER_STARTED])
         s.run(HEAD_KILLED, self.kill_ray_head, needs=[TRAINING])
+        s.run(OOM_KILLED, self.oom_learner, needs=[TRAINING])
+        s.run(KUBELET_RESTARTED, self.restart_kubelet, needs=[TRAINING])
+        s.run(FINISHED, self.finish, needs=[TRAINING])
         print(f"\nsamples lost per fault (checkpoint every {EVERY} steps of {f.batch} samples): "
               f"{json.dumps(f.lost, indent=1)}", file=sys.stderr)
         s.run(FINAL, self.read_final_state, needs=[TRAINING])  # the state after the faults, or none
@@ -247,25 +305,38 @@ class FaultsRun:
         kubectl("apply", "-n", NS, "-f", "-", input=json.dumps({
             "apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "sums-reward"},
             "data": {"sums_reward.py": PLUGIN}}))
-        # The quickstart, with a target it never reaches (the fixture's teardown ends it), no evaluations in
-        # the way, a checkpoint every EVERY steps, and room for the restarts the scenario causes.
-        obj = qs.quickstart(target={"value": 0.999, "evalEvery": 1000},
+        for trigger in ("oom-now", "finish-now"):
+            (data.parent / trigger).unlink(missing_ok=True)
+        # The quickstart with two of each role, the default failure policy, a checkpoint every EVERY
+        # steps, and a target (eval/reward 50) the run reaches only once the test writes finish-now.
+        # The learners' memory is limited, so the plug-in's hog is killed by the kernel.
+        obj = qs.quickstart(target={"metric": "eval/reward", "value": 50, "evalEvery": 10, "window": 2},
                             budget={"maxSteps": 100000, "maxSamples": 10**9},
-                            checkpoint={"every": EVERY}, failurePolicy={"backoffLimit": 20},
+                            checkpoint={"every": EVERY},
+                            rollout={"replicas": ROLLOUTS},
+                            learner={"replicas": LEARNERS, "resources": {
+                                "requests": {"cpu": "250m", "memory": "2Gi"}, "limits": {"memory": LEARNER_MEMORY}}},
                             task={"name": "sums", "dataset": f"{C.MODEL_MOUNT}/data/{data.name}",
                                   "promptField": "prompt", "evalSize": 64, "reward": "sums_reward:score",
                                   "pluginVolume": {"configMap": {"name": "sums-reward"}}})
+        assert "failurePolicy" not in obj["spec"]
         obj["metadata"]["name"] = RUN
         self.facts.batch = obj["spec"]["batch"]["prompts"] * obj["spec"]["batch"]["samplesPerPrompt"]
         kubectl("apply", "-n", NS, "-f", "-", input=json.dumps(obj))
 
     def start_stranger(self) -> None:
-        """A stranger tries the run's Ray head while it trains (read before the head is killed)."""
+        """The strangers try the run while it trains (read before the head is killed)."""
         n = B.names(RUN)
         token_secret = wait("the run's Ray token Secret", lambda: self.run.get("secret", n[C.ROLE_TOKEN]), 60)
         token = base64.b64decode(token_secret["data"][C.TOKEN_KEY]).decode()
-        self.kubectl("apply", "-f", "-", input=json.dumps(stranger_pod(self.images["RLSCALE_TRAINER_IMAGE"],
-                                                                       f"{n[C.ROLE_RAY_HEAD]}.{NS}.svc", token)))
+        image, head = self.images["RLSCALE_TRAINER_IMAGE"], f"{n[C.ROLE_RAY_HEAD]}.{NS}.svc"
+        rank0 = f"{RUN}-learner-0.{n[C.ROLE_LEARNER]}.{NS}.svc"
+        outsider = stranger_pod(image, STRANGER_NS, {}, {
+            "tcp-gcs": (f"{head}:{C.RAY_GCS_PORT}", {}), "tcp-client": (f"{head}:{C.RAY_CLIENT_PORT}", {}),
+            "tcp-rendezvous": (f"{rank0}:{C.MASTER_PORT}", {})})
+        self.kubectl("apply", "-f", "-", input=json.dumps(outsider))
+        insider = stranger_pod(image, NS, {C.LABEL_RUN: RUN}, token_attempts(head, token))
+        self.kubectl("apply", "-f", "-", input=json.dumps(insider))
 
     def train(self) -> None:
         for role in ROLES:
@@ -275,22 +346,40 @@ class FaultsRun:
         self.facts.sample = self.run.logged()[-1]["sample"]
 
     def restart_operator(self) -> None:
-        """1. The operator restarted mid-run: the new one adopts the run; nothing is replaced."""
+        """1. The operator's leader killed (no grace): the standby takes the Lease and adopts the run;
+        nothing of the run is replaced."""
         run, f = self.run, self.facts
         f.pods_before_operator_restart = before = {role: self.uids(role) for role in ROLES}
-        op_uid = run.get("pods", selector=OP_SEL, ns=qs.OPERATOR_NS)["items"][0]["metadata"]["uid"]
-        status_step = run.step()
+        lease = f"{qs.OPERATOR_NS}/lease/rlscale-operator-leader"
 
-        def new_operator_reports():
-            pods = run.get("pods", selector=OP_SEL, ns=qs.OPERATOR_NS)["items"]
-            fresh = [p for p in pods if p["metadata"]["uid"] != op_uid
-                     and all(cs.get("ready") for cs in p["status"].get("containerStatuses", []))]
+        def holder() -> str:
+            out = self.kubectl("get", "-n", qs.OPERATOR_NS, "lease", "rlscale-operator-leader", "-o", "json",
+                               check=False)
+            return json.loads(out.stdout)["spec"].get("holderIdentity") or "" if out.returncode == 0 else ""
+        f.operator_pods_before_restart = sorted(
+            p["metadata"]["name"] for p in run.get("pods", selector=OP_SEL, ns=qs.OPERATOR_NS)["items"])
+        f.leader_before = wait(f"{lease} held", holder, 120, 1)
+        status_step = run.step()
+        t_kill = [0.0]
+
+        def kill() -> None:
+            t_kill[0] = time.monotonic()
+            self.kubectl("delete", "pod", "-n", qs.OPERATOR_NS, f.leader_before, "--grace-period=0", "--force",
+                         "--wait=false")
+
+        def new_leader_reports():
+            h = holder()
+            if h and h != f.leader_before and not f.handover_s:
+                f.leader_after, f.handover_s = h, round(time.monotonic() - t_kill[0], 1)
             # status.progress is the operator's copy of the driver's reports: it moves again.
-            return fresh and run.step() >= status_step + 5
-        self.episode(OPERATOR_RESTARTED,
-                     lambda: self.kubectl("delete", "pod", "-n", qs.OPERATOR_NS, "-l", OP_SEL, "--wait=false"),
-                     lambda _: new_operator_reports())
+            return f.handover_s and run.step() >= status_step + 5
+        self.episode(OPERATOR_RESTARTED, kill, lambda _: new_leader_reports())
+        print(f"\noperator leader {f.leader_before} killed: {f.leader_after} took the lease after "
+              f"{f.handover_s}s", file=sys.stderr)
         f.pods_after_operator_restart = {role: self.uids(role) for role in before}
+        wait("the operator Deployment back at two pods", lambda: len([
+            p for p in run.get("pods", selector=OP_SEL, ns=qs.OPERATOR_NS)["items"]
+            if p["status"].get("phase") == "Running" and not p["metadata"].get("deletionTimestamp")]) == 2, 300, 2)
         f.operator_pods_after_restart = len(run.get("pods", selector=OP_SEL, ns=qs.OPERATOR_NS)["items"])
 
     def kill_rollout_pod(self) -> None:
@@ -308,10 +397,12 @@ class FaultsRun:
         f.lost[ROLLOUT_KILLED]["requests resent"] = self.learner_log().count("retrying")
 
     def kill_learner(self) -> None:
-        """3. The learner's process killed as the OOM killer does (SIGKILL, no checkpoint)."""
+        """3. One learner rank's process killed as the OOM killer does (SIGKILL, no checkpoint): the
+        rank that is not the driver, so the gang restart is what brings rank 0 back."""
         run, f = self.run, self.facts
-        [(uid, restarts)] = self.uids(C.ROLE_LEARNER).items()
-        learner = run.get("pod", f"{RUN}-learner-0")
+        victim = f"{RUN}-learner-{LEARNERS - 1}"
+        learner = run.get("pod", victim)
+        uid, restarts = learner["metadata"]["uid"], self.uids(C.ROLE_LEARNER)[learner["metadata"]["uid"]]
         cid = learner["status"]["containerStatuses"][0]["containerID"].split("://", 1)[1]
 
         def sigkill():
@@ -325,6 +416,56 @@ class FaultsRun:
                      lambda last: self.uids(C.ROLE_LEARNER).get(uid, -1) > restarts and self.advanced_past(last))
         f.learner_log_after_kill = self.learner_log()
         f.resumed_after_kill = [int(m) for m in re.findall(r"resumed from step (\d+)", f.learner_log_after_kill)]
+
+    def oom_learner(self) -> None:
+        """4. Rank 0 grows past its container's memory limit (the plug-in's hog, on a trigger file):
+        the kernel kills it, the run says OOMKilled, and the gang resumes from its checkpoint."""
+        run, f = self.run, self.facts
+        rank0 = f"{RUN}-learner-0"
+
+        def oom_seen():
+            pod = run.get("pod", rank0) or {}
+            for cs in (pod.get("status") or {}).get("containerStatuses") or []:
+                reason = ((cs.get("lastState") or {}).get("terminated") or {}).get("reason")
+                if reason:
+                    f.oom_reasons.add(reason)
+            degraded = run.conditions().get(C.COND_DEGRADED) or {}
+            if degraded.get("status") == "True":
+                f.oom_degraded.add(f"{degraded.get('reason')}: {degraded.get('message', '')[:200]}")
+            return "OOMKilled" in f.oom_reasons
+
+        def trigger():
+            (qs.model_cache() / "data" / "oom-now").write_text(str(time.time()))
+        self.episode(OOM_KILLED, trigger, lambda last: oom_seen() and self.advanced_past(last))
+        events = self.kubectl("get", "events", "-n", NS, "--field-selector", f"involvedObject.name={RUN}",
+                              "-o", "json").stdout
+        f.oom_events = [m for e in json.loads(events)["items"] if "OOMKilled" in (m := e.get("message", ""))]
+        f.resumed_after_oom = [int(m) for m in re.findall(r"resumed from step (\d+)", self.learner_log())]
+
+    def restart_kubelet(self) -> None:
+        """5. The node's kubelet stopped for a while and started again (an upgrade, a crash): the pods'
+        containers run on under containerd, and the new kubelet takes them over as they are."""
+        f = self.facts
+        f.pods_before_kubelet = {role: self.uids(role) for role in ROLES}
+
+        def bounce():
+            stop(self.c, ["kubelet"])
+            time.sleep(KUBELET_DOWN_S)
+            rn._start_kubelet(self.c)
+        self.episode(KUBELET_RESTARTED, bounce, lambda last: self.node_ready() and self.advanced_past(last))
+        f.pods_after_kubelet = {role: self.uids(role) for role in ROLES}
+
+    def node_ready(self) -> bool:
+        node = self.run.get("node", self.c.node_name, ns="") or {}
+        conds = (node.get("status") or {}).get("conditions", [])
+        return any(c["type"] == "Ready" and c["status"] == "True" for c in conds)
+
+    def finish(self) -> None:
+        """6. The test lets the run reach its target: it ends Succeeded, and the operator frees its pods."""
+        run, f = self.run, self.facts
+        (qs.model_cache() / "data" / "finish-now").write_text(str(time.time()))
+        wait("the run Succeeded", lambda: run.status().get("phase") in (C.PHASE_SUCCEEDED, C.PHASE_FAILED), 900, 3)
+        f.ended_at_step = run.logged()[-1]["step"]
 
     def set_suspend(self, flag: bool) -> None:
         self.kubectl("patch", "rlrun", RUN, "-n", NS, "--type=merge", "-p", json.dumps({"spec": {"suspend": flag}}))
@@ -351,17 +492,20 @@ class FaultsRun:
         self.facts.learner_log_after_resume = self.learner_log()
 
     def read_stranger(self) -> None:
-        """What the stranger pod's attempts on the run's Ray head said, while the run trained."""
+        """What the strangers' attempts on the run said, while the run trained."""
         kubectl = self.kubectl
-        results = wait("the stranger pod's attempts", lambda: (
-            (pod := self.run.get("pod", "stranger", ns=STRANGER_NS))
-            and pod["status"].get("phase") in ("Succeeded", "Failed")
-            and {cs["name"]: kubectl("logs", "stranger", "-n", STRANGER_NS, "-c", cs["name"]).stdout
-                 for cs in pod["status"]["containerStatuses"]}), 300, 3)
+
+        def results(ns):
+            pod = self.run.get("pod", "stranger", ns=ns)
+            return (pod and pod["status"].get("phase") in ("Succeeded", "Failed")
+                    and {cs["name"]: kubectl("logs", "stranger", "-n", ns, "-c", cs["name"]).stdout
+                         for cs in pod["status"]["containerStatuses"]})
         said = self.facts.stranger_said
-        said.update({name: next((ln for ln in out.splitlines() if ln.startswith("RESULT")), out[-300:])
-                     for name, out in results.items()})
-        print(f"\nRay from a pod outside the run: {json.dumps(said, indent=1)}", file=sys.stderr)
+        for ns in (STRANGER_NS, NS):
+            out = wait(f"the stranger pod's attempts in {ns}", lambda n=ns: results(n), 300 + TCP_WAIT_S, 3)
+            said.update({name: next((ln for ln in text.splitlines() if ln.startswith("RESULT")), text[-300:])
+                         for name, text in out.items()})
+        print(f"\nthe run from a pod outside it: {json.dumps(said, indent=1)}", file=sys.stderr)
 
     def kill_ray_head(self) -> None:
         """5. The Ray head killed. Steps go on at first (the driver's calls to the replicas need
@@ -430,11 +574,21 @@ def test_the_task_comes_from_the_users_file_and_plugin(faults):
     assert re.fullmatch(r"\d\d\+\d\d=", sample["prompt"]) and sample["reward"] in (0.0, 1.0), sample
 
 
-def test_an_operator_restart_replaces_no_pod_of_the_run(faults):
+def test_a_killed_operator_leader_replaces_no_pod_of_the_run(faults):
     faults.steps.require(OPERATOR_RESTARTED)
     before, after = faults.pods_before_operator_restart, faults.pods_after_operator_restart
     assert after == before, f"pods replaced or restarted across the operator's restart: {before} -> {after}"
-    assert faults.operator_pods_after_restart == 1
+    assert faults.operator_pods_after_restart == 2
+
+
+def test_the_standby_takes_over_from_a_killed_leader_within_one_lease(faults):
+    faults.steps.require(OPERATOR_RESTARTED)
+    f = faults
+    assert len(f.operator_pods_before_restart) == 2 and f.leader_before in f.operator_pods_before_restart
+    # The standby, not the leader's replacement pod (which starts as a standby and waits a lease).
+    assert f.leader_after in f.operator_pods_before_restart and f.leader_after != f.leader_before
+    # The chart's lease is 15 s; a standby polls every 2 s; the API calls and the poll of this test add a few.
+    assert 0 < f.handover_s <= 15 + 2 + 8, f.handover_s
 
 
 def test_an_operator_restart_costs_no_step(faults):
@@ -487,8 +641,16 @@ def test_resume_costs_at_most_one_interval(faults):
     costs_at_most_one_interval(faults, RESUMED)
 
 
+def test_a_pod_in_another_namespace_cannot_open_a_connection_to_the_run(faults):
+    """The run's NetworkPolicy, enforced on the real node, drops every connection from outside."""
+    faults.steps.require(STRANGER_READ)
+    said = faults.stranger_said
+    for name in ("tcp-gcs", "tcp-client", "tcp-rendezvous"):
+        assert said[name] == "RESULT unreachable", said
+
+
 def test_strangers_without_the_runs_token_are_refused(faults):
-    """Strangers were kept out of the run's Ray cluster while it trained."""
+    """Strangers in the run's namespace were kept out of the run's Ray cluster while it trained."""
     faults.steps.require(STRANGER_READ)
     said = faults.stranger_said
     for name in ("gcs-no-token", "gcs-wrong-token", "client-no-token"):
@@ -525,27 +687,63 @@ def test_the_run_keeps_one_history(faults):
 
 def test_the_run_stays_healthy(faults):
     faults.steps.require(FINAL)
-    assert faults.final_status.get("phase") == C.PHASE_RUNNING, faults.final_status
     assert faults.final_conditions.get(C.COND_FAILED, {}).get("status") != "True", faults.final_conditions
 
 
-def stranger_pod(image: str, head: str, token: str) -> dict:
-    """One container per attempt; the image's Python, no account token, restricted-compliant."""
+def test_the_run_ends_succeeded_after_every_fault_with_the_default_failure_policy(faults):
+    faults.steps.require(FINISHED, FINAL)
+    assert faults.final_status.get("phase") == C.PHASE_SUCCEEDED, (faults.final_status, faults.final_conditions)
+
+
+def test_an_oom_killed_learner_is_named_so_and_resumes(faults):
+    faults.steps.require(OOM_KILLED)
+    f = faults
+    assert "OOMKilled" in f.oom_reasons, f.oom_reasons
+    # The operator said so, in a condition while it lasted or in the Event it posts for one.
+    said = [d for d in f.oom_degraded if "OOMKilled" in d] + f.oom_events
+    assert said, (f.oom_degraded, f.oom_events)
+    # From the newest checkpoint, at most EVERY steps back. Not on a multiple of EVERY: after the
+    # suspension the run checkpoints every EVERY steps from the step it resumed at (28, 33, ... 53
+    # in one run).
+    last = f.lost[OOM_KILLED]["last step before"]
+    assert f.resumed_after_oom and last - EVERY <= f.resumed_after_oom[-1] <= last, (f.resumed_after_oom, last)
+
+
+def test_an_oom_killed_learner_costs_at_most_one_interval(faults):
+    costs_at_most_one_interval(faults, OOM_KILLED)
+
+
+def test_a_restarted_kubelet_replaces_no_pod_and_costs_no_step(faults):
+    faults.steps.require(KUBELET_RESTARTED)
+    assert faults.pods_after_kubelet == faults.pods_before_kubelet, (faults.pods_before_kubelet,
+                                                                     faults.pods_after_kubelet)
+    costs_no_step(faults, KUBELET_RESTARTED)
+
+
+def token_attempts(head: str, token: str) -> dict[str, tuple[str, dict]]:
+    """The insider's attempts on the head: name -> (address, env), without and with tokens."""
     wrong = {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": "0" * 64}
     right = {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": token}
     gcs, client = f"{head}:{C.RAY_GCS_PORT}", f"ray://{head}:{C.RAY_CLIENT_PORT}"
-    attempts = {"gcs-no-token": (gcs, {}), "gcs-wrong-token": (gcs, wrong), "gcs-run-token": (gcs, right),
-                "client-no-token": (client, {}), "client-run-token": (client, right)}
+    return {"gcs-no-token": (gcs, {}), "gcs-wrong-token": (gcs, wrong), "gcs-run-token": (gcs, right),
+            "client-no-token": (client, {}), "client-run-token": (client, right)}
+
+
+def stranger_pod(image: str, namespace: str, labels: dict, attempts: dict[str, tuple[str, dict]]) -> dict:
+    """One container per attempt (its name's first word is its kind: tcp, gcs or client); the
+    image's Python, no account token, restricted-compliant."""
     containers = []
     for name, (address, env) in attempts.items():
-        port = address.rsplit(":", 1)[1]
+        host, port = address.rsplit(":", 1)
+        host = host.removeprefix("ray://")
         containers.append({
             "name": name, "image": image, "imagePullPolicy": "Never",
-            "command": ["python", "-c", STRANGER, head, port, address, name.split("-")[0]],
-            "env": [{"name": k, "value": v} for k, v in env.items()],
+            "command": ["python", "-c", STRANGER, host, port, address, name.split("-")[0]],
+            "env": [{"name": k, "value": v} for k, v in {**env, "TCP_WAIT_S": str(TCP_WAIT_S)}.items()],
             "securityContext": {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}},
             "resources": {"requests": {"cpu": "10m", "memory": "256Mi"}}})
-    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "stranger", "namespace": STRANGER_NS},
+    return {"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": "stranger", "namespace": namespace, "labels": labels},
             "spec": {"restartPolicy": "Never", "automountServiceAccountToken": False, "containers": containers,
                      "securityContext": {"runAsNonRoot": True, "runAsUser": 1000,
                                          "seccompProfile": {"type": "RuntimeDefault"}}}}
