@@ -64,10 +64,11 @@ def desired_replicas(spec: RLRunSpec, plan: Plan | None, finished: bool = False,
     """Replicas by role: the plan's, zero while suspended, and zero (the Ray head too) once
     the run has ended, so its accelerators are free. `admitted` (a run queued in Kueue): the
     counts Kueue admitted by role, all zero until it has; no role runs more than that.
-    `draining`: learner pods are still stopping, so the rollout replicas (this many) and the
-    head stay until they are gone: rank 0's last step, and its checkpoint on SIGTERM, need
-    both (stopped together, the replicas could go first and the step never finish). `plan`
-    None: the Ray head's count alone is asked for."""
+    `draining`: rollout replicas to keep at least: learner pods are still stopping, so the
+    rollout replicas (this many) and the head stay until they are gone: rank 0's last step, and
+    its checkpoint on SIGTERM, need both (stopped together, the replicas could go first and the
+    step never finish); or the driver has not yet drained Serve to a smaller plan (ordered
+    scaling, operator/scaling.py). `plan` None: the Ray head's count alone is asked for."""
     if finished:
         return {C.ROLE_RAY_HEAD: 0, C.ROLE_ROLLOUT: 0, C.ROLE_LEARNER: 0}
     if spec.suspend or plan is None:
@@ -76,9 +77,10 @@ def desired_replicas(spec: RLRunSpec, plan: Plan | None, finished: bool = False,
         out = {C.ROLE_RAY_HEAD: 1, C.ROLE_ROLLOUT: plan.rollout_replicas, C.ROLE_LEARNER: plan.learner_replicas}
     if admitted is not None:
         out = {role: min(n, int(admitted.get(role, 0))) for role, n in out.items()}
-    if draining is not None and out[C.ROLE_LEARNER] == 0:
+    if draining is not None:
         out[C.ROLE_ROLLOUT] = max(out[C.ROLE_ROLLOUT], draining)
-        out[C.ROLE_RAY_HEAD] = 1
+        if out[C.ROLE_LEARNER] == 0:
+            out[C.ROLE_RAY_HEAD] = 1
     return out
 
 
@@ -354,14 +356,18 @@ def build_rollout_deployment(run: RunRef, spec: RLRunSpec, plan: Plan, images: I
     n = names(run.name)
     gpu = spec.hardware.accelerator != "cpu"
     env = _env(run, spec, [{"name": "RAY_ADDRESS",
-                            "value": f"{n[C.ROLE_RAY_HEAD]}.{run.namespace}.svc:{C.RAY_GCS_PORT}"}])
+                            "value": f"{n[C.ROLE_RAY_HEAD]}.{run.namespace}.svc:{C.RAY_GCS_PORT}"},
+                           # How long the pod's Ray node drains on SIGTERM (constants.ROLLOUT_DRAIN_S).
+                           {"name": "RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S", "value": str(C.ROLLOUT_DRAIN_S)}])
     # Replicas load the model from the path rank 0 names: the shared volume read-only, or
     # (no volume named) a copy this pod prepares itself.
     shared = spec.model.volume is not None
+    # No preStop hook: the process that needs time on a stop, the pod's Ray node, takes SIGTERM itself
+    # and drains its replica (a pod the operator removes after a scale-down hosts none: it exits at once).
     pod = _pod_spec(run, spec, C.ROLE_ROLLOUT, spec.rollout.image or images.rollout,
                     ["rlscale", "rollout", "--config", C.CONFIG_PATH], env,
                     _resources(spec.rollout, gpu), _ports(("metrics", C.METRICS_PORT)),
-                    model="ro" if shared else "rw", init_model=not shared)
+                    model="ro" if shared else "rw", init_model=not shared, grace_seconds=C.ROLLOUT_GRACE_S)
     meta = object_meta(run, n[C.ROLE_ROLLOUT], C.ROLE_ROLLOUT, {C.ANNOTATION_PLAN_HASH: plan_hash(plan)})
     return {
         "apiVersion": "apps/v1", "kind": "Deployment",

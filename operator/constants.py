@@ -99,6 +99,17 @@ MASTER_PORT = 29500
 # The rollout and learner pods answer their readiness probe at this path on the metrics port
 # (rlscale.rollout.readiness serves it; the same string is named there).
 READY_PATH = "/ready"
+# Seconds a rollout replica Serve removes gets to finish its in-flight requests: Serve's
+# graceful_shutdown_timeout_s, rlscale.rollout.serve.GRACEFUL_SHUTDOWN_S (not imported here: that module
+# imports Ray; tests/rollout/test_scaling.py checks the two agree).
+ROLLOUT_GRACEFUL_SHUTDOWN_S = 120
+# A rollout pod's `ray start --block` marks its Ray node draining on SIGTERM and waits up to
+# RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S (Ray's default 30 s) for the node to empty: Serve starts a
+# replacement elsewhere and stops the pod's replica gracefully once the deadline is no further than
+# the replica's graceful shutdown. Set to that plus 30 s to place a replacement first.
+ROLLOUT_DRAIN_S = ROLLOUT_GRACEFUL_SHUTDOWN_S + 30
+# The pod's terminationGracePeriodSeconds: the drain, then 30 s for Ray to stop its processes.
+ROLLOUT_GRACE_S = ROLLOUT_DRAIN_S + 30
 GPU_RESOURCE = "nvidia.com/gpu"
 
 # Images when the spec names none (the chart sets others: operator/settings.py).

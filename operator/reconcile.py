@@ -16,7 +16,7 @@ from typing import Any
 from kubernetes.client.exceptions import ApiException
 
 from rlscale.plan import Plan
-from rlscale.plan.replan import Measurements, ReplanState, replan
+from rlscale.plan.replan import Limits, Measurements, ReplanState, due, replan
 from rlscale.spec import SpecError, parse_spec
 
 from . import builders as B
@@ -25,6 +25,7 @@ from . import faults as F
 from . import guard as G
 from . import metrics as M
 from . import queueing as Q
+from . import scaling as SC
 from . import status as S
 from .kube import KubeAPI, NamespaceTerminating, get_rlrun
 from .observed import ApiObserver, Observed, Observer
@@ -69,12 +70,16 @@ class Controller:
         # (namespace, run, uid): runs whose Ray token Secret this process created
         self._tokens: set[tuple[str, str, str]] = set()
         self._backoff: dict[tuple[str, str], Backoff] = {}
+        # (namespace, run, uid) -> since when (self.clock()) its rollout Deployment is kept above the
+        # plan's count while the driver drains (operator/scaling.py)
+        self._holds: dict[tuple[str, str, str], float] = {}
 
     def forget(self, namespace: str, name: str) -> None:
         """Drop what the controller remembers of a deleted run."""
         self._backoff.pop((namespace, name), None)
-        for key in [k for k in self._owned if k[:2] == (namespace, name)]:
-            del self._owned[key]
+        for memory in (self._owned, self._holds):
+            for key in [k for k in memory if k[:2] == (namespace, name)]:
+                del memory[key]
         self._tokens = {t for t in self._tokens if t[:2] != (namespace, name)}
 
     def reconcile(self, namespace: str, name: str, trigger: str, *, body: dict[str, Any] | None = None,
@@ -235,13 +240,25 @@ class Controller:
         except (KeyError, TypeError, ValueError) as exc:
             log.warning("%s/%s: progress measurements unreadable: %s", o.namespace, o.name, exc)
             return
-        d = replan(o.spec, o.plan, m, o.replan or ReplanState.from_dict(o.status.get("replan")))
+        state = o.replan or ReplanState.from_dict(o.status.get("replan"))
+        limits = self._admitted_limits(o) if o.spec.scheduling.queue_name and due(m.step, state) else None
+        d = replan(o.spec, o.plan, m, state, limits)
         if d is None:
             return
         o.plan, o.replan, o.replan_message = d.plan, d.state, d.message
         if d.switched:
             o.planned = "replan"
             o.calibration = m.calibration.to_dict()
+
+    def _admitted_limits(self, o: Observed) -> Limits | None:
+        """A queued run's re-plan asks for no more pods than Kueue admitted (an admitted Workload's pod
+        sets do not change: operator/queueing.py); None while nothing is admitted (its pod sets still
+        follow the plan)."""
+        admitted = B.admitted_counts(self.api.get(C.KUEUE_API, "Workload", o.namespace,
+                                                  B.names(o.name)[C.ROLE_QUEUE]))
+        if not any(admitted.values()):
+            return None
+        return Limits(rollout=admitted[C.ROLE_ROLLOUT], learners=admitted[C.ROLE_LEARNER])
 
     def _decide_apply(self, o: Observed) -> None:
         """Whether this pass applies the children: asked by its trigger, or what they are built from
@@ -259,6 +276,10 @@ class Controller:
             if w is None or (w["metadata"].get("annotations") or {}).get(C.ANNOTATION_PLAN_HASH) != want:
                 return True
         if o.finished and any(int((w.get("spec") or {}).get("replicas") or 0) for w in o.workloads.values()):
+            return True
+        # A rollout Deployment kept above the plan while the driver drains: each pass looks again.
+        rollout = (o.workloads.get(C.ROLE_ROLLOUT) or {}).get("spec") or {}
+        if not o.finished and not o.spec.suspend and int(rollout.get("replicas") or 0) > o.plan.rollout_replicas:
             return True
         # A queued run not running what Kueue admitted: Workload events cover it when Kueue's CRDs were
         # there at the operator's start, the progress timer covers the rest.
@@ -336,7 +357,10 @@ class Controller:
         if not o.apply:
             return
         run, spec = o.run_ref(), o.spec
-        draining = None if o.finished else self._draining(o, B.desired_replicas(spec, o.plan, False, o.admitted))
+        desired = B.desired_replicas(spec, o.plan, False, o.admitted)
+        draining = None if o.finished else self._draining(o, desired)
+        if draining is None and not o.finished:
+            draining = self._ordered(o, desired[C.ROLE_ROLLOUT])
         for manifest in B.build_children(run, spec, o.plan, o.images, finished=o.finished,
                                          admitted=o.admitted, draining=draining):
             try:
@@ -383,6 +407,27 @@ class Controller:
         if not any(p["metadata"]["labels"].get(C.LABEL_ROLE) == C.ROLE_LEARNER for p in o.pods):
             return None
         return int(((o.workloads.get(C.ROLE_ROLLOUT) or {}).get("spec") or {}).get("replicas") or 0)
+
+    def _ordered(self, o: Observed, planned: int) -> int | None:
+        """Ordered scaling of the rollout (operator/scaling.py): the count to keep while the driver
+        drains, else None after marking the pods whose replicas are gone, before the apply lowers
+        the Deployment. A hold past SC.HOLD_LIMIT_S gives way."""
+        w = o.workloads.get(C.ROLE_ROLLOUT)
+        current = int((w.get("spec") or {}).get("replicas") or 0) if w is not None else None
+        scale = SC.ordered_rollout(planned, current, o.report, o.pods, o.name)
+        key = (o.namespace, o.name, o.rlrun["metadata"]["uid"])
+        if scale.hold is not None:
+            since = self._holds.get(key)
+            if since is None:
+                self._holds[key] = since = self.clock()
+                log.info("%s/%s: %s", o.namespace, o.name, scale.message)
+            if self.clock() - since < SC.HOLD_LIMIT_S:
+                return scale.hold
+            log.warning("%s/%s: the driver did not drain the rollout to %d replicas in %.0f s; lowering it now",
+                        o.namespace, o.name, planned, SC.HOLD_LIMIT_S)
+        self._holds.pop(key, None)
+        SC.mark_pods(self.api, o.namespace, scale.release, scale.keep)
+        return None
 
     # ------------------------------------------------------------ the write, and what follows it
 

@@ -267,12 +267,27 @@ def pod_signature(pod: dict[str, Any]) -> str:
 HEALTHY_POD = json.dumps([[], 0])
 
 
+def waiting_for_capacity(problems: list[dict[str, Any]], serving: tuple[int, int] | None) -> str | None:
+    """Degraded's message when the only problems are rollout pods no node fits and the driver trains
+    with fewer replicas than planned (`serving`: running, planned), else None."""
+    if not problems or serving is None or serving[0] >= serving[1]:
+        return None
+    if any((p["role"], p["reason"]) != (C.ROLE_ROLLOUT, "Unschedulable") for p in problems):
+        return None
+    n = len(problems)
+    return (f"the driver trains with {serving[0]} of {serving[1]} planned rollout replicas: {n} rollout "
+            f"pod{'s' if n > 1 else ''} cannot be scheduled ({problems[0]['message']}); it takes each replica "
+            "once Serve places it")
+
+
 def health_conditions(conditions: list[dict[str, Any]] | None, pods: list[dict[str, Any]], backoff_limit: int,
                       generation: int | None, now: str | None = None, driver_error: str | None = None,
-                      faults: dict[str, Any] | None = None) -> list[dict[str, Any]]:
-    """Degraded from the pods' current problems, else from the driver's error report (`driver_error`:
-    it stopped and its pod restarts); Failed once the run's faults (status.faults, operator/faults.py)
-    pass the limit."""
+                      faults: dict[str, Any] | None = None,
+                      serving: tuple[int, int] | None = None) -> list[dict[str, Any]]:
+    """Degraded from the pods' current problems (WaitingForCapacity when they are rollout pods no node
+    fits while the driver serves fewer than planned: `serving` is (running, planned)), else from the
+    driver's error report (`driver_error`: it stopped and its pod restarts); Failed once the run's
+    faults (status.faults, operator/faults.py) pass the limit."""
     problems = [p for pod in pods for p in pod_problems(pod)]
     restarts = restarts_by_role(pods)
     if F.exceeded(faults, backoff_limit):
@@ -284,6 +299,9 @@ def health_conditions(conditions: list[dict[str, Any]] | None, pods: list[dict[s
                                    generation, now)
         if not problems and not driver_error:
             return conditions  # Degraded stays as the pods last showed it
+    capacity = waiting_for_capacity(problems, serving)
+    if capacity:
+        return set_condition(conditions, C.COND_DEGRADED, True, "WaitingForCapacity", capacity, generation, now)
     if problems:
         first = problems[0]
         more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
@@ -349,12 +367,20 @@ def compute_status(o: Observed, now: str | None = None) -> dict[str, Any]:
         else:
             st.pop("faults", None)
         conds = health_conditions(conds, o.pods, o.spec.failure_policy.backoff_limit, gen, now, driver_error,
-                                  faults)
+                                  faults, _serving(o))
     conds = _fold_readiness(st, o, conds, gen, now)
     if conds:
         st["conditions"] = conds
         st["phase"] = phase(conds, o.spec.suspend)
     return st
+
+
+def _serving(o: Observed) -> tuple[int, int] | None:
+    """(rollout replicas the driver's report says run, the plan's), when it says."""
+    running = (o.report or {}).get("rolloutServing")
+    if not isinstance(running, int) or o.plan is None:
+        return None
+    return running, o.plan.rollout_replicas
 
 
 def _fold_images(st: dict[str, Any], o: Observed) -> None:
@@ -417,12 +443,13 @@ def _fold_plan(st: dict[str, Any], o: Observed, conds: list[dict[str, Any]] | No
 
 def _fold_report(st: dict[str, Any], o: Observed, conds: list[dict[str, Any]] | None, gen: int,
                  now: str) -> list[dict[str, Any]] | None:
-    """status.progress, TargetReached and the outcome from the driver's report (its measurements are
-    the re-planner's input, not progress)."""
+    """status.progress, TargetReached and the outcome from the driver's report (its measurements and
+    rollout pods are inputs, not progress)."""
     if o.report is None:
         return conds
     assert o.spec is not None
-    rep = {k: v for k, v in o.report.items() if k != "measurements"}
+    # The measurements and the rollout's pods are inputs of the re-planner and of ordered scaling.
+    rep = {k: v for k, v in o.report.items() if k not in ("measurements", "rolloutPods")}
     target = o.spec.target
     # A failure report may carry no figures: the last step's stay.
     merged = {**(st.get("progress") or {}), **rep} if rep.get("failed") else rep

@@ -43,9 +43,16 @@ class ProgressReport:
     # The configuration the driver runs now (right after a re-plan it may not yet be status.plan's).
     prompts: int | None = None
     samples_per_prompt: int | None = None
-    rollout_replicas: int | None = None
+    rollout_replicas: int | None = None  # the replicas its last step generated with
     learner_replicas: int | None = None
     learning_rate: float | None = None
+    # The rollout as the driver sees it when it reports: the replica count it asked Serve for, the
+    # replicas running, and the pods hosting one (starting, running or still draining). The operator
+    # removes a rollout pod only once the driver has scaled to the plan's count and the pod hosts
+    # none (ordered scaling, docs/architecture.md); None from a driver that does not say.
+    rollout_target: int | None = None
+    rollout_serving: int | None = None
+    rollout_pods: list[str] | None = None
     # A pod's grace period must cover one step plus this.
     checkpoint_seconds: float | None = None
     # What the re-planner reads (rlscale.plan.replan.Measurements.to_dict()).
@@ -62,10 +69,12 @@ class ProgressReport:
     @classmethod
     def from_record(cls, rec: StepRecord, *, target_reached: bool, failed: bool = False,
                     outcome: Outcome | None = None, report: str | None = None,
-                    measurements: dict[str, Any] | None = None) -> ProgressReport:
-        """The report of one step record; `outcome` and `report` on the last one."""
+                    measurements: dict[str, Any] | None = None, serving: Any = None) -> ProgressReport:
+        """The report of one step record; `outcome` and `report` on the last one. `serving`: the
+        rollout as the driver sees it now (rlscale.rollout.placement.ServingState, or any object with
+        its `target`, `running` and `pods`)."""
         sps = rec.samples_per_second_recent
-        return cls(
+        out = cls(
             step=rec.step, samples=rec.samples, reward=round(rec.reward_mean, 6), target_metric=rec.target_metric,
             samples_per_second=round(sps if sps is not None else rec.samples_per_second, 3),
             elapsed_seconds=round(rec.wall_seconds, 2),
@@ -75,6 +84,10 @@ class ProgressReport:
             prompts=rec.prompts, samples_per_prompt=rec.samples_per_prompt, rollout_replicas=rec.rollout_replicas,
             learner_replicas=rec.learner_replicas, learning_rate=rec.lr, checkpoint_seconds=rec.checkpoint_seconds,
             measurements=measurements, outcome=outcome, report=report)
+        if serving is not None:
+            out.rollout_target, out.rollout_serving = int(serving.target), int(serving.running)
+            out.rollout_pods = sorted(serving.pods)
+        return out
 
     @classmethod
     def failure(cls, rec: StepRecord | None, message: str, *, permanent: bool) -> ProgressReport:

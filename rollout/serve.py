@@ -23,12 +23,17 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy  # noq
 from rlscale.metrics_names import ROLLOUT_PREFIX  # noqa: E402
 from rlscale.roles import ROLLOUT_RESOURCE  # noqa: E402
 from rlscale.rollout.engine import EngineConfig, Sample  # noqa: E402
+from rlscale.rollout.placement import ServingState, here, hosting_pods, live, serve_actor_names  # noqa: E402
 
 log = logging.getLogger(__name__)
 
 APP_NAME = "rlscale-rollout"
 DEPLOYMENT_NAME = "RolloutReplica"
 STORE_NAMESPACE = "rlscale"  # Serve replicas live in the "serve" namespace: name it
+# Seconds a replica Serve removes (a scale-down, a draining node) gets to finish its in-flight
+# requests. The operator sizes the rollout pods' drain and grace period from the same figure
+# (rlscale.operator.constants.ROLLOUT_GRACEFUL_SHUTDOWN_S; tests/rollout/test_scaling.py checks it).
+GRACEFUL_SHUTDOWN_S = 120.0
 
 # Errors that mean "the replica went away", not "the request is bad": retry elsewhere.
 _RETRYABLE = (
@@ -69,7 +74,8 @@ class WeightStore:
         return self._version
 
     def register(self, replica: str, info: dict[str, Any]) -> None:
-        """A replica says it is up: pid, node, the version it started with, metrics URL."""
+        """A replica says where it starts (pod, Serve actor), then that it is up: pid, node, the
+        version it started with, metrics URL (`serving`)."""
         self._replicas[replica] = info
 
     def unregister(self, replica: str) -> None:
@@ -119,10 +125,15 @@ class RolloutReplica:
         from rlscale.rollout.metrics import RolloutMetrics
 
         self.metrics = RolloutMetrics()
-        self.engine = RolloutEngine(engine_config, version=initial_version)
         self.store = ray.get_actor(store, namespace=STORE_NAMESPACE)
-        self.version_wait_s = version_wait_s
         self.replica_id = _replica_id()
+        # Its pod hosts a replica from now on (the engine's load takes the longest): the operator
+        # removes no pod the register names (rlscale.rollout.placement).
+        self.where = {**here(_actor_name()), "node_id": ray.get_runtime_context().get_node_id(),
+                      "pid": os.getpid(), "serving": False}
+        ray.get(self.store.register.remote(self.replica_id, self.where))
+        self.engine = RolloutEngine(engine_config, version=initial_version)
+        self.version_wait_s = version_wait_s
         self._store_version: int | None = None  # last version loaded from the store
         self._lost: int | None = None  # a published version whose weights were gone (said once)
         # A replica that starts late must not serve old weights: load the newest now.
@@ -139,12 +150,7 @@ class RolloutReplica:
             self._metrics_server = ProbeServer(metrics_port, registry=self.metrics.registry,
                                                check=lambda: self.serving)
             url = f"http://{ray.util.get_node_ip_address()}:{self._metrics_server.server_port}/metrics"
-        info = {
-            "pid": os.getpid(),
-            "node_id": ray.get_runtime_context().get_node_id(),
-            "start_version": self.engine.version,
-            "metrics_url": url,
-        }
+        info = {**self.where, "serving": True, "start_version": self.engine.version, "metrics_url": url}
         ray.get(self.store.register.remote(self.replica_id, info))
         self.serving = True
 
@@ -266,6 +272,14 @@ def _replica_id() -> str:
         return f"pid-{os.getpid()}"
 
 
+def _actor_name() -> str | None:
+    """The name Serve gave this replica's actor (Ray drops it once the actor is dead)."""
+    try:
+        return serve.get_replica_context().replica_id.to_full_id_str()
+    except Exception:  # constructed outside Serve
+        return None
+
+
 @dataclass
 class RolloutOptions:
     """Placement and request shaping of the rollout application."""
@@ -284,7 +298,8 @@ class RolloutOptions:
     metrics_port: int | None = None  # 0: an ephemeral port per replica
     initial_version: int = 0
     version_wait_s: float = 60.0
-    graceful_shutdown_timeout_s: float = 120.0  # let in-flight batches finish on scale-down
+    graceful_shutdown_timeout_s: float = GRACEFUL_SHUTDOWN_S  # let in-flight batches finish on scale-down
+    drain_margin_s: float = 30.0  # a scale-down waits this long past the graceful timeout, then reports
     # The app and its weight store outlive this client (the store is detached): a later client
     # with the same app name and engine settings attaches to the running replicas instead of
     # starting new ones, and its first publish replaces the weights (rlscale sweep's runs).
@@ -344,6 +359,7 @@ class RolloutClient:
         wanted, o.num_replicas = o.num_replicas, running
         if wanted != running:
             self.scale(wanted)
+            self.wait_replicas(wanted)  # the sweep's runs measure at their count: all of it
         return True
 
     def _run(self, num_replicas: int) -> None:
@@ -370,15 +386,33 @@ class RolloutClient:
         )
         # external_scaler_enabled lets scale() change the replica count alone; a second
         # serve.run would be a new code version and restart every replica.
-        try:
-            self._handle = serve.run(
-                app, name=o.app_name, route_prefix=None, external_scaler_enabled=True
-            )
-        except RuntimeError as e:
-            # Serve's own message names only the deployment; the replica's traceback (why its
-            # constructor failed) is in the deployment's status.
-            raise RuntimeError(f"{e}\n{self._deployment_message()}") from e
+        target = serve.RunTarget(app, name=o.app_name, route_prefix=None, external_scaler_enabled=True)
+        (self._handle,) = serve.run_many([target], wait_for_applications_running=False)
         self.options.num_replicas = num_replicas
+        self._wait_placed()
+
+    def _wait_placed(self) -> None:
+        """Wait until all the replicas run, or at least one with none other loading its engine (a
+        replica registers as its construction starts): the rest wait for `rollout` resources, which
+        may never come, and the driver trains with those that run and grows as Serve places more.
+        Raises when the deployment failed, with the replica's own message (why its constructor
+        failed)."""
+        name = self.options.app_name
+        while True:
+            app = serve.status().applications.get(name)
+            status = getattr(app, "status", None)  # a str enum: compares with its value
+            if status == "DEPLOY_FAILED":
+                raise RuntimeError(f"Deploying application {name} failed: {app.message}\n"
+                                   f"{self._deployment_message()}")
+            if status == "RUNNING":
+                return
+            now = self.serving()
+            placed = live(self._registered(), serve_actor_names())
+            if now.running >= 1 and all(r.get("serving") for r in placed.values()):
+                log.warning("rollout: %d of %d replicas run; Serve places the others as `%s` resources "
+                            "appear", now.running, now.target, ROLLOUT_RESOURCE)
+                return
+            time.sleep(0.2)
 
     def _deployment_message(self) -> str:
         app = serve.status().applications.get(self.options.app_name)
@@ -389,8 +423,12 @@ class RolloutClient:
     def num_replicas(self) -> int:
         return self.options.num_replicas
 
-    def scale(self, num_replicas: int, timeout_s: float = 600.0) -> None:
-        """Change the replica count in place; in-flight requests finish or are retried."""
+    def scale(self, num_replicas: int) -> ServingState:
+        """Ask Serve for `num_replicas` in place and return what serves. A scale-down returns once the
+        removed replicas have drained (their in-flight requests finish within
+        graceful_shutdown_timeout_s), or after that plus drain_margin_s with whatever still drains; a
+        scale-up returns at once: Serve keeps placing the new replicas as `rollout` resources appear,
+        and generate() uses those that run. Neither raises for replicas that do not come."""
         if num_replicas < 1:
             raise ValueError(f"num_replicas: {num_replicas}; use 1 or more (delete the app to stop)")
         # This is the call behind Serve's REST scale endpoint (the dashboard, which
@@ -401,9 +439,29 @@ class RolloutClient:
 
         controller = ray.get_actor(SERVE_CONTROLLER_NAME, namespace=SERVE_NAMESPACE)
         dep = DeploymentID(name=DEPLOYMENT_NAME, app_name=self.options.app_name)
+        before, o = self.options.num_replicas, self.options
         ray.get(controller.update_deployment_replicas.remote(dep, num_replicas))
-        self.options.num_replicas = num_replicas
-        self.wait_replicas(num_replicas, timeout_s=timeout_s)
+        o.num_replicas = num_replicas
+        if num_replicas < before:
+            return self.wait_drained(o.graceful_shutdown_timeout_s + o.drain_margin_s)
+        return self.serving()
+
+    def wait_drained(self, timeout_s: float) -> ServingState:
+        """Wait until no replica beyond the target is left in any state (a removed one is gone once
+        it finished its requests); after `timeout_s`, log and return what serves."""
+        deadline = time.monotonic() + timeout_s
+        while not (now := self.serving()).drained:
+            if time.monotonic() > deadline:
+                log.warning("rollout replicas: %s after %.0f s, target %d; the operator keeps their pods until "
+                            "they are gone", now.states, timeout_s, now.target)
+                return now
+            time.sleep(0.2)
+        return now
+
+    def serving(self) -> ServingState:
+        """The replica count asked for, the replicas by state, and the pods hosting one."""
+        registered = live(self._registered(), serve_actor_names())
+        return ServingState(self.options.num_replicas, self.replica_states(), hosting_pods(registered))
 
     def replica_states(self) -> dict[str, int]:
         """Replica counts by state (RUNNING, STARTING, STOPPING, ...) from Serve."""
@@ -496,8 +554,12 @@ class RolloutClient:
         return self._handle.info.remote().result()
 
     def replicas(self) -> dict[str, dict[str, Any]]:
-        """Replicas started and not stopped (a crashed one may linger): id -> pid, node,
+        """Replicas up and not stopped (a crashed one may linger): id -> pid, node, pod,
         the weights version it started with, metrics URL."""
+        return {k: v for k, v in self._registered().items() if v.get("serving", True)}
+
+    def _registered(self) -> dict[str, dict[str, Any]]:
+        """Every registered replica, those still starting included."""
         return ray.get(self._store.replicas.remote())
 
     def generation_seconds_total(self) -> float | None:

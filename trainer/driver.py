@@ -103,6 +103,7 @@ class Driver:
         self.state = RunState(prompts=plan.prompts, learning_rate=plan.learning_rate,
                               rollout_replicas=plan.rollout_replicas)
         self.records: list[StepRecord] = []
+        self.serving: Any = None  # the rollout as last seen (trainer.ports.Serving)
         self.resumed = False
         self.stop_requested = False
         self.checkpoint_seconds: float | None = None
@@ -210,6 +211,7 @@ class Driver:
     def step(self) -> StepRecord:
         spec, st = self.spec, self.state
         p, n = int(st.prompts), spec.batch.samples_per_prompt
+        self._observe()
         engine_before = self._engine_seconds()
         t0 = time.perf_counter()
         problems = self.data.next_batch(p)
@@ -268,7 +270,7 @@ class Driver:
             reward_mean=float(np.mean(batch.rewards)) if batch.rewards else 0.0, generated_tokens=gen_tokens,
             trained_tokens=batch.num_tokens, generated_tokens_total=st.generated_tokens_total,
             trained_tokens_total=st.trained_tokens_total, weights_version=st.version, skipped=skipped,
-            rollout_replicas=st.rollout_replicas, learner_replicas=self.plan.learner_replicas,
+            rollout_replicas=self._generating(), learner_replicas=self.plan.learner_replicas,
             predicted_step_seconds=self.plan.predicted.step_seconds, loss=stats.get("loss"),
             noise_scale=stats.get("noise_scale"), noise_grad_sq=stats.get("noise_grad_sq"),
             noise_trace=stats.get("noise_trace"), checkpoint_seconds=self.checkpoint_seconds,
@@ -279,9 +281,27 @@ class Driver:
             overhead_seconds=None if compute is None or engine_s is None else max(0.0, step_s - compute - engine_s),
             target_metric=self.tracker.current, sample=shown)
 
+    def _generating(self) -> int:
+        """The replicas this step generates with: those running when it started (fewer than asked for
+        while Serve waits for `rollout` resources), so what it measures is keyed by what it ran."""
+        return max(1, int(self.serving.running)) if self.serving is not None else int(self.state.rollout_replicas)
+
+    def _observe(self, scaled: bool = False) -> None:
+        """Read the rollout's replicas; the sinks hear of a change (the pod's report goes at once when
+        the driver has just `scaled`)."""
+        try:
+            now = self.rollout.serving()
+        except Exception as exc:  # what serves is reported; reading it never fails a step
+            log.warning("reading the rollout's replicas failed: %s", exc)
+            return
+        if scaled or now != self.serving:
+            self.serving = now
+            for s in self.sinks:
+                s.rollout_changed(now, scaled)
+
     def _engine_seconds(self) -> float | None:
         """Engine seconds spent generating so far (read around a step's generation, outside its timing)."""
-        if self.state.rollout_replicas != 1:
+        if self._generating() != 1:
             return None  # the metrics come from one replica; with more the sum is not exact
         try:
             return self.rollout.generation_seconds_total()
@@ -323,17 +343,26 @@ class Driver:
 
     def apply(self, change: PlanChange | None) -> None:
         """Take a plan change between steps: replicas, batch and learning rate (a new prediction alone
-        only updates what predicted-vs-measured compares with)."""
+        only updates what predicted-vs-measured compares with). Fewer replicas: Serve's removed replicas
+        drain before this returns, and the sinks hear of it at once (in a pod the operator then removes
+        exactly their pods). More: training goes on with the replicas that run, and grows as Serve
+        places the others; pods that never come stop nothing."""
         if change is None:
             return
         new, st = change.plan, self.state
-        if change.why is not None and new.rollout_replicas != st.rollout_replicas:
+        scaled = change.why is not None and new.rollout_replicas != st.rollout_replicas
+        if scaled:
             self.rollout.scale(new.rollout_replicas)
         if change.why is not None:
             st.prompts, st.rollout_replicas, st.learning_rate = new.prompts, new.rollout_replicas, new.learning_rate
         self.plan = new
         for s in self.sinks:
             s.plan_changed(new, st.step, change.why)
+        if scaled:
+            self._observe(scaled=True)
+            if self.serving is not None and self.serving.running < new.rollout_replicas:
+                log.info("rollout: %d of %d replicas run; training goes on with them while Serve places the rest",
+                         self.serving.running, new.rollout_replicas)
 
 
 def rollout_logprobs(samples) -> list[list[float]] | None:

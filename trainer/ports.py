@@ -19,6 +19,14 @@ class Generated(Protocol):
     finish_reason: str
 
 
+class Serving(Protocol):
+    """The rollout app as the driver sees it (rlscale.rollout.placement.ServingState)."""
+
+    target: int  # replicas asked of Serve
+    running: int  # replicas taking requests
+    pods: tuple[str, ...]  # pods hosting a replica (starting, running or draining); empty off Kubernetes
+
+
 class Rollout(Protocol):
     def generate(self, prompt_token_ids: Sequence[Sequence[int]], samples_per_prompt: int, *, temperature: float,
                  top_p: float, max_new_tokens: int, seed: int | None = None,
@@ -28,7 +36,12 @@ class Rollout(Protocol):
 
     def publish_weights(self, version: int, named_tensors: Mapping[str, Any]) -> None: ...
 
-    def scale(self, num_replicas: int) -> None: ...
+    def scale(self, num_replicas: int) -> Any:
+        """Ask for `num_replicas`: a scale-down returns once the removed replicas drained, a scale-up at
+        once (replicas join as they are placed); never raises for replicas that do not come."""
+        ...
+
+    def serving(self) -> Serving: ...
 
     def generation_seconds_total(self) -> float | None: ...
 

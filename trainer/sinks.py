@@ -24,11 +24,17 @@ log = logging.getLogger("rlscale.driver")
 
 
 class Sink(Protocol):
-    """Receives the run's start (fresh or resumed), its plan changes, each finished step record, and its end."""
+    """Receives the run's start (fresh or resumed), its plan changes, each finished step record, the
+    rollout's replicas when they change, and its end."""
 
     def start(self, plan: Plan, state: Any, resumed: bool) -> None: ...
 
     def plan_changed(self, plan: Plan, at_step: int, why: str | None) -> None: ...
+
+    def rollout_changed(self, serving: Any, scaled: bool) -> None:
+        """The rollout's replicas as the driver now sees them (trainer.ports.Serving); `scaled`: right
+        after the driver scaled Serve."""
+        ...
 
     def record(self, rec: StepRecord, history: Sequence[StepRecord]) -> None: ...
 
@@ -82,6 +88,9 @@ class RunLog:
         if why is not None:  # a new prediction alone is no new plan
             self._write_plans([*self.plans(), {**plan.to_dict(), "atStep": at_step, "why": why}])
 
+    def rollout_changed(self, serving: Any, scaled: bool) -> None:
+        pass  # each step record says how many replicas generated it
+
     def record(self, rec: StepRecord, history: Sequence[StepRecord]) -> None:
         append_record(self.metrics, rec)
 
@@ -118,6 +127,9 @@ class PrometheusSink:
     def plan_changed(self, plan: Plan, at_step: int, why: str | None) -> None:
         self.metrics.set_plan(plan)
 
+    def rollout_changed(self, serving: Any, scaled: bool) -> None:
+        pass
+
     def record(self, rec: StepRecord, history: Sequence[StepRecord]) -> None:
         self.metrics.observe_step(rec)
 
@@ -126,11 +138,15 @@ class PrometheusSink:
 
 
 class KubeSink:
-    """The progress report to the RLRun (a pod's driver): every few seconds, and the last one with the outcome."""
+    """The progress report to the RLRun (a pod's driver): every few seconds, the last one with the
+    outcome, and one at once after the driver scaled the rollout (the operator removes the pods a
+    scale-down freed only once the report says they host no replica)."""
 
     def __init__(self, reporter: ProgressReporter, report_location: str):
         self.reporter = reporter
         self.report_location = report_location
+        self.serving: Any = None
+        self._last: tuple[StepRecord, Sequence[StepRecord]] | None = None
 
     def start(self, plan: Plan, state: Any, resumed: bool) -> None:
         pass
@@ -138,7 +154,14 @@ class KubeSink:
     def plan_changed(self, plan: Plan, at_step: int, why: str | None) -> None:
         pass
 
+    def rollout_changed(self, serving: Any, scaled: bool) -> None:
+        self.serving = serving
+        if scaled and self._last is not None:
+            rec, history = self._last
+            self.reporter.report(self._report(rec, history, rec.time_to_target_seconds is not None), force=True)
+
     def record(self, rec: StepRecord, history: Sequence[StepRecord]) -> None:
+        self._last = (rec, history)
         if self.reporter.due():
             self.reporter.report(self._report(rec, history, rec.time_to_target_seconds is not None))
 
@@ -147,9 +170,9 @@ class KubeSink:
             self.reporter.report(self._report(history[-1], history, target_reached, end.outcome, self.report_location),
                                  force=True)
 
-    @staticmethod
-    def _report(rec: StepRecord, history: Sequence[StepRecord], reached: bool, outcome=None,
+    def _report(self, rec: StepRecord, history: Sequence[StepRecord], reached: bool, outcome=None,
                 location: str | None = None) -> ProgressReport:
         # The operator re-plans from these measurements (rlscale.plan.replan), as the driver does locally.
         return ProgressReport.from_record(rec, target_reached=reached, outcome=outcome, report=location,
-                                          measurements=Measurements.from_records(history).to_dict())
+                                          measurements=Measurements.from_records(history).to_dict(),
+                                          serving=self.serving)

@@ -141,28 +141,57 @@ def choose(cands: Sequence[Candidate], measured: dict[Key, float], current: Key)
     return best, seconds_to_target(best, measured), seconds_to_target(cur, measured) if cur else float("inf")
 
 
-def replan(spec: Any, current: Plan, m: Measurements, state: ReplanState) -> Decision | None:
+@dataclass(frozen=True)
+class Limits:
+    """The most replicas a re-plan may ask for, by role (None: no limit): on Kubernetes, what Kueue
+    admitted for a queued run (it cannot grow an admitted Workload)."""
+
+    rollout: int | None = None
+    learners: int | None = None
+
+    def allow(self, c: Candidate | Plan) -> bool:
+        return ((self.rollout is None or c.rollout_replicas <= self.rollout)
+                and (self.learners is None or c.learner_replicas <= self.learners))
+
+    def apply(self, spec: Any) -> Any:
+        """The spec the planner searches within the limits: rollout.maxReplicas (and an explicit
+        rollout.replicas) no higher than the rollout limit. The learner count is kept by every
+        re-plan (keep_learners); one above its limit leaves no candidate."""
+        if self.rollout is None:
+            return spec
+        ro, cap = spec.rollout, max(1, int(self.rollout))
+        update: dict[str, Any] = {"max_replicas": min(ro.max_replicas, cap)}
+        if ro.replicas != "auto":
+            update["replicas"] = min(int(ro.replicas), cap)
+        return spec.model_copy(update={"rollout": ro.model_copy(update=update)})
+
+    def __str__(self) -> str:
+        parts = [f"{n} {what}" for n, what in ((self.rollout, "rollout"), (self.learners, "learner"))
+                 if n is not None]
+        return " and ".join(parts) + " replicas admitted"
+
+
+def replan(spec: Any, current: Plan, m: Measurements, state: ReplanState,
+           limits: Limits | None = None) -> Decision | None:
     """Re-plan at measurement step m.step if one is due (None if not): recalibrate, and switch to the
     fastest candidate when it beats the current configuration by REPLAN_MIN_GAIN at REPLAN_CONFIRM
-    re-plans in a row; else keep the current one with its recalibrated prediction."""
+    re-plans in a row; else keep the current one with its recalibrated prediction. `limits`: no
+    candidate above them is chosen, and a current plan above them is left at once."""
     if not due(m.step, state):
         return None
-    new = make_plan(keep_learners(spec, current.learner_replicas), m.calibration)
-    cands = [c for c in new.candidates if c.learner_replicas == current.learner_replicas]
+    lim = limits or Limits()
+    new = make_plan(lim.apply(keep_learners(spec, current.learner_replicas)), m.calibration)
+    cands = [c for c in new.candidates if c.learner_replicas == current.learner_replicas and lim.allow(c)]
     if not cands:
+        within = f" within the {lim}" if limits else ""
         return Decision(current, False, f"re-plan at step {m.step}: no candidate keeps "
-                        f"{current.learner_replicas} learner replicas; plan kept", ReplanState(m.step))
+                        f"{current.learner_replicas} learner replicas{within}; plan kept", ReplanState(m.step))
+    over = not lim.allow(current)
     best, best_t, cur_t = choose(cands, m.throughput, current.key)
-    better = best.key != current.key and best_t < (1 - REPLAN_MIN_GAIN) * cur_t
+    better = best.key != current.key and (over or best_t < (1 - REPLAN_MIN_GAIN) * cur_t)
     state, confirmed = state.propose(best.key if better else None, m.step)
-    if confirmed:
-        basis = "measured" if best.key in m.throughput else "predicted"
-        noise = m.calibration.noise_scale
-        why = (f"calibrated at step {m.step}: {best.prompts}x{best.samples_per_prompt} with "
-               f"{best.rollout_replicas} rollout {basis} at {best_t:.0f}s to target vs {cur_t:.0f}s for "
-               f"{current.prompts}x{current.samples_per_prompt}, in {REPLAN_CONFIRM} re-plans in a row; noise scale "
-               f"{noise or 0:.0f} samples over the last {min(NOISE_WINDOW, m.step)} steps")
-        return Decision(new.with_choice(best, why), True, why, state)
+    if confirmed or over:
+        return _switch(new, best, best_t, cur_t, current, m, lim if over else None)
     cur = next((c for c in cands if c.key == current.key), None)
     plan = current.with_prediction(cur.predicted) if cur is not None else current
     if better:
@@ -171,3 +200,21 @@ def replan(spec: Any, current: Plan, m: Measurements, state: ReplanState) -> Dec
     else:
         msg = f"re-plan at step {m.step}: {current.summary()} kept"
     return Decision(plan, False, msg, state)
+
+
+def _switch(new: Plan, best: Candidate, best_t: float, cur_t: float, current: Plan, m: Measurements,
+            over: Limits | None) -> Decision:
+    """The decision that switches to `best`: confirmed by re-plans in a row, or at once because the
+    current plan asks for more than `over` allows."""
+    basis = "measured" if best.key in m.throughput else "predicted"
+    noise = m.calibration.noise_scale
+    head = (f"calibrated at step {m.step}: {best.prompts}x{best.samples_per_prompt} with "
+            f"{best.rollout_replicas} rollout {basis} at {best_t:.0f}s to target")
+    if over is not None:
+        why = (f"{head}, the fastest within the {over}; {current.rollout_replicas} rollout and "
+               f"{current.learner_replicas} learner replicas were planned")
+    else:
+        why = (f"{head} vs {cur_t:.0f}s for {current.prompts}x{current.samples_per_prompt}, in {REPLAN_CONFIRM} "
+               f"re-plans in a row; noise scale {noise or 0:.0f} samples over the last "
+               f"{min(NOISE_WINDOW, m.step)} steps")
+    return Decision(new.with_choice(best, why), True, why, ReplanState(m.step))

@@ -69,9 +69,25 @@ def test_stopping_learners_keep_their_rollout_replicas_until_they_are_gone():
                         ("StatefulSet", "grpo-7b-learner"): 0}
     evicted = B.desired_replicas(spec(), PLAN, admitted=dict.fromkeys(B.QUEUED_ROLES, 0), draining=3)
     assert evicted == {C.ROLE_RAY_HEAD: 1, C.ROLE_ROLLOUT: 3, C.ROLE_LEARNER: 0}
-    # Learners wanted, or the run over: nothing to wait for.
+    # Learners wanted: at least the plan's, or the replicas the driver has not drained yet (ordered
+    # scaling keeps 5 while the plan says 3); the run over: nothing to wait for.
     assert B.desired_replicas(spec(), PLAN, draining=1)[C.ROLE_ROLLOUT] == 3
+    assert B.desired_replicas(spec(), PLAN, draining=5) == {C.ROLE_RAY_HEAD: 1, C.ROLE_ROLLOUT: 5, C.ROLE_LEARNER: 2}
     assert set(B.desired_replicas(spec(suspend=True), PLAN, finished=True, draining=3).values()) == {0}
+
+
+def test_a_rollout_pod_drains_its_replica_on_a_stop_within_its_grace_period():
+    """The pod's `ray start --block` marks its node draining on SIGTERM: Serve moves the replica off
+    it and stops it gracefully (its in-flight requests finish within Serve's graceful shutdown), and
+    the kubelet waits for all of that; no preStop hook."""
+    dep = by_kind(B.build_children(RUN, spec(), PLAN))[("Deployment", "grpo-7b-rollout")]
+    pod = dep["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    drain = int(env["RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S"])
+    assert drain >= C.ROLLOUT_GRACEFUL_SHUTDOWN_S + 30  # Serve stops the replica a graceful shutdown early
+    assert pod["terminationGracePeriodSeconds"] >= drain + 30
+    assert "lifecycle" not in container
 
 
 def test_a_finished_run_scales_everything_to_zero_and_keeps_its_config():

@@ -44,6 +44,8 @@ def test_default_render_has_operator_rbac_and_dashboard():
     assert any("rlruns/finalizers" in r["resources"] and r["verbs"] == ["update"] for r in rules)
     # The run's namespace is read for its Pod Security label, nothing else of it.
     assert [r["verbs"] for r in rules if "namespaces" in r["resources"]] == [["get"]]
+    # Pods are read, and patched for their deletion cost (ordered scale-down), never deleted.
+    assert [r["verbs"] for r in rules if "pods" in r["resources"]] == [["get", "list", "watch", "patch"]]
     dash = next(o for o in objs if o["kind"] == "ConfigMap")
     assert '"uid": "rlscale-runs"' in dash["data"]["rlscale.json"]
 

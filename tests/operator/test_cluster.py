@@ -369,9 +369,12 @@ def test_operator_metrics_and_its_rbac_is_exactly_what_the_chart_ships(kube, ope
         return kube.run("auth", "can-i", *args, f"--as={sa}", check=False).stdout.strip()
     assert can("patch", "rlruns/status", "-n", ns) == "yes"
     assert can("create", "statefulsets", "-n", ns) == "yes"
+    # Pods: read, and patched for one annotation (the rollout pods a scale-down removes first).
+    assert can("patch", "pods", "-n", ns) == "yes"
     # Nothing beyond what it uses: no secrets, no deletes, no cluster-wide RBAC.
     assert can("get", "secrets", "-n", ns) == "no"
     assert can("delete", "deployments", "-n", ns) == "no"
+    assert can("delete", "pods", "-n", ns) == "no"
     assert can("create", "clusterroles") == "no"
     # And what it has was enough: the API server refused it nothing.
     refused = [line for line in operator.log_tail(100000).splitlines()
@@ -433,3 +436,38 @@ def test_a_namespace_without_pod_security_gets_no_run(kube, operator, ns):
     assert kube.get("configmap", B.names("loose")[C.ROLE_CONFIG], ns) is None
     kube.run("label", "namespace", ns, "pod-security.kubernetes.io/enforce=baseline")
     wait_running(kube, "loose", ns)
+
+
+def test_a_smaller_plan_removes_exactly_the_rollout_pods_the_driver_drained(kube, operator, ns, cluster):
+    """Ordered scale-down with the real Deployment and ReplicaSet controllers: the Deployment keeps
+    every rollout pod until the driver reports it has drained Serve to the new count, then the pods
+    that host no replica, and only those, are deleted."""
+    kube.apply(example_run("order"), ns)
+    r = wait_running(kube, "order", ns)
+    plan0 = Plan.from_dict(r["status"]["plan"])
+    pods = sorted(p["metadata"]["name"] for p in running_pods(kube, "order", ns, C.ROLE_ROLLOUT))
+    assert len(pods) == plan0.rollout_replicas
+    reporter = reporter_for(kube, cluster, "order", ns)
+    serving = {"rolloutTarget": plan0.rollout_replicas, "rolloutServing": plan0.rollout_replicas,
+               "rolloutPods": pods}
+    for step in (25, 50):  # generation faster, training slower than predicted: fewer replicas win
+        assert send(reporter, step=step, samples=step * plan0.batch, samplesPerSecond=20.0,
+                    measurements=measured(plan0, step, generate=0.3, train=3), **serving)
+        if step == 25:
+            wait_for("first re-plan", lambda: (rlrun(kube, "order", ns)["status"].get("replan") or {}).get("count"))
+    r = wait_for("re-plan", lambda: (x := rlrun(kube, "order", ns))
+                 and cond(x, C.COND_PLANNED).get("reason") == "PlannedReplan" and x)
+    n = Plan.from_dict(r["status"]["plan"]).rollout_replicas
+    assert n < plan0.rollout_replicas
+    wait_for("the ConfigMap's plan", lambda: configmap_plan(kube, "order", ns).rollout_replicas == n)
+    # The driver has not drained yet: a few progress passes later every pod is still there.
+    time.sleep(4)
+    assert workloads(kube, "order", ns)[0]["spec"]["replicas"] == plan0.rollout_replicas
+    assert len(running_pods(kube, "order", ns, C.ROLE_ROLLOUT)) == plan0.rollout_replicas
+    # Drained to n: the replicas left run on every other pod (not the ones the ReplicaSet would pick).
+    keep = (pods[1::2] + pods[0::2])[:n]
+    assert send(reporter, step=50, samples=50 * plan0.batch, rolloutTarget=n, rolloutServing=n, rolloutPods=keep)
+    wait_for("rollout replicas", lambda: workloads(kube, "order", ns)[0]["spec"]["replicas"] == n)
+    left = wait_for("the drained pods gone", lambda: (x := sorted(
+        p["metadata"]["name"] for p in running_pods(kube, "order", ns, C.ROLE_ROLLOUT))) and len(x) == n and x, 60)
+    assert left == sorted(keep)

@@ -15,6 +15,7 @@ from prometheus_client import REGISTRY
 
 from rlscale.operator import builders as B
 from rlscale.operator import constants as C
+from rlscale.operator import scaling as SC
 from rlscale.operator.kube import RLRUN_API
 from rlscale.operator.planning import plan_for
 from rlscale.operator.reconcile import Controller
@@ -670,3 +671,174 @@ def test_a_finished_run_keeps_its_record_and_a_retried_one_takes_the_new_images(
     assert pod_images(fake) == as_started_with(IMAGES_B) and rlrun(fake)["status"]["images"] == IMAGES_B
     ctl.reconcile(NS, RUN, "progress")
     assert rlrun(fake)["status"]["images"] == IMAGES_B
+
+
+# ------------------------------------------------------------ ordered scaling (operator/scaling.py)
+
+ROLLOUT_RUNNING = dict(RUNNING, name="rollout")
+
+
+def deletion_cost(fake: FakeKube, pod: str) -> str | None:
+    return (fake.get("v1", "Pod", NS, pod)["metadata"].get("annotations") or {}).get(SC.DELETION_COST)
+
+
+def spy_writes(fake: FakeKube) -> list[tuple]:
+    """Every apply and merge patch from now on, in order: (verb, kind, name, spec.replicas)."""
+    log: list[tuple] = []
+    apply, patch = fake.apply, fake.merge_patch
+
+    def spy_apply(m):
+        log.append(("apply", m["kind"], m["metadata"]["name"], (m.get("spec") or {}).get("replicas")))
+        return apply(m)
+
+    def spy_patch(obj, p, status=False):
+        log.append(("patch", obj["kind"], obj["metadata"]["name"], None))
+        return patch(obj, p, status)
+
+    fake.apply, fake.merge_patch = spy_apply, spy_patch
+    return log
+
+
+def shrinking_plan(fake: FakeKube, ctl: Controller, plan0: Plan, pods: list[str]) -> Plan:
+    """Two agreeing re-plans from measurements that favour fewer rollout replicas, reported by a
+    driver serving plan0's replicas on `pods`; the new plan."""
+    for step in (25, 50):
+        report(fake, step=step, samples=step * plan0.batch, samples_per_second=10.0,
+               measurements=measured(plan0, step, generate=0.3, train=3), rollout_target=plan0.rollout_replicas,
+               rollout_serving=plan0.rollout_replicas, rollout_pods=pods)
+        ctl.reconcile(NS, RUN, "progress")
+    new = Plan.from_dict(rlrun(fake)["status"]["plan"])
+    assert new.rollout_replicas < plan0.rollout_replicas
+    return new
+
+
+def test_a_smaller_plan_removes_rollout_pods_only_once_the_driver_drained_them_and_exactly_those(fake, ctl):
+    plan0 = started(fake, ctl)
+    pods = [add_pod(fake, C.ROLE_ROLLOUT, i, ROLLOUT_RUNNING) for i in range(plan0.rollout_replicas)]
+    add_pod(fake, C.ROLE_LEARNER, 0, RUNNING)  # rank 0: a driver that will drain
+    new = shrinking_plan(fake, ctl, plan0, pods)
+    n = new.rollout_replicas
+    # The driver learns the plan from the ConfigMap; its replicas are all still there.
+    assert configmap_plan(fake) == new
+    assert replicas(fake)[C.ROLE_ROLLOUT] == plan0.rollout_replicas
+    assert rlrun(fake)["status"]["replicas"][C.ROLE_ROLLOUT]["desired"] == plan0.rollout_replicas
+    # It has asked Serve for n; one removed replica still finishes its requests.
+    keep, draining = pods[:n], pods[-1]
+    report(fake, step=50, rollout_target=n, rollout_serving=n, rollout_pods=[*keep, draining])
+    ctl.reconcile(NS, RUN, "progress")
+    assert replicas(fake)[C.ROLE_ROLLOUT] == plan0.rollout_replicas
+    assert not [p for p in pods if deletion_cost(fake, p)]
+    # Drained: the pods that host no replica are marked, then the Deployment goes down to n.
+    writes = spy_writes(fake)
+    report(fake, step=50, rollout_target=n, rollout_serving=n, rollout_pods=keep)
+    ctl.reconcile(NS, RUN, "progress")
+    assert replicas(fake)[C.ROLE_ROLLOUT] == n
+    assert {p for p in pods if deletion_cost(fake, p) == SC.DRAINED_COST} == set(pods) - set(keep)
+    assert not [p for p in keep if deletion_cost(fake, p)]
+    lowered = writes.index(("apply", "Deployment", B.names(RUN)[C.ROLE_ROLLOUT], n))
+    marked = [i for i, w in enumerate(writes) if w[:2] == ("patch", "Pod")]
+    assert len(marked) == len(pods) - n and max(marked) < lowered
+    assert rlrun(fake)["status"]["replicas"][C.ROLE_ROLLOUT]["desired"] == n
+
+
+@pytest.mark.parametrize("why", ["no driver runs", "the driver reports no rollout", "the driver failed"])
+def test_a_smaller_plan_goes_at_once_when_no_driver_will_drain(fake, ctl, why):
+    plan0 = started(fake, ctl)
+    pods = [add_pod(fake, C.ROLE_ROLLOUT, i, ROLLOUT_RUNNING) for i in range(plan0.rollout_replicas)]
+    if why != "no driver runs":
+        add_pod(fake, C.ROLE_LEARNER, 0, RUNNING)
+    new = shrinking_plan(fake, ctl, plan0, pods)
+    if why == "no driver runs":
+        assert replicas(fake)[C.ROLE_ROLLOUT] == new.rollout_replicas
+        return
+    assert replicas(fake)[C.ROLE_ROLLOUT] == plan0.rollout_replicas
+    # An older driver's report (no rollout fields), or one that says the driver stopped: at once.
+    report(fake, step=51, **({"failed": True, "message": "RuntimeError: x"} if why == "the driver failed" else {}))
+    ctl.reconcile(NS, RUN, "progress")
+    assert replicas(fake)[C.ROLE_ROLLOUT] == new.rollout_replicas
+
+
+def test_a_hold_the_driver_never_ends_gives_way_after_the_limit(fake, ctl):
+    plan0 = started(fake, ctl)
+    pods = [add_pod(fake, C.ROLE_ROLLOUT, i, ROLLOUT_RUNNING) for i in range(plan0.rollout_replicas)]
+    add_pod(fake, C.ROLE_LEARNER, 0, RUNNING)
+    now = [0.0]
+    ctl.clock = lambda: now[0]
+    new = shrinking_plan(fake, ctl, plan0, pods)
+    now[0] = SC.HOLD_LIMIT_S - 1
+    ctl.reconcile(NS, RUN, "progress")
+    assert replicas(fake)[C.ROLE_ROLLOUT] == plan0.rollout_replicas
+    now[0] = SC.HOLD_LIMIT_S + 1
+    ctl.reconcile(NS, RUN, "progress")
+    assert replicas(fake)[C.ROLE_ROLLOUT] == new.rollout_replicas
+
+
+def test_fewer_replicas_serving_than_planned_with_pods_no_node_fits_is_waiting_for_capacity(fake, ctl):
+    plan = started(fake, ctl)
+    n = plan.rollout_replicas
+    pods = [add_pod(fake, C.ROLE_ROLLOUT, i, ROLLOUT_RUNNING) for i in range(n - 2)]
+    for i in (n - 2, n - 1):
+        fake.create({"apiVersion": "v1", "kind": "Pod",
+                     "metadata": {"name": f"{B.names(RUN)[C.ROLE_ROLLOUT]}-{i}", "namespace": NS,
+                                  "labels": B.labels(RUN, C.ROLE_ROLLOUT)},
+                     "status": {"phase": "Pending", "conditions": [
+                         {"type": "PodScheduled", "status": "False", "reason": "Unschedulable",
+                          "message": "0/4 nodes are available: 4 Insufficient nvidia.com/gpu."}]}})
+    report(fake, step=3, samples=3 * plan.batch, rollout_target=n, rollout_serving=n - 2, rollout_pods=pods)
+    ctl.reconcile(NS, RUN, "pod")
+    d = cond(fake, C.COND_DEGRADED)
+    assert (d["status"], d["reason"]) == ("True", "WaitingForCapacity")
+    assert f"trains with {n - 2} of {n} planned rollout replicas: 2 rollout pods cannot be scheduled" in d["message"]
+    assert "Insufficient nvidia.com/gpu" in d["message"] and rlrun(fake)["status"]["phase"] == C.PHASE_RUNNING
+    assert [e["reason"] for e in fake.events] == ["WaitingForCapacity"]
+    # Nodes come: the pods are placed, Serve runs every replica, the condition clears.
+    for i in (n - 2, n - 1):
+        fake.patch("v1", "Pod", NS, f"{B.names(RUN)[C.ROLE_ROLLOUT]}-{i}",
+                   {"status": {"phase": "Running", "conditions": [{"type": "PodScheduled", "status": "True"}],
+                               "containerStatuses": [ROLLOUT_RUNNING]}})
+    report(fake, step=4, samples=4 * plan.batch, rollout_target=n, rollout_serving=n)
+    ctl.reconcile(NS, RUN, "pod")
+    assert (cond(fake, C.COND_DEGRADED)["status"], cond(fake, C.COND_DEGRADED)["reason"]) == ("False", "Healthy")
+
+
+def admit(fake: FakeKube, counts: dict[str, int]) -> None:
+    """What Kueue writes once it admits the run's Workload with these pods per role."""
+    sets = [{"name": r, "count": c} for r, c in counts.items()]
+    fake.patch(C.KUEUE_API, "Workload", NS, B.names(RUN)[C.ROLE_QUEUE], {"status": {
+        "admission": {"clusterQueue": "gpus", "podSetAssignments": sets},
+        "conditions": [{"type": "QuotaReserved", "status": "True"}, {"type": "Admitted", "status": "True"}]}})
+
+
+@pytest.mark.parametrize("queued", [False, True])
+def test_a_re_plan_of_a_queued_run_asks_for_no_more_than_kueue_admitted(fake, ctl, queued):
+    over = {"budget": {"gpus": 24}, "rollout": {"maxReplicas": 16}}
+    create(fake, **over, **({"scheduling": {"queueName": "team"}} if queued else {}))
+    ctl.reconcile(NS, RUN, "create")
+    plan0 = Plan.from_dict(rlrun(fake)["status"]["plan"])
+    if queued:
+        assert replicas(fake)[C.ROLE_ROLLOUT] == 0  # waits for Kueue
+        admit(fake, {C.ROLE_RAY_HEAD: 1, C.ROLE_ROLLOUT: plan0.rollout_replicas,
+                     C.ROLE_LEARNER: plan0.learner_replicas})
+        ctl.reconcile(NS, RUN, "queue")
+        assert cond(fake, C.COND_ADMITTED)["status"] == "True"
+    # Generation 5x slower than predicted: more rollout replicas look faster.
+    for step in (25, 50):
+        report(fake, step=step, samples=step * plan0.batch, samples_per_second=10.0,
+               measurements=measured(plan0, step, generate=5, train=0.2))
+        ctl.reconcile(NS, RUN, "progress")
+    new = Plan.from_dict(rlrun(fake)["status"]["plan"])
+    assert cond(fake, C.COND_PLANNED)["reason"] == "PlannedReplan" and new.key != plan0.key
+    if not queued:
+        assert new.rollout_replicas > plan0.rollout_replicas  # what the cap holds back below
+        return
+    assert new.rollout_replicas <= plan0.rollout_replicas and new.learner_replicas == plan0.learner_replicas
+    assert configmap_plan(fake) == new and replicas(fake)[C.ROLE_ROLLOUT] == new.rollout_replicas
+    # A plan above what is admitted (Kueue admitted fewer than a spec change asked for) is left at the
+    # next re-plan, without waiting for a second one to agree.
+    admit(fake, {C.ROLE_RAY_HEAD: 1, C.ROLE_ROLLOUT: new.rollout_replicas - 3, C.ROLE_LEARNER: new.learner_replicas})
+    report(fake, step=75, samples=75 * plan0.batch, samples_per_second=10.0,
+           measurements=measured(new, 75, generate=5, train=0.2))
+    ctl.reconcile(NS, RUN, "progress")
+    capped = Plan.from_dict(rlrun(fake)["status"]["plan"])
+    assert capped.rollout_replicas <= new.rollout_replicas - 3
+    assert "admitted" in cond(fake, C.COND_PLANNED)["message"] and configmap_plan(fake) == capped

@@ -255,6 +255,24 @@ def test_oom_image_pull_and_unschedulable_are_named():
     assert S.condition(conds, C.COND_DEGRADED)["reason"] == "LearnerUnschedulable"
 
 
+def test_rollout_pods_no_node_fits_while_fewer_replicas_serve_than_planned_is_waiting_for_capacity():
+    unplaced = {"type": "PodScheduled", "status": "False", "reason": "Unschedulable",
+                "message": "0/3 nodes are available: 3 Insufficient nvidia.com/gpu."}
+    pods = [pod("r-rollout-a", C.ROLE_ROLLOUT, [RUNNING]), pod("r-rollout-b", C.ROLE_ROLLOUT, conditions=[unplaced]),
+            pod("r-rollout-c", C.ROLE_ROLLOUT, conditions=[unplaced])]
+    d = S.condition(S.health_conditions(None, pods, 4, 1, serving=(1, 3)), C.COND_DEGRADED)
+    assert (d["status"], d["reason"]) == ("True", "WaitingForCapacity")
+    assert d["message"].startswith("the driver trains with 1 of 3 planned rollout replicas: 2 rollout pods cannot be")
+    # Every replica serves (a pod replaced by a roll waits, say), or the driver does not say: as before.
+    for serving in ((3, 3), None):
+        d = S.condition(S.health_conditions(None, pods, 4, 1, serving=serving), C.COND_DEGRADED)
+        assert d["reason"] == "RolloutUnschedulable"
+    # A learner failing as well: not a matter of capacity; the pods' problems as before.
+    worse = [*pods, pod("r-learner-0", C.ROLE_LEARNER, [crashing(2)])]
+    d = S.condition(S.health_conditions(None, worse, 4, 1, serving=(1, 3)), C.COND_DEGRADED)
+    assert d["reason"] == "RolloutUnschedulable" and "(and 2 more)" in d["message"]
+
+
 def test_degraded_clears_when_the_pods_recover():
     conds = S.health_conditions(None, [pod("r-learner-0", C.ROLE_LEARNER, [crashing(1)])], 4, 1)
     ok = dict(crashing(1), state={"running": {}})

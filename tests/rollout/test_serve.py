@@ -124,7 +124,8 @@ def test_scaling_up_and_down_under_load_loses_no_request(client, model_dirs):
         w.start()
     try:
         before = set(_live(client))
-        client.scale(3)
+        client.scale(3)  # returns at once: Serve places the new replicas while the load goes on
+        client.wait_replicas(3, timeout_s=300)
         late = {k: v for k, v in _live(client).items() if k not in before}
         time.sleep(2)
         served = len(results)
@@ -146,6 +147,7 @@ def test_scaling_up_and_down_under_load_loses_no_request(client, model_dirs):
 
 def test_a_killed_replicas_requests_complete_elsewhere(client):
     client.scale(2)
+    client.wait_replicas(2, timeout_s=300)
     victims = list(_live(client).values())
     assert len(victims) == 2, victims
     retries_before = client.retries

@@ -13,6 +13,7 @@ import pytest
 from rlscale.plan import make_plan
 from rlscale.progress_report import ProgressReport
 from rlscale.roles import RunEnd
+from rlscale.rollout.placement import ServingState
 from rlscale.spec import load_rlrun
 from rlscale.trainer.batching import RolloutBatch
 from rlscale.trainer.driver import Driver, Task
@@ -24,8 +25,12 @@ from tests.conftest import EXAMPLES
 
 
 class FakeRollout:
-    def __init__(self, reply: str):
+    """Replicas on pods t-rollout-0, -1, ...; at most `capacity` of them run (None: all): a scale-up
+    past it waits for pods that do not come, as Serve does for `rollout` resources."""
+
+    def __init__(self, reply: str, capacity: int | None = None):
         self.reply, self.published, self.scaled = reply, [], []
+        self.target, self.capacity = 1, capacity
 
     def generate(self, prompt_ids, n, **_):
         sample = SimpleNamespace(token_ids=[ord(c) for c in self.reply], logprobs=[-1.0] * len(self.reply),
@@ -37,6 +42,14 @@ class FakeRollout:
 
     def scale(self, n):
         self.scaled.append(n)
+        self.target = n
+        return self.serving()
+
+    def serving(self):
+        running = self.target if self.capacity is None else min(self.target, self.capacity)
+        return ServingState(self.target, {"RUNNING": running, **({"STARTING": self.target - running}
+                                                                  if running < self.target else {})},
+                            tuple(f"t-rollout-{i}" for i in range(running)))
 
     def generation_seconds_total(self):
         return 0.0
@@ -78,13 +91,16 @@ class Recorder:
     """A sink that keeps what it is given."""
 
     def __init__(self):
-        self.started, self.records, self.plans, self.ended = [], [], [], []
+        self.started, self.records, self.plans, self.ended, self.serving = [], [], [], [], []
 
     def start(self, plan, state, resumed):
         self.started.append((plan.key, resumed))
 
     def plan_changed(self, plan, at_step, why):
         self.plans.append((plan.key, at_step, why))
+
+    def rollout_changed(self, serving, scaled):
+        self.serving.append((serving.target, serving.running, scaled))
 
     def record(self, rec, history):
         self.records.append(rec)
@@ -246,3 +262,60 @@ def test_a_pods_driver_follows_the_plan_the_operator_writes_even_one_changed_whi
     assert follow.after_step(moved, []) is None  # read once per change of the file
     # A driver that starts (or resumes) after the operator moved the plan takes it at its first step.
     assert FollowOperator(str(path)).after_step(d.plan, []).plan.key == (4, 2)
+
+
+class Switch:
+    """The operator's plan, changed after step `at` to `rollout` replicas."""
+
+    def __init__(self, at: int, rollout: int):
+        self.at, self.rollout = at, rollout
+
+    def after_step(self, plan, history):
+        if len(history) == self.at:
+            return PlanChange(replace(plan, rollout_replicas=self.rollout), "the operator re-planned")
+        return None
+
+
+def reporting(d: Driver) -> list:
+    """A KubeSink on the driver whose reports land in the returned list (body, forced)."""
+    sent = []
+    reporter = SimpleNamespace(due=lambda: True, report=lambda body, force=False: sent.append((body, force)))
+    d.sinks.append(KubeSink(reporter, "/ckpt/report on t-learner-0"))
+    return sent
+
+
+def test_a_scale_up_that_does_not_complete_keeps_stepping_at_the_size_that_runs_and_reports_it(tmp_path):
+    d = driver("2", tmp_path, plan_source=Switch(at=1, rollout=4), budget={"max_steps": 3}, target={"eval_every": 0})
+    d.rollout.capacity = 2  # two pods fit; the other two never get a node
+    sent = reporting(d)
+    d.resume_or_start()
+    assert d.run() == RunEnd.BUDGET  # nothing raised, nothing waited for
+    recs = d.sinks[1].records
+    assert d.rollout.scaled == [4] and [r.rollout_replicas for r in recs] == [1, 2, 2]
+    assert d.sinks[1].serving[:2] == [(1, 1, False), (4, 2, True)]
+    bodies = [ProgressReport.from_wire(json.loads(b.to_json())) for b, _ in sent]
+    assert [(b.step, b.rollout_target, b.rollout_serving) for b in bodies] == [(1, 1, 1), (1, 4, 2), (2, 4, 2),
+                                                                              (3, 4, 2), (3, 4, 2)]
+    assert bodies[1].rollout_pods == ["t-rollout-0", "t-rollout-1"] and sent[1][1] is True  # at once
+    # The pods come after all: the next steps generate with every replica.
+    d.rollout.capacity = None
+    d.spec.budget.max_steps = 4
+    d.run()
+    assert d.sinks[1].records[-1].rollout_replicas == 4
+
+
+def test_a_scale_down_reports_at_once_which_pods_still_host_a_replica(tmp_path):
+    d = driver("2", tmp_path, plan_source=Switch(at=2, rollout=1), budget={"max_steps": 3}, target={"eval_every": 0})
+    d.plan, d.state.rollout_replicas, d.rollout.target = replace(d.plan, rollout_replicas=3), 3, 3
+    sent = reporting(d)
+    d.resume_or_start()
+    d.run()
+    bodies = [ProgressReport.from_wire(json.loads(b.to_json())) for b, _ in sent]
+    # Step 2's report, then the one right after the drain (same step, forced), then step 3's.
+    assert [(b.step, b.rollout_target, b.rollout_serving) for b in bodies[:4]] == [(1, 3, 3), (2, 3, 3), (2, 1, 1),
+                                                                                  (3, 1, 1)]
+    assert bodies[1].rollout_pods == ["t-rollout-0", "t-rollout-1", "t-rollout-2"]
+    assert bodies[2].rollout_pods == ["t-rollout-0"] and sent[2][1] is True
+    # The drained pods are the ones the report no longer names: the operator may remove those.
+    assert set(bodies[1].rollout_pods) - set(bodies[2].rollout_pods) == {"t-rollout-1", "t-rollout-2"}
+    assert [r.rollout_replicas for r in d.sinks[1].records] == [3, 3, 1]

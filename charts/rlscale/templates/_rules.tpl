@@ -19,10 +19,12 @@
 - apiGroups: [""]
   resources: [namespaces]
   verbs: [get]
-# The run's pods come from its workloads; the operator only reads them.
+# The run's pods come from its workloads; the operator reads them, and patches one annotation,
+# controller.kubernetes.io/pod-deletion-cost, on rollout pods whose replica the driver has drained,
+# so a scale-down removes exactly those (ordered scaling). It never deletes a pod.
 - apiGroups: [""]
   resources: [pods]
-  verbs: [get, list, watch]
+  verbs: [get, list, watch, patch]
 - apiGroups: [""]
   resources: [serviceaccounts]
   verbs: [get, list, watch, create, patch]
