@@ -275,8 +275,8 @@ def crd() -> dict[str, Any]:
                     "schema": {
                         "openAPIV3Schema": {
                             "type": "object",
-                            "description": ("RLRun: a GRPO or PPO run whose batch, learning rate and "
-                                            "rollout/learner split rlscale plans."),
+                            "description": ("RLRun: an RL run (GRPO, PPO, RLOO, REINFORCE++, GSPO) whose batch, "
+                                            "learning rate and rollout/learner split rlscale plans."),
                             "properties": {
                                 "apiVersion": {"type": "string"},
                                 "kind": {"type": "string"},

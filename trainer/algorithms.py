@@ -1,4 +1,5 @@
-"""GRPO and PPO as pure tensor functions: advantages, losses, KL and entropy.
+"""GRPO and PPO as pure tensor functions: advantages, losses, KL and entropy (the other advantage
+estimators are rlscale.trainer.advantages, the loss aggregations and GSPO rlscale.trainer.losses).
 
 Shapes: per-token tensors are [batch, response_len] with a 0/1 `mask` over real
 response tokens; per-sample tensors are [batch]. Samples of one GRPO group are
@@ -9,6 +10,8 @@ from __future__ import annotations
 
 import torch
 from torch import Tensor
+
+from rlscale.spec.algorithm import KL_ESTIMATORS
 
 
 def masked_sum(x: Tensor, mask: Tensor, dim: int | None = None) -> Tensor:
@@ -108,6 +111,22 @@ def whiten(x: Tensor, mask: Tensor, eps: float = 1e-8) -> Tensor:
 # --- Losses ----------------------------------------------------------------------
 
 
+def token_policy_loss(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, *, clip_low: float = 0.2,
+                      clip_high: float | None = None) -> tuple[Tensor, Tensor]:
+    """Per-token PPO clipped surrogate, before any aggregation, and where the clipped side won.
+
+    l_t = max(-A_t r_t, -A_t clip(r_t, 1 - clip_low, 1 + clip_high)), r_t = exp(logp_t - logp_old_t);
+    `advantages` may be per sample [B] (broadcast over the tokens) or per token [B, T].
+    """
+    clip_high = clip_low if clip_high is None else clip_high
+    if advantages.dim() == 1:
+        advantages = advantages.unsqueeze(1)
+    ratio = torch.exp(logprobs - old_logprobs)
+    unclipped = -advantages * ratio
+    clipped = -advantages * torch.clamp(ratio, 1.0 - clip_low, 1.0 + clip_high)
+    return torch.maximum(unclipped, clipped), (clipped > unclipped).float()
+
+
 def policy_loss(
     logprobs: Tensor,
     old_logprobs: Tensor,
@@ -121,17 +140,13 @@ def policy_loss(
     """PPO clipped surrogate, token-level masked mean; clip_high != clip_low is DAPO's asymmetric clip.
 
     L = mean_t max(-A_t r_t, -A_t clip(r_t, 1 - clip_low, 1 + clip_high)), r_t = exp(logp - logp_old).
-    `advantages` may be per sample [B] (GRPO) or per token [B, T] (PPO).
+    `advantages` may be per sample [B] (GRPO) or per token [B, T] (PPO). The other aggregations of the
+    per-token loss are rlscale.trainer.losses.aggregate.
     """
-    clip_high = clip_low if clip_high is None else clip_high
-    if advantages.dim() == 1:
-        advantages = advantages.unsqueeze(1)
-    ratio = torch.exp(logprobs - old_logprobs)
-    unclipped = -advantages * ratio
-    clipped = -advantages * torch.clamp(ratio, 1.0 - clip_low, 1.0 + clip_high)
-    loss = masked_mean(torch.maximum(unclipped, clipped), mask, denom=denom)
+    per_token, clipped = token_policy_loss(logprobs, old_logprobs, advantages, clip_low=clip_low, clip_high=clip_high)
+    loss = masked_mean(per_token, mask, denom=denom)
     with torch.no_grad():
-        clipfrac = masked_mean((clipped > unclipped).float(), mask)
+        clipfrac = masked_mean(clipped, mask)
         approx_kl = masked_mean(old_logprobs - logprobs, mask)
     return loss, {"clipfrac": clipfrac, "approx_kl": approx_kl}
 
@@ -144,6 +159,15 @@ def outside_clip(logprobs: Tensor, behaviour_logprobs: Tensor, *, clip_low: floa
     return ((ratio < 1.0 - clip_low) | (ratio > 1.0 + clip_high)).float()
 
 
+def value_loss_tokens(values: Tensor, old_values: Tensor, returns: Tensor, *, clip: float | None = 0.2) -> Tensor:
+    """Per-token clipped value loss: 0.5 * max((V - R)^2, (V_old + clip(V - V_old, +-clip) - R)^2)."""
+    loss = (values - returns) ** 2
+    if clip is not None:
+        clipped = old_values + torch.clamp(values - old_values, -clip, clip)
+        loss = torch.maximum(loss, (clipped - returns) ** 2)
+    return 0.5 * loss
+
+
 def value_loss(
     values: Tensor,
     old_values: Tensor,
@@ -154,24 +178,23 @@ def value_loss(
     denom: float | None = None,
 ) -> Tensor:
     """Clipped value loss: 0.5 * max((V - R)^2, (V_old + clip(V - V_old, +-clip) - R)^2), masked mean."""
-    loss = (values - returns) ** 2
-    if clip is not None:
-        clipped = old_values + torch.clamp(values - old_values, -clip, clip)
-        loss = torch.maximum(loss, (clipped - returns) ** 2)
-    return 0.5 * masked_mean(loss, mask, denom=denom)
+    return masked_mean(value_loss_tokens(values, old_values, returns, clip=clip), mask, denom=denom)
 
 
 def kl_divergence(logprobs: Tensor, ref_logprobs: Tensor, kind: str = "k3") -> Tensor:
     """Per-token KL(pi || pi_ref) estimators from samples of pi (Schulman, "Approximating KL").
 
-    k1 = log pi - log pi_ref (unbiased, can be negative); k3 = exp(-k1) - 1 + k1 (unbiased, >= 0).
+    With x = log pi - log pi_ref: k1 = x (unbiased, can be negative); k2 = x^2 / 2 (biased, >= 0, low
+    variance; its gradient is that of the true KL); k3 = exp(-x) - 1 + x (unbiased, >= 0).
     """
     log_ratio = logprobs - ref_logprobs
     if kind == "k1":
         return log_ratio
+    if kind == "k2":
+        return 0.5 * log_ratio**2
     if kind == "k3":
         return torch.exp(-log_ratio) - 1.0 + log_ratio
-    raise ValueError(f"kl estimator: {kind!r} is not known; use 'k1' or 'k3'")
+    raise ValueError(f"kl estimator: {kind!r} is not known; use one of {', '.join(KL_ESTIMATORS)}")
 
 
 def entropy_from_logits(logits: Tensor) -> Tensor:

@@ -13,7 +13,9 @@ class RolloutBatch:
     """Samples of one step, grouped prompt by prompt (samples_per_prompt consecutive samples each).
 
     response_ids include the EOS token when the sample finished; rollout_logprobs (optional)
-    are the sampler's per-token logprobs, used only to report the rollout/learner mismatch.
+    are the sampler's per-token logprobs, used only to report the rollout/learner mismatch;
+    truncated (optional) marks the samples cut at the response length limit (DAPO's overlong
+    filtering leaves them out of the loss).
     """
 
     prompt_ids: list[list[int]]
@@ -21,6 +23,7 @@ class RolloutBatch:
     rewards: list[float]
     samples_per_prompt: int
     rollout_logprobs: list[list[float]] | None = None
+    truncated: list[bool] | None = None
 
     def __post_init__(self):
         n = len(self.prompt_ids)
@@ -33,24 +36,29 @@ class RolloutBatch:
             raise ValueError(
                 f"RolloutBatch: {n} samples is not a multiple of samples_per_prompt={self.samples_per_prompt}"
             )
+        if self.truncated is not None and len(self.truncated) != n:
+            raise ValueError(f"RolloutBatch: {len(self.truncated)} truncated flags for {n} samples; "
+                             "pass one per sample")
         if any(len(r) == 0 for r in self.response_ids):
             raise ValueError("RolloutBatch: an empty response; every sample needs at least one token (EOS)")
 
     @classmethod
     def from_dict(cls, d: dict) -> RolloutBatch:
         """From a dict of the fields (JSON-carried batches): prompt_ids, response_ids, rewards,
-        samples_per_prompt and optional rollout_logprobs."""
-        unknown = set(d) - {"prompt_ids", "response_ids", "rewards", "samples_per_prompt", "rollout_logprobs"}
+        samples_per_prompt and optional rollout_logprobs and truncated."""
+        unknown = set(d) - {"prompt_ids", "response_ids", "rewards", "samples_per_prompt", "rollout_logprobs",
+                            "truncated"}
         if unknown or "samples_per_prompt" not in d:
             raise ValueError(f"RolloutBatch: unknown keys {sorted(unknown)} or no samples_per_prompt in the batch "
                              "dict; use the RolloutBatch field names")
-        logprobs = d.get("rollout_logprobs")
+        logprobs, truncated = d.get("rollout_logprobs"), d.get("truncated")
         return cls(
             prompt_ids=[list(map(int, p)) for p in d["prompt_ids"]],
             response_ids=[list(map(int, r)) for r in d["response_ids"]],
             rewards=[float(r) for r in d["rewards"]],
             samples_per_prompt=int(d["samples_per_prompt"]),
             rollout_logprobs=[list(map(float, lp)) for lp in logprobs] if logprobs is not None else None,
+            truncated=[bool(t) for t in truncated] if truncated is not None else None,
         )
 
     def __len__(self) -> int:
@@ -71,8 +79,8 @@ class MicroBatch:
     response: torch.Tensor  # [B, T] response token ids
     mask: torch.Tensor  # [B, T] 1 on real response tokens
     advantages: torch.Tensor  # [B] (GRPO) or [B, T] (PPO, after preparation)
-    rewards: torch.Tensor  # [B]
-    num_samples: int
+    rewards: torch.Tensor  # [B] the training rewards (the task's, plus any overlong penalty)
+    num_samples: int  # samples whose tokens enter the loss
     rollout_logprobs: torch.Tensor | None = None
     old_values: torch.Tensor | None = None
     returns: torch.Tensor | None = None
@@ -118,11 +126,13 @@ def group_micro_batches(groups: list[int], samples_per_prompt: int, micro_batch:
             for chunk in micro_batches(mine, size, count)]
 
 
-def pack(batch: RolloutBatch, indices: list[int], advantages: torch.Tensor, device, pad_id: int = 0) -> MicroBatch:
+def pack(batch: RolloutBatch, indices: list[int], advantages: torch.Tensor, device, pad_id: int = 0,
+         rewards: torch.Tensor | None = None, in_loss: torch.Tensor | None = None) -> MicroBatch:
     """Pack samples into a micro-batch; an empty index list gives a zero-weight placeholder.
 
     Ranks must run the same number of backward passes (ZeRO 2/3 reduce in each), so a
-    rank with fewer samples runs placeholders whose mask is all zero.
+    rank with fewer samples runs placeholders whose mask is all zero. `rewards` are the training
+    rewards (default: the batch's); a sample whose `in_loss` is False gets an all-zero mask too.
     """
     placeholder = not indices
     rows = indices or [0]
@@ -135,6 +145,7 @@ def pack(batch: RolloutBatch, indices: list[int], advantages: torch.Tensor, devi
     response = torch.full((len(rows), resp_len), pad_id, dtype=torch.long)
     mask = torch.zeros((len(rows), resp_len), dtype=torch.float32)
     rollout_lp = torch.zeros((len(rows), resp_len)) if batch.rollout_logprobs is not None else None
+    weight = torch.tensor([0.0 if placeholder or (in_loss is not None and not in_loss[i]) else 1.0 for i in rows])
     for b, i in enumerate(rows):
         p, r = batch.prompt_ids[i], batch.response_ids[i]
         input_ids[b, : len(p) + len(r)] = torch.tensor(p + r)
@@ -142,12 +153,12 @@ def pack(batch: RolloutBatch, indices: list[int], advantages: torch.Tensor, devi
         # Padding positions point at the last real logit; the mask zeroes them.
         logit_index[b] = torch.clamp(torch.arange(resp_len) + len(p) - 1, max=len(p) + len(r) - 2)
         response[b, : len(r)] = torch.tensor(r)
-        mask[b, : len(r)] = 0.0 if placeholder else 1.0
+        mask[b, : len(r)] = weight[b]
         if rollout_lp is not None:
             lp = batch.rollout_logprobs[i]
             rollout_lp[b, : len(lp)] = torch.tensor(lp, dtype=torch.float32)
-    rewards = torch.tensor([batch.rewards[i] for i in rows], dtype=torch.float32)
-    adv = advantages[rows].float() * (0.0 if placeholder else 1.0)
+    source = torch.tensor(batch.rewards, dtype=torch.float32) if rewards is None else rewards.float()
+    adv = advantages[rows].float() * weight.view(-1, *([1] * (advantages.dim() - 1)))
     to = lambda t: t.to(device) if t is not None else None  # noqa: E731
     return MicroBatch(
         input_ids=to(input_ids),
@@ -156,7 +167,7 @@ def pack(batch: RolloutBatch, indices: list[int], advantages: torch.Tensor, devi
         response=to(response),
         mask=to(mask),
         advantages=to(adv),
-        rewards=to(rewards),
-        num_samples=0 if placeholder else len(rows),
+        rewards=to(source[rows]),
+        num_samples=int(weight.sum().item()),
         rollout_logprobs=to(rollout_lp),
     )

@@ -31,6 +31,7 @@ from rlscale.runconfig import RunConfig
 from rlscale.trainer import checkpoint
 from rlscale.trainer.batching import RolloutBatch
 from rlscale.trainer.data import build_task, try_reward
+from rlscale.trainer.dynamic_sampling import Round, dynamic_sampling_for
 from rlscale.trainer.plan_source import PlanChange, PlanSource
 from rlscale.trainer.ports import Learner, Rollout
 from rlscale.trainer.rewards import Reward, RewardError, resolve_reward, score
@@ -107,6 +108,7 @@ class Driver:
         self.resumed = False
         self.stop_requested = False
         self.checkpoint_seconds: float | None = None
+        self.refill = dynamic_sampling_for(spec)  # DAPO's dynamic sampling (trainer/dynamic_sampling.py), or None
 
     @classmethod
     def from_config(cls, cfg: RunConfig, learner: Learner, rollout: Rollout, tokenizer: Any,
@@ -227,10 +229,16 @@ class Driver:
         texts = self.tok.batch_decode([s.token_ids for s in samples], skip_special_tokens=True)
         finished = [s.finish_reason == "stop" for s in samples]
         rewards = self._score(problems, n, texts, finished)
+        generated, extra_s = samples, 0.0  # every sample of the step, and further rounds' generate seconds
+        if self.refill is not None:
+            first = Round(problems, prompt_ids, samples, texts, finished, rewards)
+            kept, generated, extra_s = self.refill(self, first, prompt_tokens)
+            problems, prompt_ids, samples, texts, finished, rewards = kept.astuple()
         t2 = time.perf_counter()
         batch = RolloutBatch(prompt_ids=[ids for ids in prompt_ids for _ in range(n)],
                              response_ids=[s.token_ids for s in samples], rewards=rewards, samples_per_prompt=n,
-                             rollout_logprobs=rollout_logprobs(samples))
+                             rollout_logprobs=rollout_logprobs(samples),
+                             truncated=[s.finish_reason == "length" for s in samples])
         stats = self.learner.step(batch, lr=st.learning_rate)
         t3 = time.perf_counter()
         skipped = bool(stats.get("skipped"))
@@ -240,9 +248,9 @@ class Driver:
             st.version += 1
             self.rollout.publish_weights(st.version, self.learner.export_weights())
         t4 = time.perf_counter()
-        phases = {"generate": t1 - t0, "reward": t2 - t1r, "train": t3 - t2, "sync": t4 - t3}
+        phases = {"generate": t1 - t0 + extra_s, "reward": t2 - t1r - extra_s, "train": t3 - t2, "sync": t4 - t3}
         shown = ShownSample(problems[0].prompt[-300:], texts[0], problems[0].answer, rewards[0], finished[0])
-        return self._record(batch, samples, stats, phases, t4 - t0 - (t1r - t1), engine_s, skipped, shown)
+        return self._record(batch, generated, stats, phases, t4 - t0 - (t1r - t1), engine_s, skipped, shown)
 
     def _score(self, problems: list[Problem], n: int, texts: list[str], finished: list[bool]) -> list[float]:
         try:

@@ -14,99 +14,33 @@ import os
 import secrets
 import shutil
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
-from typing import Any
 
 import torch
 import torch.distributed as dist
 
+from rlscale.trainer import advantages as V
 from rlscale.trainer import algorithms as A
 from rlscale.trainer import checkpoint
+from rlscale.trainer import losses as L
 from rlscale.trainer.batching import RolloutBatch, group_micro_batches, pack
 from rlscale.trainer.distributed import init_distributed
+from rlscale.trainer.learner_config import LearnerConfig, ValueModel  # noqa: F401  (re-exported)
 from rlscale.trainer.noise import NoiseScale, in_batch_samples, noise_components
 from rlscale.trainer.objectives import objective_for
 
 log = logging.getLogger(__name__)
 
 
-@dataclass
-class LearnerConfig:
-    """Everything a rank needs to build its engines; plain data so it can travel in a run config."""
+@dataclass(frozen=True)
+class _Norm:
+    """The trained batch's token and sequence counts per rank (DeepSpeed averages the ranks' gradients):
+    micro-batch losses aggregated with these add up, over micro-batches and ranks, to the batch's loss."""
 
-    model_path: str
-    algorithm: str = "grpo"
-    dtype: str = "float32"
-    zero_stage: int = 1
-    micro_batch: int = 32
-    lr: float = 1e-4
-    betas: tuple[float, float] = (0.9, 0.99)
-    eps: float = 1e-8
-    weight_decay: float = 0.0
-    warmup_steps: int = 0
-    grad_clip: float = 1.0
-    clip_ratio: float = 0.2
-    clip_ratio_high: float | None = None
-    kl_coef: float = 0.0
-    kl_estimator: str = "k3"
-    entropy_coef: float = 0.0
-    gamma: float = 1.0
-    lam: float = 0.95
-    value_coef: float = 0.5
-    value_clip: float | None = 0.2
-    std_normalize: bool = True
-    drop_uniform_groups: bool = True  # groups whose samples all score the same teach nothing
-    measure_noise: bool = True
-    noise_ema: float = 0.9
-    seed: int = 0
-    # This rank's checkpoint directory, when the ranks may not share one (a volume per rank).
-    checkpoint_dir: str | None = None
-    extra_ds_config: dict[str, Any] = field(default_factory=dict)
-
-    @classmethod
-    def from_spec(cls, spec, model_path: str, learning_rate: float | None = None, **overrides) -> LearnerConfig:
-        """From a validated RLRunSpec (rlscale.spec) and the plan's learning rate."""
-        a, o = spec.algorithm, spec.optimizer
-        kw = dict(
-            model_path=str(model_path),
-            algorithm=a.name,
-            dtype=spec.model.dtype,
-            zero_stage=spec.learner.zero_stage,
-            micro_batch=spec.batch.micro_batch,
-            lr=learning_rate if learning_rate is not None else o.lr,
-            betas=tuple(o.betas),
-            eps=o.eps,
-            weight_decay=o.weight_decay,
-            warmup_steps=o.warmup_steps,
-            grad_clip=o.grad_clip,
-            clip_ratio=a.clip_ratio,
-            clip_ratio_high=a.clip_ratio_high,
-            kl_coef=a.kl_coef,
-            gamma=a.gamma,
-            lam=a.lambda_,
-            value_coef=a.value_coef,
-            std_normalize=a.std_normalize,
-        )
-        kw.update(overrides)
-        return cls(**kw)
-
-
-class ValueModel(torch.nn.Module):
-    """PPO critic: the policy's transformer body with a scalar head (zero-initialised)."""
-
-    def __init__(self, model_path: str, dtype: torch.dtype):
-        super().__init__()
-        from transformers import AutoModel
-
-        self.body = AutoModel.from_pretrained(model_path, dtype=dtype, local_files_only=True)
-        self.head = torch.nn.Linear(self.body.config.hidden_size, 1, dtype=dtype)
-        torch.nn.init.zeros_(self.head.weight)
-        torch.nn.init.zeros_(self.head.bias)
-
-    def forward(self, input_ids, attention_mask):
-        hidden = self.body(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
-        return self.head(hidden).squeeze(-1).float()
+    tokens: float
+    sequences: float
 
 
 class Learner:
@@ -288,9 +222,11 @@ class Learner:
             self.lr = lr
         self._set_lr(self.lr)
         spp = batch.samples_per_prompt
-        advantages, kept_groups = self.objective.advantages(batch)
-        kept = [g * spp + j for g in kept_groups for j in range(spp)]
-        rewards = torch.tensor(batch.rewards, dtype=torch.float32)
+        rewards, in_loss = self._training_rewards(batch)
+        advantages, kept_groups = self.objective.advantages(batch, rewards, in_loss)
+        # A group whose every sample left the loss (overlong filtering) has nothing to train.
+        kept_groups = [g for g in kept_groups if bool(in_loss[g * spp:(g + 1) * spp].any())]
+        kept = [g * spp + j for g in kept_groups for j in range(spp) if in_loss[g * spp + j]]
         stats: dict[str, float] = {"reward_mean": sum(batch.rewards) / len(batch), "samples": float(len(batch)),
                                    "samples_trained": float(len(kept)),
                                    "mixed_group_fraction": A.mixed_group_fraction(rewards, spp)}
@@ -301,15 +237,15 @@ class Learner:
                          loss=None, grad_norm=None, noise_scale=self.noise.value)
             return stats
 
-        # The token-level mean is over the whole batch, so each rank divides by its total.
+        # The loss aggregates over the whole batch, so each rank divides by the batch's totals.
         total_tokens = sum(len(batch.response_ids[i]) for i in kept)
+        norm = _Norm(total_tokens / self.world_size, len(kept) / self.world_size)
         chunks, measure = self._my_micro_batches(kept_groups, spp)
-        packed = [pack(batch, idx, advantages, self.device) for idx in chunks]
+        packed = [pack(batch, idx, advantages, self.device, rewards=rewards, in_loss=in_loss) for idx in chunks]
         self.objective.prepare(packed, self._logprobs, self._critic_values if self.critic is not None else None,
-                               self.engine, self.reference)
-        sums, first = self._backward(packed, total_tokens, measure, batch.rollout_logprobs is not None)
-        noise_scale, noise_g_sq, noise_trace = self._noise_estimates(first, packed, total_tokens, len(kept),
-                                                                     len(batch))
+                               self.engine, self.reference, self._all_sum)
+        sums, first = self._backward(packed, norm, measure, batch.rollout_logprobs is not None)
+        noise_scale, noise_g_sq, noise_trace = self._noise_estimates(first, packed, norm, len(kept), len(batch))
         self._grad_norm = None
         self.engine.step()
         if self.critic is not None:
@@ -334,6 +270,29 @@ class Learner:
         stats["train_seconds"] = stats["compute_seconds"] = time.perf_counter() - start
         return stats
 
+    def _training_rewards(self, batch: RolloutBatch) -> tuple[torch.Tensor, torch.Tensor]:
+        """The rewards the advantages come from (the task's, plus DAPO's overlong penalty when configured),
+        and per sample whether its tokens enter the loss (not when overlong filtering drops it)."""
+        c = self.config
+        lengths = torch.tensor([len(r) for r in batch.response_ids])
+        rewards = V.training_rewards(torch.tensor(batch.rewards, dtype=torch.float32), lengths,
+                                     max_length=c.max_response_length, buffer=c.overlong_buffer,
+                                     factor=c.overlong_penalty_factor)
+        in_loss = torch.ones(len(batch), dtype=torch.bool)
+        if c.mask_truncated:
+            if batch.truncated is None:
+                raise ValueError("learner: spec.algorithm.maskTruncatedCompletions needs the batch's truncated "
+                                 "flags (RolloutBatch.truncated); pass them, or turn it off")
+            in_loss = ~torch.tensor(batch.truncated, dtype=torch.bool)
+        return rewards, in_loss
+
+    def _all_sum(self, t: torch.Tensor) -> torch.Tensor:
+        """A CPU tensor summed over the ranks (the control group)."""
+        if self.world_size > 1:
+            t = t.clone()
+            dist.all_reduce(t, group=self._control)
+        return t
+
     def _my_micro_batches(self, kept_groups: list[int], spp: int) -> tuple[list[list[int]], bool]:
         """This rank's share (every world_size-th kept group) in micro-batches of whole groups, and
         whether this step measures the noise scale. Every rank gets the same count (see pack)."""
@@ -345,17 +304,19 @@ class Learner:
                                      min_count=2 if measure else 1)
         return chunks, measure
 
-    def _backward(self, packed: list, total_tokens: int, measure: bool,
+    def _backward(self, packed: list, norm: _Norm, measure: bool,
                   has_rollout_logprobs: bool) -> tuple[dict[str, float], tuple | None]:
         """Backward over every micro-batch; returns the summed token-weighted stats and, when
         measuring, (|g|^2, samples) after the first micro-batch."""
         keys = ["policy_loss", "kl", "entropy", "clip_fraction", "value_loss"]
+        if self.reference is not None and self.objective.kl_in_loss:
+            keys.append("kl_loss")
         if has_rollout_logprobs:  # absent, the mismatch is unknown, not 0
             keys += ["logprob_diff", "logprob_abs_diff"]
         sums = dict.fromkeys(keys, 0.0)
         first = None
         for k, mb in enumerate(packed):
-            for key, value in self._micro_step(mb, total_tokens).items():
+            for key, value in self._micro_step(mb, norm).items():
                 sums[key] = sums.get(key, 0.0) + value
             if k == 0 and measure:
                 first = (self._local_grad_sq(), mb.num_samples)
@@ -378,35 +339,43 @@ class Learner:
         resp_logits = logits.gather(1, mb.logit_index.unsqueeze(-1).expand(-1, -1, logits.shape[-1]))
         return A.token_logprobs(resp_logits, mb.response), resp_logits
 
-    def _micro_step(self, mb, total_tokens: int) -> dict[str, float]:
-        c = self.config
+    def _micro_step(self, mb, norm: _Norm) -> dict[str, float]:
+        """Forward and backward of one micro-batch. Each loss is aggregated with the batch's totals
+        (norm), so the micro-batches' gradients add up to the batch's; the stats it returns are sums
+        that _reduce divides by the batch's token count (losses x norm.tokens, so they come out as
+        the batch's loss)."""
+        c, objective = self.config, self.objective
         logprobs, resp_logits = self._forward_logprobs(self.engine, mb)
         # One optimiser step per batch: the parameters that sampled (up to engine
         # numerics) are the current ones, so the old policy is the current one, detached.
         old = logprobs.detach()
-        denom = total_tokens / self.world_size  # DeepSpeed averages over ranks
-        loss, _ = A.policy_loss(
-            logprobs, old, mb.advantages, mb.mask, clip_low=c.clip_ratio, clip_high=c.clip_ratio_high, denom=denom
-        )
-        out = {"policy_loss": loss.item() * denom}
+        agg = partial(L.aggregate, mode=c.loss_aggregation, tokens=norm.tokens, sequences=norm.sequences,
+                      max_length=c.max_response_length)
+        per_token, _ = objective.policy_loss(logprobs, old, mb.advantages, mb.mask, clip_low=c.clip_ratio,
+                                             clip_high=c.clip_ratio_high)
+        loss = agg(per_token, mb.mask)
+        out = {"policy_loss": loss.item() * norm.tokens}
         # The clip acts against the policy that sampled: vLLM's log-probs when the batch has them
         # (the old policy here is the learner's own, so the loss's ratio is 1 and its clip idle).
         behaviour = mb.rollout_logprobs if mb.rollout_logprobs is not None else old
-        clipped = A.outside_clip(logprobs, behaviour, clip_low=c.clip_ratio, clip_high=c.clip_ratio_high)
+        clipped = objective.outside_clip(logprobs, behaviour, mb.mask, clip_low=c.clip_ratio,
+                                         clip_high=c.clip_ratio_high)
         out["clip_fraction"] = A.masked_sum(clipped, mb.mask).item()
         if c.entropy_coef:
             entropy = A.entropy_from_logits(resp_logits)
-            loss = loss - c.entropy_coef * A.masked_mean(entropy, mb.mask, denom=denom)
+            loss = loss - c.entropy_coef * agg(entropy, mb.mask)
         else:  # a diagnostic only: no graph through the [B, T, vocab] softmax
             with torch.no_grad():
                 entropy = A.entropy_from_logits(resp_logits.detach())
         out["entropy"] = A.masked_sum(entropy.detach(), mb.mask).item()
-        if self.reference is not None and self.objective.kl_in_loss:
+        if self.reference is not None and objective.kl_in_loss:
             with torch.no_grad():
                 ref, _ = self._forward_logprobs(self.reference, mb)
             kl = A.kl_divergence(logprobs, ref, c.kl_estimator)
-            loss = loss + c.kl_coef * A.masked_mean(kl, mb.mask, denom=denom)
+            kl_loss = agg(kl, mb.mask)
+            loss = loss + c.kl_coef * kl_loss
             out["kl"] = A.masked_sum(kl.detach(), mb.mask).item()
+            out["kl_loss"] = kl_loss.item() * norm.tokens
         elif mb.kl is not None:
             out["kl"] = A.masked_sum(mb.kl, mb.mask).item()
         if mb.rollout_logprobs is not None:
@@ -417,10 +386,9 @@ class Learner:
         self.engine.backward(loss, scale_wrt_gas=False)
         if self.critic is not None:
             values = self._values(self.critic, mb)
-            vloss = c.value_coef * A.value_loss(values, mb.old_values, mb.returns, mb.mask, clip=c.value_clip,
-                                                denom=denom)
-            self.critic.backward(vloss, scale_wrt_gas=False)
-            out["value_loss"] = vloss.item() * denom / max(c.value_coef, 1e-12)
+            vloss = agg(A.value_loss_tokens(values, mb.old_values, mb.returns, clip=c.value_clip), mb.mask)
+            self.critic.backward(c.value_coef * vloss, scale_wrt_gas=False)
+            out["value_loss"] = vloss.item() * norm.tokens
         return out
 
     def _values(self, critic, mb):
@@ -445,34 +413,35 @@ class Learner:
                 total += p.grad.float().pow(2).sum().item()
         return total
 
-    def _noise_estimates(self, first: tuple | None, packed: list, total_tokens: int, trained: int, batch: int):
+    def _noise_estimates(self, first: tuple | None, packed: list, norm: _Norm, trained: int, batch: int):
         """(noise scale, this step's raw |G|^2, its tr(Sigma)), in samples of the whole batch (see
         trainer/noise.py); the raw pair is None when not measured."""
         self.noise.last = None
         noise = None
         if first is not None and first[0] is not None:
             b_big = sum(mb.num_samples for mb in packed)
-            noise = self._update_noise(first[0], first[1], b_big, total_tokens, packed, trained, batch)
+            noise = self._update_noise(first[0], first[1], b_big, norm, packed, trained, batch)
         g_sq, trace = self.noise.last or (None, None)
         return (float(noise) if noise is not None else self.noise.value), g_sq, trace
 
-    def _update_noise(self, g_small_sq, b_small, b_big, total_tokens, packed, trained, batch) -> float | None:
+    def _update_noise(self, g_small_sq, b_small, b_big, norm: _Norm, packed, trained, batch) -> float | None:
         """B_simple from the first micro-batch vs this rank's whole share, averaged over ranks."""
         g_big_sq = self._local_grad_sq()
         if g_big_sq is None:
             return None
-        # The accumulated losses were divided by the batch's token count / world size;
-        # rescale both gradients to their own token means so the norms are comparable.
-        denom = total_tokens / self.world_size
-        small_tokens = packed[0].mask.sum().item()
-        big_tokens = sum(mb.mask.sum().item() for mb in packed)
+        # The accumulated losses were divided by the batch's count per rank (tokens under token-mean,
+        # sequences under the sequence aggregations); rescale both gradients to means over their own
+        # part so the norms are comparable.
+        if self.config.loss_aggregation == "token-mean":
+            denom, small, big = norm.tokens, packed[0].mask.sum().item(), sum(mb.mask.sum().item() for mb in packed)
+        else:
+            denom, small, big = norm.sequences, b_small, b_big
         # Each rank's unbiased pair from its own sizes (shares differ by a group when the groups
         # do not divide evenly); their mean is unbiased too. NaN on a rank without two sizes.
         pair = torch.tensor([math.nan, math.nan], dtype=torch.float64)
-        if 0 < b_small < b_big and small_tokens > 0:
-            pair = torch.tensor(noise_components(g_small_sq * (denom / small_tokens) ** 2,
-                                                 g_big_sq * (denom / big_tokens) ** 2, b_small, b_big),
-                                dtype=torch.float64)
+        if 0 < b_small < b_big and small > 0:
+            pair = torch.tensor(noise_components(g_small_sq * (denom / small) ** 2, g_big_sq * (denom / big) ** 2,
+                                                 b_small, b_big), dtype=torch.float64)
         if self.world_size > 1:
             dist.all_reduce(pair, group=self._control)
             pair /= self.world_size

@@ -1,7 +1,8 @@
 """The RLRun spec: the one schema that the CLI, the CRD, the planner and the operator share.
 
-models.py holds the fields, rules.py the cross-field rules (also emitted as CEL into the CRD),
-errors.py what a bad spec is told; this module parses and re-exports them."""
+models.py holds the fields (algorithm.py those of spec.algorithm), rules.py the cross-field rules
+(also emitted as CEL into the CRD), errors.py what a bad spec is told; this module parses and
+re-exports them."""
 
 from __future__ import annotations
 
@@ -11,6 +12,16 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
+from rlscale.spec.algorithm import (  # noqa: F401  (re-exported)
+    ALGORITHMS,
+    GROUP_ALGORITHMS,
+    KL_ESTIMATORS,
+    KL_IN_REWARD,
+    LOSS_AGGREGATIONS,
+    DynamicSamplingSpec,
+    OverlongBufferSpec,
+    default_loss_aggregation,
+)
 from rlscale.spec.errors import MISSING, FieldError, SpecError, translate, union_fix
 from rlscale.spec.models import (  # noqa: F401  (re-exported: the spec's names are rlscale.spec.X)
     ACCELERATORS,

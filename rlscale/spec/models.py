@@ -9,6 +9,9 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic.alias_generators import to_camel
 
+from rlscale.spec.algorithm import AlgorithmSpec, DynamicSamplingSpec, OverlongBufferSpec  # noqa: F401
+from rlscale.spec.base import Auto, PosInt, _Model  # noqa: F401  (the models' base, re-exported)
+
 API_GROUP = "rlscale.dev"
 API_VERSION = "v1alpha1"
 FULL_API_VERSION = f"{API_GROUP}/{API_VERSION}"
@@ -41,14 +44,6 @@ MAX_PROMPTS = 16384
 MAX_SAMPLES_PER_PROMPT = 1024
 
 
-class _Model(BaseModel):
-    model_config = ConfigDict(
-        extra="forbid", populate_by_name=True, alias_generator=to_camel, frozen=False
-    )
-
-
-Auto = Literal["auto"]
-PosInt = Annotated[int, Field(gt=0, strict=True)]  # strict: YAML `true` is not 1
 # What an RLRun may mount: storage the namespace's admin provides (claims), the namespace's
 # ConfigMaps and Secrets, and per-pod scratch. Every other source (hostPath, nfs, iscsi, csi,
 # flexVolume, ...) reaches a node's disk or a storage server past the admin, so it is refused.
@@ -116,23 +111,6 @@ class ModelSpec(_Model):
         description="Hub ids: download a model missing from the cache (needs a cluster that "
         "reaches the hub); false resolves from the cache only and fails naming the model.",
     )
-
-
-class AlgorithmSpec(_Model):
-    """The RL algorithm and its loss coefficients."""
-
-    name: Literal["grpo", "ppo"] = Field("grpo", description="grpo (group-normalised advantages, no critic) or ppo "
-                                         "(critic + GAE).")
-    clip_ratio: float = Field(0.2, gt=0, le=10, description="PPO-style ratio clip epsilon (lower side, and upper "
-                              "unless clipRatioHigh is set).")
-    clip_ratio_high: float | None = Field(None, gt=0, le=10, description="Upper clip epsilon for asymmetric clipping; "
-                                          "defaults to clipRatio.")
-    kl_coef: float = Field(0.0, ge=0, description="Coefficient of the KL penalty to the frozen reference policy; 0 "
-                           "disables the reference model.")
-    gamma: float = Field(1.0, ge=0, le=1, description="Discount factor (PPO GAE).")
-    lambda_: float = Field(0.95, ge=0, le=1, alias="lambda", description="GAE lambda (PPO).")
-    value_coef: float = Field(0.5, ge=0, description="Weight of the value loss (PPO).")
-    std_normalize: bool = Field(True, description="GRPO: divide group-centred rewards by the group standard deviation.")
 
 
 class TaskSpec(_Model):

@@ -58,6 +58,22 @@ CROSS_FIELD = [
     ({"target": {"value": 0}}, "spec.target.value", "fraction"),
     ({"batch": {"prompts": 64}, "budget": {"maxSamples": 100}}, "spec.budget.maxSamples", "raise maxSamples"),
     ({"algorithm": {"clipRatio": 0.3, "clipRatioHigh": 0.2}}, "spec.algorithm.clipRatioHigh", ">= clipRatio"),
+    ({"algorithm": {"name": "rloo"}, "batch": {"samplesPerPrompt": 1}}, "spec.batch.samplesPerPrompt", "2 or more"),
+    ({"algorithm": {"gamma": 0.9}}, "spec.algorithm.gamma", "use ppo or reinforce++"),
+    ({"algorithm": {"lambda": 0.9}}, "spec.algorithm.lambda", "algorithm.name: ppo"),
+    ({"algorithm": {"name": "gspo", "valueCoef": 1.0}}, "spec.algorithm.valueCoef", "use ppo"),
+    ({"algorithm": {"valueClip": 0.5}}, "spec.algorithm.valueClip", "use ppo"),
+    ({"algorithm": {"name": "rloo", "stdNormalize": False}}, "spec.algorithm.stdNormalize", "grpo or gspo"),
+    ({"algorithm": {"name": "ppo", "dropUniformGroups": False}}, "spec.algorithm.dropUniformGroups",
+     "remove dropUniformGroups"),
+    ({"algorithm": {"klEstimator": "k2"}}, "spec.algorithm.klEstimator", "klCoef > 0"),
+    ({"algorithm": {"name": "reinforce++", "klCoef": 0.1, "klEstimator": "k1"}}, "spec.algorithm.klEstimator",
+     "remove klEstimator"),
+    ({"algorithm": {"overlongBuffer": {"length": 8}}}, "spec.algorithm.overlongBuffer.length", "below 8"),
+    ({"algorithm": {"name": "ppo", "dynamicSampling": {"enabled": True}}, "batch": {"samplesPerPrompt": 1}},
+     "spec.algorithm.dynamicSampling.enabled", "samplesPerPrompt >= 2"),
+    ({"algorithm": {"dynamicSampling": {"maxRounds": 8}}}, "spec.algorithm.dynamicSampling.maxRounds",
+     "enabled: true"),
     ({"optimizer": {"betas": [0.9, 1.0]}}, "spec.optimizer.betas", "[0.9, 0.999]"),
     ({"model": {"path": "builtin:huge"}}, "spec.model.path", "builtin:tiny-arith"),
     ({"task": {"name": "builtin:chess"}}, "spec.task.name", "builtin:arithmetic"),
@@ -110,6 +126,30 @@ def test_cpu_accelerator_lifts_the_gpu_rules():
     assert s.hardware.accelerator == "cpu"
 
 
+def test_the_algorithm_family_validates_with_its_knobs():
+    cpu = {"hardware": {"accelerator": "cpu"}}
+    for name in ("grpo", "ppo", "rloo", "reinforce++", "reinforce++-baseline", "gspo"):
+        assert parse_spec({**cpu, "algorithm": {"name": name}}).algorithm.name == name
+    s = parse_spec({**cpu, "algorithm": {"name": "grpo", "klCoef": 0.01, "klEstimator": "k2", "entropyCoef": 0.001,
+                                         "lossAggregation": "seq-mean-token-sum-norm", "stdNormalize": False,
+                                         "dropUniformGroups": False, "maskTruncatedCompletions": True,
+                                         "overlongBuffer": {"length": 4, "penaltyFactor": 0.5},
+                                         "dynamicSampling": {"enabled": True, "maxRounds": 8}}})
+    a = s.algorithm
+    assert (a.kl_estimator, a.entropy_coef, a.overlong_buffer.length, a.dynamic_sampling.max_rounds) == ("k2", 0.001,
+                                                                                                           4, 8)
+    assert parse_spec({**cpu, "algorithm": {"name": "ppo", "valueClip": 0}}).algorithm.value_clip == 0
+    assert parse_spec({**cpu, "algorithm": {"name": "reinforce++", "gamma": 0.99}}).algorithm.gamma == 0.99
+    # lossAggregation unset: GSPO's paper averages over sequences; the rest default to verl's token-mean.
+    assert parse_spec({**cpu, "algorithm": {"name": "gspo"}}).algorithm.resolved_loss_aggregation() == \
+        "seq-mean-token-mean"
+    assert parse_spec(cpu).algorithm.resolved_loss_aggregation() == "token-mean"
+    # The run config and the operator carry the spec as its dict: the new fields survive the trip.
+    again = parse_rlrun(yaml.safe_load(yaml.safe_dump(parse_rlrun(rlrun_dict({**cpu, "algorithm": {
+        "name": "rloo", "overlongBuffer": {"length": 2}, "dynamicSampling": {"enabled": True}}})).to_dict())))
+    assert again.spec.algorithm.overlong_buffer.length == 2 and again.spec.algorithm.dynamic_sampling.enabled
+
+
 def test_ppo_allows_one_sample_per_prompt():
     assert parse_spec({"hardware": {"accelerator": "cpu"}, "algorithm": {"name": "ppo"},
                        "batch": {"samplesPerPrompt": 1}}).batch.samples_per_prompt == 1
@@ -124,7 +164,17 @@ STRUCTURAL = [
     ({"optimizer": {"lr": -1e-5}}, "spec.optimizer.lr: -1e-05 must be greater than 0"),
     ({"optimizer": {"lr": 0}}, "spec.optimizer.lr: 0 must be greater than 0"),
     ({"algorithm": {"clipRatio": 0}}, "spec.algorithm.clipRatio: 0 must be greater than 0"),
-    ({"algorithm": {"name": "dpo"}}, "spec.algorithm.name: 'dpo' is not allowed; use 'grpo' or 'ppo'"),
+    ({"algorithm": {"name": "dpo"}}, "spec.algorithm.name: 'dpo' is not allowed; use 'grpo', 'ppo', 'rloo', "
+     "'reinforce++', 'reinforce++-baseline' or 'gspo'"),
+    ({"algorithm": {"lossAggregation": "seq-mean"}}, "spec.algorithm.lossAggregation: 'seq-mean' is not allowed; use "
+     "'token-mean', 'seq-mean-token-mean' or 'seq-mean-token-sum-norm'"),
+    ({"algorithm": {"klEstimator": "low_var_kl"}}, "spec.algorithm.klEstimator: 'low_var_kl' is not allowed; use "
+     "'k1', 'k2' or 'k3'"),
+    ({"algorithm": {"entropyCoef": -0.1}}, "spec.algorithm.entropyCoef: -0.1 must be greater than or equal to 0"),
+    ({"algorithm": {"valueClip": -1}}, "spec.algorithm.valueClip: -1 must be greater than or equal to 0"),
+    ({"algorithm": {"overlongBuffer": {}}}, "spec.algorithm.overlongBuffer.length: is required"),
+    ({"algorithm": {"dynamicSampling": {"maxRounds": 0}}}, "spec.algorithm.dynamicSampling.maxRounds: 0 must be "
+     "greater than 0"),
     ({"learner": {"zeroStage": 4}}, "spec.learner.zeroStage: 4 must be less than or equal to 3"),
     ({"learner": {"zeroStage": -1}}, "spec.learner.zeroStage: -1 must be greater than or equal to 0"),
     ({"hardware": {"accelerator": "TPU"}}, "spec.hardware.accelerator: 'TPU' is not allowed"),
@@ -177,7 +227,7 @@ def test_missing_file(tmp_path):
 
 def test_round_trip_through_yaml_keeps_the_spec():
     r = parse_rlrun(rlrun_dict({"model": {"path": "Qwen/Qwen2.5-7B"}, "batch": {"prompts": 16},
-                                "algorithm": {"lambda": 0.9}}))
+                                "algorithm": {"name": "ppo", "lambda": 0.9}}))
     again = parse_rlrun(yaml.safe_load(yaml.safe_dump(r.to_dict())))
     assert again.spec == r.spec and again.to_dict()["spec"]["algorithm"]["lambda"] == 0.9
 

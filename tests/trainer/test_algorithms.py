@@ -126,12 +126,14 @@ def test_kl_estimators():
     logp = torch.tensor([math.log(0.5), math.log(0.2)])
     ref = torch.tensor([math.log(0.25), math.log(0.2)])
     k1 = A.kl_divergence(logp, ref, "k1")
+    k2 = A.kl_divergence(logp, ref, "k2")
     k3 = A.kl_divergence(logp, ref, "k3")
     assert k1.tolist() == pytest.approx([math.log(2), 0.0])
+    assert k2.tolist() == pytest.approx([0.5 * math.log(2) ** 2, 0.0])  # x^2 / 2, x = log 2
     assert k3.tolist() == pytest.approx([0.5 - 1 + math.log(2), 0.0])
     assert (k3 >= 0).all()
-    with pytest.raises(ValueError, match="k2"):
-        A.kl_divergence(logp, ref, "k2")
+    with pytest.raises(ValueError, match="k4.*k1, k2, k3"):
+        A.kl_divergence(logp, ref, "k4")
 
 
 def test_kl_k3_is_unbiased_for_true_kl():

@@ -1,0 +1,116 @@
+"""What a learner rank is built from: LearnerConfig (plain data, carried in a run config) and the PPO critic."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from rlscale.spec.algorithm import KL_ESTIMATORS, LOSS_AGGREGATIONS
+
+
+@dataclass
+class LearnerConfig:
+    """Everything a rank needs to build its engines; plain data so it can travel in a run config.
+    The algorithm fields mirror spec.algorithm (rlscale/spec/algorithm.py describes each)."""
+
+    model_path: str
+    algorithm: str = "grpo"
+    dtype: str = "float32"
+    zero_stage: int = 1
+    micro_batch: int = 32
+    lr: float = 1e-4
+    betas: tuple[float, float] = (0.9, 0.99)
+    eps: float = 1e-8
+    weight_decay: float = 0.0
+    warmup_steps: int = 0
+    grad_clip: float = 1.0
+    clip_ratio: float = 0.2
+    clip_ratio_high: float | None = None
+    kl_coef: float = 0.0
+    kl_estimator: str = "k3"
+    entropy_coef: float = 0.0
+    loss_aggregation: str = "token-mean"
+    # The longest response (task.maxNewTokens): Dr. GRPO's normaliser and the overlong penalty's L_max.
+    max_response_length: int | None = None
+    gamma: float = 1.0
+    lam: float = 0.95
+    value_coef: float = 0.5
+    value_clip: float | None = 0.2  # None: no clip
+    std_normalize: bool = True
+    drop_uniform_groups: bool = True  # groups whose samples all score the same teach nothing
+    mask_truncated: bool = False  # DAPO's overlong filtering: truncated responses leave the loss
+    overlong_buffer: int = 0  # DAPO's L_cache; 0: no overlong penalty
+    overlong_penalty_factor: float = 1.0
+    measure_noise: bool = True
+    noise_ema: float = 0.9
+    seed: int = 0
+    # This rank's checkpoint directory, when the ranks may not share one (a volume per rank).
+    checkpoint_dir: str | None = None
+    extra_ds_config: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self):
+        if self.loss_aggregation not in LOSS_AGGREGATIONS:
+            raise ValueError(f"spec.algorithm.lossAggregation: {self.loss_aggregation!r} is not known; use one of "
+                             f"{', '.join(LOSS_AGGREGATIONS)}")
+        if self.kl_estimator not in KL_ESTIMATORS:
+            raise ValueError(f"spec.algorithm.klEstimator: {self.kl_estimator!r} is not known; use one of "
+                             f"{', '.join(KL_ESTIMATORS)}")
+        needs_length = self.loss_aggregation == "seq-mean-token-sum-norm" or self.overlong_buffer > 0
+        if needs_length and not self.max_response_length:
+            raise ValueError("LearnerConfig: seq-mean-token-sum-norm and the overlong penalty need "
+                             "max_response_length (task.maxNewTokens)")
+
+    @classmethod
+    def from_spec(cls, spec, model_path: str, learning_rate: float | None = None, **overrides) -> LearnerConfig:
+        """From a validated RLRunSpec (rlscale.spec) and the plan's learning rate."""
+        a, o = spec.algorithm, spec.optimizer
+        kw = dict(
+            model_path=str(model_path),
+            algorithm=a.name,
+            dtype=spec.model.dtype,
+            zero_stage=spec.learner.zero_stage,
+            micro_batch=spec.batch.micro_batch,
+            lr=learning_rate if learning_rate is not None else o.lr,
+            betas=tuple(o.betas),
+            eps=o.eps,
+            weight_decay=o.weight_decay,
+            warmup_steps=o.warmup_steps,
+            grad_clip=o.grad_clip,
+            clip_ratio=a.clip_ratio,
+            clip_ratio_high=a.clip_ratio_high,
+            kl_coef=a.kl_coef,
+            kl_estimator=a.kl_estimator,
+            entropy_coef=a.entropy_coef,
+            loss_aggregation=a.resolved_loss_aggregation(),
+            max_response_length=spec.task.max_new_tokens,
+            gamma=a.gamma,
+            lam=a.lambda_,
+            value_coef=a.value_coef,
+            value_clip=a.value_clip or None,
+            std_normalize=a.std_normalize,
+            drop_uniform_groups=a.drop_uniform_groups,
+            mask_truncated=a.mask_truncated_completions,
+            overlong_buffer=a.overlong_buffer.length if a.overlong_buffer else 0,
+            overlong_penalty_factor=a.overlong_buffer.penalty_factor if a.overlong_buffer else 1.0,
+        )
+        kw.update(overrides)
+        return cls(**kw)
+
+
+class ValueModel(torch.nn.Module):
+    """PPO critic: the policy's transformer body with a scalar head (zero-initialised)."""
+
+    def __init__(self, model_path: str, dtype: torch.dtype):
+        super().__init__()
+        from transformers import AutoModel
+
+        self.body = AutoModel.from_pretrained(model_path, dtype=dtype, local_files_only=True)
+        self.head = torch.nn.Linear(self.body.config.hidden_size, 1, dtype=dtype)
+        torch.nn.init.zeros_(self.head.weight)
+        torch.nn.init.zeros_(self.head.bias)
+
+    def forward(self, input_ids, attention_mask):
+        hidden = self.body(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+        return self.head(hidden).squeeze(-1).float()
