@@ -107,7 +107,13 @@ def _main(config_path: str | None) -> int:
         signal.signal(signal.SIGTERM, on_term)
         if probe is not None:
             serve_follower_metrics(learner, probe)
-        learner.follow()
+        why = learner.follow()
+        if why == "failed" and not stopping:
+            # Rank 0 stopped on an error and its pod restarts: restart with it, so the gang forms
+            # again (waiting here for a scale-down that never comes kept rank 0's new process from
+            # ever meeting this rank: tests/node/test_faults_k8s.py, a driver error with 2 learners).
+            log.error("rank %d: rank 0 stopped on an error; exiting so the gang restarts", learner.rank)
+            return 1
         if in_pod and not stopping:
             # Rank 0 released this rank because the run ended (it drives the exit otherwise);
             # exiting would restart the pod, so wait for the operator's scale-down.
@@ -118,9 +124,12 @@ def _main(config_path: str | None) -> int:
     from rlscale.trainer.run_env import drive
 
     try:
-        return drive(cfg, learner, rollout.result() if rollout else None, probe=probe)
-    finally:
-        learner.shutdown()
+        code = drive(cfg, learner, rollout.result() if rollout else None, probe=probe)
+    except BaseException:
+        learner.shutdown(failed=True)
+        raise
+    learner.shutdown()
+    return code
 
 
 def start_probe_server(port: int):
@@ -171,7 +180,7 @@ def start_ray_node(cfg) -> None:
     """`ray start` (a daemonised node offering no CPUs) joining the run's head, for the driver."""
     import subprocess
 
-    from rlscale.roles import NO_LOG_MONITOR, ray_executable, ray_node_env
+    from rlscale.roles import NO_LOG_MONITOR, ray_executable
 
     cmd = [ray_executable(), "start", f"--address={cfg.ray_address}", "--num-cpus=0", "--disable-usage-stats",
            NO_LOG_MONITOR]
@@ -180,13 +189,26 @@ def start_ray_node(cfg) -> None:
     log.info("starting this pod's Ray node: %s", " ".join(cmd))
     deadline = time.monotonic() + 300  # the head's pod may still be starting
     while True:
-        done = subprocess.run(cmd, env=ray_node_env(), stdout=sys.stderr, stderr=sys.stderr)
+        done = subprocess.run(cmd, env=learner_node_env(), stdout=sys.stderr, stderr=sys.stderr)
         if done.returncode == 0:
             return
         if time.monotonic() > deadline:
             raise RuntimeError(f"could not join the run's Ray head at {cfg.ray_address} within 300 s "
                                f"(`ray start` exit {done.returncode}); is the ray-head pod running?")
         time.sleep(5)
+
+
+def learner_node_env() -> dict[str, str]:
+    """The learner pod's Ray node without Ray's memory monitor (unless the environment sets it): the
+    pod's memory is the learner process's, and near the container's limit the monitor killed the
+    run's WeightStore actor, a bystander of a few MB, so the driver failed with a Ray error where
+    the kernel would have OOM-killed the learner and Kubernetes said OOMKilled
+    (tests/node/test_faults_k8s.py, rank 0 grown to 3.58 GB in a 4Gi container)."""
+    from rlscale.roles import ray_node_env
+
+    env = ray_node_env()
+    env.setdefault("RAY_memory_monitor_refresh_ms", "0")
+    return env
 
 
 def watch_ray_head(cfg) -> None:

@@ -186,15 +186,18 @@ class Learner:
             return None
         return self._collective("load_checkpoint", str(path))
 
-    def shutdown(self) -> None:
-        """Release the followers (rank 0; once, however often it is called)."""
+    def shutdown(self, failed: bool = False) -> None:
+        """Release the followers (rank 0; once, however often it is called). `failed`: rank 0 stops
+        on an error and its pod restarts, so the followers restart with it (a gang restart) instead
+        of waiting for the run's end."""
         if self.world_size > 1 and self.rank == 0 and not self._released:
             self._released = True
             self.gang.stop()  # the followers leave now, on purpose
-            dist.broadcast_object_list(["stop", ()], src=0, group=self._control)
+            dist.broadcast_object_list(["stop", ("failed" if failed else "ended",)], src=0, group=self._control)
 
-    def follow(self) -> None:
-        """Ranks > 0: run whatever rank 0 runs, until it calls shutdown()."""
+    def follow(self) -> str:
+        """Ranks > 0: run whatever rank 0 runs, until it calls shutdown(); returns why it did:
+        "ended" (the run is over) or "failed" (rank 0 stops on an error and restarts)."""
         if self.rank == 0:
             raise RuntimeError("learner: rank 0 drives the run; follow() is for ranks > 0")
         while True:
@@ -203,7 +206,7 @@ class Learner:
             name, args = msg
             if name == "stop":
                 self.gang.stop()
-                return
+                return args[0] if args else "ended"
             getattr(self, "_" + name)(*args)
 
     # --- what every rank runs ------------------------------------------------------

@@ -43,9 +43,9 @@ def fixed(args: dict) -> None:
                 stats = learner.step(batch, lr=lr)
                 print("STATS", json.dumps(stats), flush=True)
             torch.save(learner.export_weights(), out / "exported.pt")
-            learner.shutdown()
+            learner.shutdown(failed=bool(run.get("fail")))  # "fail": as rank 0 does when it stops on an error
         else:
-            learner.follow()
+            print("FOLLOWED", learner.follow(), flush=True)
         if learner.config.zero_stage < 3:  # under ZeRO-3 a rank holds only a shard
             dump_params(learner, out / f"rank{learner.rank}.pt")
         del learner

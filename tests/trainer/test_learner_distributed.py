@@ -129,11 +129,12 @@ def ranks_result(small_model, tmp_path_factory, run_ranks_module):
                                        "zero_allow_untested_optimizer": True}}
             adam = {**base, "lr": ADAM["lr"], "betas": ADAM["betas"], "grad_clip": ADAM["grad_clip"]}
             runs = [{"config": sgd, "batches": BATCHES[:1], "lrs": [SGD_LR], "out": str(out / "sgd")},
-                    {"config": adam, "batches": BATCHES, "lrs": LRS, "out": str(out / "adam")}]
+                    {"config": adam, "batches": BATCHES, "lrs": LRS, "out": str(out / "adam"), "fail": True}]
             results = run_ranks_module("fixed", {"runs": runs}, out, world_size=2)
             stats = [json.loads(x.split(" ", 1)[1]) for x in results[0].stdout.splitlines() if x.startswith("STATS ")]
             comm = [json.loads(x.split(" ", 1)[1]) for x in results[0].stdout.splitlines() if x.startswith("COMM ")]
-            cache[zero_stage] = {"out": out, "stats": stats, "comm": comm}
+            followed = [x.split(" ", 1)[1] for x in results[1].stdout.splitlines() if x.startswith("FOLLOWED ")]
+            cache[zero_stage] = {"out": out, "stats": stats, "comm": comm, "followed": followed}
         return cache[zero_stage]
 
     return get
@@ -144,6 +145,12 @@ def load_ranks(out, zero_stage: int) -> tuple[dict, dict, dict]:
     rank0 = torch.load(out / "rank0.pt") if zero_stage < 3 else exported
     rank1 = torch.load(out / "rank1.pt") if zero_stage < 3 else exported
     return exported, rank0, rank1
+
+
+def test_a_follower_hears_whether_rank_0_ended_or_failed(ranks_result):
+    """Rank 0 releases its followers at the run's end ("ended": they wait for the scale-down) and when
+    it stops on an error ("failed": they exit, so the gang restarts with rank 0's new process)."""
+    assert ranks_result(0)["followed"] == ["ended", "failed"]
 
 
 def test_ranks_on_cpu_build_no_inference_all_reduce_kernel(ranks_result):
