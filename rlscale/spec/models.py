@@ -214,9 +214,13 @@ class BatchSpec(_Model):
     min_prompts: PosInt = Field(4, le=MAX_PROMPTS, description="Smallest prompts per step the planner may choose.")
     max_prompts: PosInt = Field(256, le=MAX_PROMPTS, description="Largest prompts per step the planner may choose.")
     micro_batch: PosInt = Field(32, le=MAX_PROMPTS * MAX_SAMPLES_PER_PROMPT,
-                                description="Most sequences per learner forward/backward, filled with whole "
-                                "prompt groups (so at least samplesPerPrompt); gradients accumulate to the whole "
-                                "batch.")
+                                description="Most sequences per learner forward/backward (down to 1: a prompt group "
+                                "may span micro-batches; advantages are computed over whole groups first); gradients "
+                                "accumulate to the whole batch.")
+    micro_batch_tokens: PosInt | None = Field(None, description="Most tokens (prompt + response, padding removed) per "
+                                              "learner forward/backward, next to microBatch; a micro-batch ends at "
+                                              "whichever limit it reaches first. At least model.maxLength. Unset: "
+                                              "sequences only.")
 
 
 class OptimizerSpec(_Model):
@@ -326,12 +330,27 @@ class RolloutSpec(_RoleSpec):
 
     temperature: float = Field(1.0, gt=0, le=10, description="Sampling temperature.")
     top_p: float = Field(1.0, gt=0, le=1, description="Nucleus sampling threshold.")
+    gpu_memory_utilization: float | None = Field(None, gt=0, le=1, description="Share of each GPU's memory the "
+                                                 "engine takes (weights + KV cache), what the planner's memory check "
+                                                 "assumes too. Unset: the plan's (0.9 disaggregated, less colocated).")
+    weight_sync: Literal["auto", "broadcast", "object-store"] = Field(
+        "auto", description="How new weights reach the engines: broadcast (one process group between learner rank "
+        "0 and every engine worker, NCCL on GPU and gloo on CPU; the learner sends each byte once whatever the "
+        "replica count), object-store (Ray's object store, each replica pulls its copy from rank 0's node), or auto: "
+        "broadcast, and the object store for a replica that cannot join the group (it joined late, or the group "
+        "failed).")
 
 
 class LearnerSpec(_RoleSpec):
     """DeepSpeed learner ranks."""
 
     zero_stage: int = Field(1, ge=0, le=3, description="DeepSpeed ZeRO stage, 0 to 3.")
+    ranks_per_replica: PosInt | None = Field(None, le=16, description="DeepSpeed ranks in one learner pod (one pod "
+                                             "per node; global rank = pod index x ranks + local rank). Unset: "
+                                             "gpusPerReplica on GPU accelerators, 1 on cpu. On a GPU accelerator it "
+                                             "must equal gpusPerReplica (one rank per GPU).")
+    gradient_checkpointing: bool = Field(False, description="Recompute activations in the backward pass: less "
+                                         "learner memory per micro-batch for about a third more training compute.")
 
 
 class HardwareSpec(_Model):
@@ -398,10 +417,22 @@ class RLRunSpec(_Model):
     rollout: RolloutSpec = Field(default_factory=RolloutSpec, description=RolloutSpec.__doc__)
     learner: LearnerSpec = Field(default_factory=LearnerSpec, description=LearnerSpec.__doc__)
     hardware: HardwareSpec = Field(default_factory=HardwareSpec, description=HardwareSpec.__doc__)
+    placement: Literal["auto", "colocated", "disaggregated"] = Field(
+        "auto", description="Where the rollout engines run. disaggregated: rollout replicas on GPUs of their own, "
+        "learners on theirs; colocated: one engine on each learner pod's GPUs, asleep (memory freed) while the "
+        "learner trains, weights handed over on the node; auto: the plan's faster time-to-target (colocated when "
+        "budget.gpus cannot hold both pools).")
     checkpoint: CheckpointSpec = Field(default_factory=CheckpointSpec, description=CheckpointSpec.__doc__)
     scheduling: SchedulingSpec = Field(default_factory=SchedulingSpec, description=SchedulingSpec.__doc__)
     failure_policy: FailurePolicySpec = Field(default_factory=FailurePolicySpec, description=FailurePolicySpec.__doc__)
     suspend: bool = Field(False, description="Scale rollout and learners to zero, keeping config and checkpoints.")
+
+    @property
+    def learner_ranks_per_pod(self) -> int:
+        """DeepSpeed ranks in one learner pod: learner.ranksPerReplica, else one per GPU (one on cpu)."""
+        if self.learner.ranks_per_replica is not None:
+            return self.learner.ranks_per_replica
+        return 1 if self.hardware.accelerator == "cpu" else max(1, self.learner.gpus_per_replica)
 
     @model_validator(mode="after")
     def _cpu_default_model(self) -> RLRunSpec:

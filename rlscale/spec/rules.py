@@ -135,12 +135,11 @@ def _algorithm_rules() -> list[Rule]:
     ]
 
 
-def _rule_micro_batch_groups(s: RLRunSpec):
-    spp = s.batch.samples_per_prompt
-    if s.batch.micro_batch < spp:
-        return _err("batch.microBatch", s.batch.micro_batch, f"is smaller than batch.samplesPerPrompt ({spp}): a "
-                    "micro-batch holds whole prompt groups, so that the gradient-noise estimate sees independent "
-                    "samples", f"use microBatch >= {spp} (a multiple of {spp} leaves no slot unused)")
+def _rule_micro_batch_tokens(s: RLRunSpec):
+    t = s.batch.micro_batch_tokens
+    if t is not None and t < s.model.max_length:
+        return _err("batch.microBatchTokens", t, f"cannot hold one sequence of model.maxLength ({s.model.max_length})",
+                    f"use microBatchTokens >= {s.model.max_length}, or leave it unset")
 
 
 def _rule_prompt_bounds(s: RLRunSpec):
@@ -165,17 +164,40 @@ def _rule_new_tokens(s: RLRunSpec):
 
 
 def _gpu_need(s: RLRunSpec) -> int:
+    """The fewest GPUs the placement can run on: one replica of each role unless set (colocated, and auto
+    which may choose it, need the learner pods only: the engines share their GPUs)."""
     r = 1 if s.rollout.replicas == "auto" else s.rollout.replicas
     lr = 1 if s.learner.replicas == "auto" else s.learner.replicas
-    return r * s.rollout.gpus_per_replica + lr * s.learner.gpus_per_replica
+    learners = lr * s.learner.gpus_per_replica
+    return learners if _may_colocate(s) else r * s.rollout.gpus_per_replica + learners
+
+
+def _may_colocate(s: RLRunSpec) -> bool:
+    return s.placement == "colocated" or (s.placement == "auto" and s.rollout.replicas == "auto")
 
 
 def _rule_gpu_budget(s: RLRunSpec):
     if s.hardware.accelerator != "cpu" and s.budget.gpus < _gpu_need(s):
+        what = ("the learner replicas (colocated: the engines share their GPUs)" if _may_colocate(s)
+                else "the rollout and learner replicas")
         return _err("budget.gpus", s.budget.gpus,
-                    f"does not cover the rollout and learner replicas ({_gpu_need(s)} GPUs: replicas x gpusPerReplica, "
-                    "one each when auto)",
+                    f"does not cover {what} ({_gpu_need(s)} GPUs: replicas x gpusPerReplica, one each when auto)",
                     f"raise budget.gpus to at least {_gpu_need(s)}, or lower the replicas")
+
+
+def _rule_ranks_per_replica(s: RLRunSpec):
+    k = s.learner.ranks_per_replica
+    if k is not None and s.hardware.accelerator != "cpu" and k != s.learner.gpus_per_replica:
+        return _err("learner.ranksPerReplica", k, f"differs from learner.gpusPerReplica ({s.learner.gpus_per_replica}) "
+                    f"on accelerator {s.hardware.accelerator}: each rank drives one GPU",
+                    "leave ranksPerReplica unset (one rank per GPU), or set gpusPerReplica to the same number")
+
+
+def _rule_colocated_replicas(s: RLRunSpec):
+    if s.placement == "colocated" and s.rollout.replicas != "auto":
+        return _err("rollout.replicas", s.rollout.replicas, "is set with placement colocated, where each learner pod "
+                    "runs one engine (the rollout replicas are the learner pods)",
+                    "leave rollout.replicas auto, or use placement disaggregated")
 
 
 def _rule_gpus_per_replica(s: RLRunSpec):
@@ -473,9 +495,9 @@ RULES: list[Rule] = [
          f"!(self.algorithm.name in {_cel_list(GROUP_ALGORITHMS)}) || self.batch.samplesPerPrompt >= 2",
          "batch.samplesPerPrompt must be >= 2 for GRPO and the other group-baseline algorithms ("
          + ", ".join(GROUP_ALGORITHMS[1:]) + ")", _rule_grpo_group),
-    Rule("batch.microBatch", "self.batch.microBatch >= self.batch.samplesPerPrompt",
-         "batch.microBatch must be >= batch.samplesPerPrompt (a micro-batch holds whole prompt groups)",
-         _rule_micro_batch_groups),
+    Rule("batch.microBatchTokens", "!has(self.batch.microBatchTokens) || self.batch.microBatchTokens >= "
+         "self.model.maxLength", "batch.microBatchTokens must hold one sequence of model.maxLength",
+         _rule_micro_batch_tokens),
     Rule("batch.minPrompts", "self.batch.minPrompts <= self.batch.maxPrompts",
          "batch.minPrompts must be <= batch.maxPrompts", _rule_prompt_bounds),
     Rule("batch.prompts",
@@ -490,9 +512,17 @@ RULES: list[Rule] = [
          "task.expectedResponseTokens must be <= task.maxNewTokens", _rule_response_hint),
     Rule("budget.gpus",
          "self.hardware.accelerator == 'cpu' || self.budget.gpus >= "
-         + _REPLICA_CEL.format(r="rollout") + " * self.rollout.gpusPerReplica + "
+         "(self.placement == 'colocated' || (self.placement == 'auto' && type(self.rollout.replicas) == string) ? 0 : "
+         + _REPLICA_CEL.format(r="rollout") + " * self.rollout.gpusPerReplica) + "
          + _REPLICA_CEL.format(r="learner") + " * self.learner.gpusPerReplica",
-         "budget.gpus must cover at least one rollout and one learner replica", _rule_gpu_budget),
+         "budget.gpus must cover at least one learner replica, and one rollout replica unless colocated",
+         _rule_gpu_budget),
+    Rule("learner.ranksPerReplica", "self.hardware.accelerator == 'cpu' || !has(self.learner.ranksPerReplica) || "
+         "self.learner.ranksPerReplica == self.learner.gpusPerReplica",
+         "learner.ranksPerReplica must equal learner.gpusPerReplica on a GPU accelerator", _rule_ranks_per_replica),
+    Rule("rollout.replicas", "self.placement != 'colocated' || type(self.rollout.replicas) == string",
+         "rollout.replicas must be auto with placement colocated (one engine per learner pod)",
+         _rule_colocated_replicas),
     Rule("rollout.gpusPerReplica",
          "self.hardware.accelerator == 'cpu' || (self.rollout.gpusPerReplica > 0 && self.learner.gpusPerReplica > 0)",
          "gpusPerReplica must be >= 1 unless hardware.accelerator is cpu", _rule_gpus_per_replica),

@@ -32,7 +32,10 @@ def test_validate_examples_exit_0():
         ("spec:\n  batch: {samplesPerPrompt: 1}\n", "spec.batch.samplesPerPrompt: 1 is too small for GRPO"),
         ("spec:\n  optimizer: {lr: -0.1}\n", "spec.optimizer.lr: -0.1 must be greater than 0"),
         ("spec:\n  learner: {zeroStage: 5}\n", "spec.learner.zeroStage: 5"),
-        ("spec:\n  budget: {gpus: 1}\n", "spec.budget.gpus: 1 does not cover"),
+        ("spec:\n  budget: {gpus: 1}\n  placement: disaggregated\n", "spec.budget.gpus: 1 does not cover"),
+        ("spec:\n  budget: {gpus: 1}\n  learner: {replicas: 2}\n", "spec.budget.gpus: 1 does not cover the learner"),
+        ("spec:\n  learner: {gpusPerReplica: 8, ranksPerReplica: 4}\n", "spec.learner.ranksPerReplica: 4 differs"),
+        ("spec:\n  placement: colocated\n  rollout: {replicas: 2}\n", "spec.rollout.replicas: 2 is set with placement"),
         ("spec:\n  batch: {prompt: 4}\n", "did you mean 'prompts'"),
     ],
 )

@@ -42,13 +42,15 @@ def test_examples_validate(path):
 # (spec, the field path the error must name, a word of the fix)
 CROSS_FIELD = [
     ({"batch": {"samplesPerPrompt": 1}}, "spec.batch.samplesPerPrompt", "2 or more"),
-    ({"batch": {"samplesPerPrompt": 16, "microBatch": 12}}, "spec.batch.microBatch", "microBatch >= 16"),
+    ({"batch": {"microBatchTokens": 100}}, "spec.batch.microBatchTokens", "microBatchTokens >= 128"),
     ({"batch": {"minPrompts": 64, "maxPrompts": 8}}, "spec.batch.minPrompts", "<= maxPrompts"),
     ({"batch": {"prompts": 512}}, "spec.batch.prompts", "widen"),
     ({"task": {"maxNewTokens": 128}}, "spec.task.maxNewTokens", "smaller than model.maxLength"),
     ({"task": {"expectedPromptTokens": 100, "maxNewTokens": 60}}, "spec.model.maxLength", "at least 160"),
     ({"task": {"expectedResponseTokens": 9, "maxNewTokens": 8}}, "spec.task.expectedResponseTokens", "maxNewTokens"),
-    ({"budget": {"gpus": 1}}, "spec.budget.gpus", "at least 2"),
+    ({"budget": {"gpus": 1}, "placement": "disaggregated"}, "spec.budget.gpus", "at least 2"),
+    ({"learner": {"gpusPerReplica": 8, "ranksPerReplica": 2}}, "spec.learner.ranksPerReplica", "unset"),
+    ({"placement": "colocated", "rollout": {"replicas": 2}}, "spec.rollout.replicas", "disaggregated"),
     ({"budget": {"gpus": 8}, "rollout": {"replicas": 6}, "learner": {"replicas": 4}}, "spec.budget.gpus",
      "at least 10"),
     ({"rollout": {"gpusPerReplica": 0}}, "spec.rollout.gpusPerReplica", "accelerator: cpu"),

@@ -166,7 +166,12 @@ def test_delete_removes_every_child(kube, operator, ns):
     ({"batch": {"samplesPerPrompt": 1}}, "batch.samplesPerPrompt must be >= 2 for GRPO"),
     ({"batch": {"minPrompts": 64, "maxPrompts": 8}}, "batch.minPrompts must be <= batch.maxPrompts"),
     ({"learner": {"zeroStage": 5}}, "spec.learner.zeroStage"),
-    ({"budget": {"gpus": 1}}, "budget.gpus must cover at least one rollout and one learner replica"),
+    ({"budget": {"gpus": 1}, "placement": "disaggregated"}, "budget.gpus must cover at least one learner replica, "
+     "and one rollout replica unless colocated"),
+    ({"learner": {"gpusPerReplica": 2, "ranksPerReplica": 4}},
+     "learner.ranksPerReplica must equal learner.gpusPerReplica"),
+    ({"placement": "colocated", "rollout": {"replicas": 2}}, "rollout.replicas must be auto with placement colocated"),
+    ({"batch": {"microBatchTokens": 16}}, "batch.microBatchTokens must hold one sequence"),
     ({"batch": {"promptz": 8}}, 'unknown field "spec.batch.promptz"'),
     ({"learner": {"pod": {"env": [{"name": "WORLD_SIZE", "value": "9"}]}}},
      "learner.pod.env must not set a variable the operator sets"),
