@@ -1,0 +1,161 @@
+"""`rlscale export RUN --hf OUT`: a Hugging Face model directory from a run's newest complete checkpoint.
+
+A checkpoint holds DeepSpeed state (trainer/checkpoint.py): at ZeRO 0 the module's weights in
+`mp_rank_00_model_states.pt`; at ZeRO 1-3 the fp32 master weights partitioned over the ranks'
+`*optim_states.pt` files, which DeepSpeed's own converter joins. The weights written are those
+master weights cast to the run's dtype, which is what the learner's module (and so every rollout
+engine) held at that step. With one checkpoint volume per rank (Kubernetes without a shared
+`checkpoint.volume`) the other ranks' directories are named with `rank_dirs`; their shards are
+joined in a scratch directory of links, nothing is copied.
+
+The output is `save_pretrained` of the model's own class (config and tokenizer from the model
+directory the run trained), loadable by transformers and vLLM.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from rlscale.trainer import checkpoint
+
+POLICY_TAG = "policy"
+# What of the model directory travels with the weights (the rest is rewritten by save_pretrained).
+_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "tokenizer.model",
+                    "vocab.json", "merges.txt", "added_tokens.json", "chat_template.jinja", "generation_config.json")
+MARKER = "rlscale_export.json"
+
+
+class ExportError(RuntimeError):
+    """A run or checkpoint that cannot be exported; the message names what to pass."""
+
+
+@dataclass(frozen=True)
+class Exported:
+    out: Path
+    step: int
+    zero_stage: int
+    dtype: str
+    parameters: int
+
+
+def find_step(run: Path, step: int | None = None) -> Path:
+    """The checkpoint step directory of `run`: a run directory (holding checkpoints/), a checkpoint
+    directory (holding step-*), or a step directory itself; the newest complete unless `step`."""
+    run = Path(run)
+    if (run / checkpoint.STATE_FILE).is_file():
+        return run
+    base = run / "checkpoints" if (run / "checkpoints").is_dir() else run
+    if step is not None:
+        path = base / checkpoint.step_name(step)
+        if not (path / checkpoint.STATE_FILE).is_file():
+            have = [checkpoint.step_of(p) for p in checkpoint.complete_steps(base)]
+            raise ExportError(f"--step {step}: {base} holds no complete checkpoint of that step (complete: {have})")
+        return path
+    found = checkpoint.latest_checkpoint(base)
+    if found is None:
+        raise ExportError(f"{run}: no complete checkpoint here or under checkpoints/ (a step-* directory with its "
+                          f"{checkpoint.STATE_FILE}); pass the run directory of `rlscale run` or checkpoint.path")
+    return found
+
+
+def run_model_dir(run: Path) -> tuple[str | None, str | None]:
+    """The model directory and dtype the run trained with, from the run config `rlscale run` wrote."""
+    for where in (Path(run), Path(run).parent, Path(run).parent.parent):
+        cfg = where / "run.json"
+        if cfg.is_file():
+            d = json.loads(cfg.read_text())
+            dtype = (d.get("spec") or {}).get("model", {}).get("dtype")
+            return d.get("model_dir"), dtype
+    return None, None
+
+
+def _shard_dir(step_dir: Path, rank_dirs: list[Path], scratch: Path) -> Path:
+    """A directory whose POLICY_TAG folder holds every rank's files of this step (links)."""
+    if not rank_dirs:
+        return step_dir
+    tag = scratch / POLICY_TAG
+    tag.mkdir(parents=True)
+    for d in [step_dir, *(Path(r) / step_dir.name if (Path(r) / step_dir.name).is_dir() else Path(r)
+                          for r in rank_dirs)]:
+        src = d / POLICY_TAG
+        if not src.is_dir():
+            raise ExportError(f"--rank-dir: {d} has no {POLICY_TAG}/ of {step_dir.name}; name each rank's "
+                              "checkpoint directory (or its step directory)")
+        for f in src.iterdir():
+            if not (tag / f.name).exists():
+                (tag / f.name).symlink_to(f.resolve())
+    return scratch
+
+
+def zero_stage_of(tag_dir: Path) -> int:
+    """0 when no ZeRO optimizer partitions exist, else the stage the model states record."""
+    if not any(tag_dir.glob("*optim_states.pt")):
+        return 0
+    import torch
+
+    states = sorted(tag_dir.glob("*model_states.pt"))
+    sd = torch.load(states[0], map_location="cpu", weights_only=False)
+    stage = (sd.get("ds_config") or {}).get("zero_optimization", {}).get("stage")
+    return int(stage) if stage is not None else (3 if "zero_pp_rank" in states[0].name else 1)
+
+
+def consolidated_state_dict(ckpt: Path) -> tuple[dict, int]:
+    """name -> tensor of the policy, and the ZeRO stage it was saved at."""
+    import torch
+
+    tag_dir = ckpt / POLICY_TAG
+    if not tag_dir.is_dir():
+        raise ExportError(f"{ckpt}: no {POLICY_TAG}/ DeepSpeed state (was it written by rlscale?)")
+    stage = zero_stage_of(tag_dir)
+    if stage == 0:
+        sd = torch.load(tag_dir / "mp_rank_00_model_states.pt", map_location="cpu", weights_only=False)["module"]
+        return dict(sd), 0
+    from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
+
+    try:
+        return dict(get_fp32_state_dict_from_zero_checkpoint(str(ckpt), tag=POLICY_TAG)), stage
+    except (FileNotFoundError, ValueError) as exc:
+        raise ExportError(f"{ckpt}: the ZeRO-{stage} partitions are incomplete ({exc}); with one checkpoint volume "
+                          "per rank, pass every other rank's directory with --rank-dir") from exc
+
+
+def export_hf(run: Path, out: Path, *, model_dir: str | Path | None = None, rank_dirs: list[Path] | None = None,
+              step: int | None = None, dtype: str | None = None) -> Exported:
+    """Write the Hugging Face directory `out` from the run's newest (or `step`) complete checkpoint."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    step_dir = find_step(run, step)
+    saved_model, saved_dtype = run_model_dir(run)
+    model_dir = Path(model_dir or saved_model or "")
+    if not str(model_dir) or not (model_dir / "config.json").is_file():
+        raise ExportError(f"--model: {model_dir or 'not given'} is not a model directory with a config.json; pass "
+                          "the directory the run trained (its run.json names it for `rlscale run`)")
+    dtype = dtype or saved_dtype or "float32"
+    out = Path(out)
+    if out.exists() and any(out.iterdir()) and not (out / MARKER).is_file():
+        raise ExportError(f"--hf: {out} exists and is not an earlier export; give an empty or new directory")
+    with tempfile.TemporaryDirectory(prefix="rlscale-export-") as scratch:
+        sd, stage = consolidated_state_dict(_shard_dir(step_dir, list(rank_dirs or []), Path(scratch)))
+    target = getattr(torch, dtype)
+    config = AutoConfig.from_pretrained(model_dir, local_files_only=True)
+    model = AutoModelForCausalLM.from_config(config, dtype=target)
+    missing, unexpected = model.load_state_dict({k: v.to(target) for k, v in sd.items()}, strict=False)
+    tied = {k for k in missing if k.endswith("lm_head.weight") and getattr(config, "tie_word_embeddings", False)}
+    if set(missing) - tied or unexpected:
+        raise ExportError(f"{step_dir}: the checkpoint does not match {model_dir}'s model (missing "
+                          f"{sorted(set(missing) - tied)[:5]}, unexpected {sorted(unexpected)[:5]}); pass the model "
+                          "directory this run trained with --model")
+    out.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(out, safe_serialization=True)
+    for name in _TOKENIZER_FILES:
+        if (model_dir / name).is_file():
+            shutil.copy2(model_dir / name, out / name)
+    done = Exported(out, checkpoint.step_of(step_dir), stage, dtype, sum(v.numel() for v in sd.values()))
+    (out / MARKER).write_text(json.dumps({"checkpoint": str(step_dir), "step": done.step, "zeroStage": stage,
+                                          "dtype": dtype, "parameters": done.parameters}, indent=1) + "\n")
+    return done
