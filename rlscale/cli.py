@@ -258,6 +258,33 @@ def sweep(
     raise typer.Exit(code)
 
 
+@app.command()
+def export(
+    run: Path = typer.Argument(..., help="The run directory of `rlscale run` (runs/NAME), a checkpoint directory "
+                               "(checkpoint.path), or one step-* directory.", show_default=False),
+    hf: Path = typer.Option(..., "--hf", help="Write a Hugging Face model directory here.", show_default=False),
+    model: Path | None = typer.Option(None, "--model", help="The model directory the run trained (config and "
+                                      "tokenizer); default: the one the run's run.json names."),
+    rank_dir: list[Path] = typer.Option([], "--rank-dir", help="Another rank's checkpoint directory, when each "
+                                        "rank had a volume of its own (repeat for every rank but 0)."),
+    step: int | None = typer.Option(None, "--step", help="Export this step (default: the newest complete)."),
+    dtype: str | None = typer.Option(None, "--dtype", help="float32, bfloat16 or float16 (default: the run's)."),
+) -> None:
+    """Export a run's newest complete checkpoint as a Hugging Face model (transformers, vLLM)."""
+    try:
+        from rlscale.trainer.export_hf import ExportError, export_hf
+    except ImportError as exc:
+        _fail(f"export needs the train extra ({exc}); run `make venv` or pip install 'rlscale[train]'")
+    if dtype is not None and dtype not in ("float32", "bfloat16", "float16"):
+        _fail(f"--dtype: {dtype!r} is not float32, bfloat16 or float16")
+    try:
+        done = export_hf(run, hf, model_dir=model, rank_dirs=rank_dir, step=step, dtype=dtype)
+    except ExportError as exc:
+        _fail(str(exc))
+    err.print(f"exported step {done.step} (ZeRO {done.zero_stage}, {done.parameters:,} parameters, {done.dtype}) "
+              f"to {done.out}", highlight=False)
+
+
 @app.command("ray-head", hidden=True)
 def ray_head(config: Path | None = ConfigOpt) -> None:
     """Role entrypoint: the run's Ray head (CPU only)."""
