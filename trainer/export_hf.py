@@ -126,9 +126,6 @@ def consolidated_state_dict(ckpt: Path) -> tuple[dict, int]:
 def export_hf(run: Path, out: Path, *, model_dir: str | Path | None = None, rank_dirs: list[Path] | None = None,
               step: int | None = None, dtype: str | None = None) -> Exported:
     """Write the Hugging Face directory `out` from the run's newest (or `step`) complete checkpoint."""
-    import torch
-    from transformers import AutoConfig, AutoModelForCausalLM
-
     step_dir = find_step(run, step)
     saved_model, saved_dtype = run_model_dir(run)
     model_dir = Path(model_dir or saved_model or "")
@@ -141,13 +138,27 @@ def export_hf(run: Path, out: Path, *, model_dir: str | Path | None = None, rank
         raise ExportError(f"--hf: {out} exists and is not an earlier export; give an empty or new directory")
     with tempfile.TemporaryDirectory(prefix="rlscale-export-") as scratch:
         sd, stage = consolidated_state_dict(_shard_dir(step_dir, list(rank_dirs or []), Path(scratch)))
+    save_hf(sd, model_dir, out, dtype, source=str(step_dir))
+    done = Exported(out, checkpoint.step_of(step_dir), stage, dtype, sum(v.numel() for v in sd.values()))
+    (out / MARKER).write_text(json.dumps({"checkpoint": str(step_dir), "step": done.step, "zeroStage": stage,
+                                          "dtype": dtype, "parameters": done.parameters}, indent=1) + "\n")
+    return done
+
+
+def save_hf(state_dict: dict, model_dir: str | Path, out: str | Path, dtype: str, source: str = "") -> Path:
+    """Write `state_dict` (parameter name -> tensor, as the learner's module names them) as a Hugging Face
+    model directory: the model class of `model_dir`'s config, save_pretrained, and its tokenizer files."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    model_dir, out = Path(model_dir), Path(out)
     target = getattr(torch, dtype)
     config = AutoConfig.from_pretrained(model_dir, local_files_only=True)
     model = AutoModelForCausalLM.from_config(config, dtype=target)
-    missing, unexpected = model.load_state_dict({k: v.to(target) for k, v in sd.items()}, strict=False)
+    missing, unexpected = model.load_state_dict({k: v.to(target) for k, v in state_dict.items()}, strict=False)
     tied = {k for k in missing if k.endswith("lm_head.weight") and getattr(config, "tie_word_embeddings", False)}
     if set(missing) - tied or unexpected:
-        raise ExportError(f"{step_dir}: the checkpoint does not match {model_dir}'s model (missing "
+        raise ExportError(f"{source or 'the weights'}: do not match {model_dir}'s model (missing "
                           f"{sorted(set(missing) - tied)[:5]}, unexpected {sorted(unexpected)[:5]}); pass the model "
                           "directory this run trained with --model")
     out.mkdir(parents=True, exist_ok=True)
@@ -155,7 +166,4 @@ def export_hf(run: Path, out: Path, *, model_dir: str | Path | None = None, rank
     for name in _TOKENIZER_FILES:
         if (model_dir / name).is_file():
             shutil.copy2(model_dir / name, out / name)
-    done = Exported(out, checkpoint.step_of(step_dir), stage, dtype, sum(v.numel() for v in sd.values()))
-    (out / MARKER).write_text(json.dumps({"checkpoint": str(step_dir), "step": done.step, "zeroStage": stage,
-                                          "dtype": dtype, "parameters": done.parameters}, indent=1) + "\n")
-    return done
+    return out

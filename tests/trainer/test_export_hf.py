@@ -129,3 +129,22 @@ def test_transformers_and_vllm_give_the_same_greedy_outputs_from_the_export(expo
         engine.close()
         torch.set_num_threads = set_num_threads
     assert [g[0].token_ids for g in groups] == hf_out
+
+
+@pytest.mark.parametrize("stage", [0, 1])
+def test_one_rank_checkpoints_of_zero_0_and_1_export_the_published_weights(tmp_path, stage):
+    from transformers import AutoModelForCausalLM
+
+    model = _decisive_model(tmp_path / "model")
+    args = {"config": {"model_path": str(model), "zero_stage": stage, "micro_batch": 4, "lr": 1e-3},
+            "root": str(tmp_path / "vol"), "out": str(tmp_path), "lr": 1e-3, "batches": [_batch(5)]}
+    (tmp_path / "args.json").write_text(json.dumps(args))
+    done = subprocess.run([sys.executable, str(WORKER), str(tmp_path / "args.json")], capture_output=True, text=True,
+                          timeout=300, env=dict(os.environ, RANK="0", LOCAL_RANK="0", WORLD_SIZE="1",
+                                                MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port())))
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    out = _export(tmp_path, model, tmp_path / "hf")
+    assert out.returncode == 0 and f"(ZeRO {stage}," in out.stderr, out.stderr[-2000:]
+    mine = dict(AutoModelForCausalLM.from_pretrained(tmp_path / "hf", local_files_only=True).named_parameters())
+    for name, t in torch.load(tmp_path / "published.pt").items():
+        assert torch.equal(mine[name].detach(), t), name
