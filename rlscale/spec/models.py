@@ -157,7 +157,14 @@ class TaskSpec(_Model):
                                 description="Regular expression the whole stripped completion must match for the "
                                 "format reward.")
     reward_timeout: float = Field(10.0, gt=0, le=3600, description="Seconds one reward call may take; a longer one "
-                                  "stops the run naming the prompt and completion.")
+                                  "is killed (its worker process ends) and stops the run naming the prompt and "
+                                  "completion, or scores task.rewardTimeoutScore when that is set.")
+    reward_timeout_score: float | None = Field(None, description="The score of a reward call killed at "
+                                               "task.rewardTimeout; the run goes on and counts them "
+                                               "(reward/timeouts). Unset: a timeout stops the run.")
+    reward_workers: int = Field(0, ge=0, le=256, description="Processes that score rewards in parallel on the "
+                                "driver's node; 0: one per core of the learner (at least 1). Each call runs in a "
+                                "worker process, so a call stuck in C is killed at its timeout.")
     plugin_volume: VolumeSource | None = Field(
         None,
         description="Kubernetes: the volume holding the reward plug-ins' Python files, as a volume source (e.g. "
@@ -238,6 +245,21 @@ class OptimizerSpec(_Model):
     grad_clip: float = Field(1.0, ge=0, description="Global gradient-norm clip; 0 disables it.")
     noise_scale: float | None = Field(None, gt=0, description="Gradient noise scale B_noise in samples, if known; the "
                                       "run measures it, else 4 x referenceBatch.")
+
+
+class LoggingSpec(_Model):
+    """Experiment trackers that receive every step record (the same keys as metrics.jsonl), next to the
+    report and Prometheus."""
+
+    tensorboard: bool = Field(False, description="TensorBoard event files in the run's report folder "
+                              "(tensorboard/); needs the tracking extra.")
+    mlflow: bool = Field(False, description="An MLflow run in a file store in the report folder (mlruns/), or at "
+                         "MLFLOW_TRACKING_URI when the learner's environment sets it; needs the tracking extra.")
+    wandb: bool = Field(False, description="A Weights & Biases run in offline mode in the report folder (wandb/), "
+                        "to `wandb sync` later; online when the learner's environment sets WANDB_MODE=online and "
+                        "WANDB_API_KEY; needs the tracking extra.")
+    project: str = Field("rlscale", min_length=1, max_length=128, description="The project or experiment name in "
+                         "the trackers (the run's name names the run).")
 
 
 class BudgetSpec(_Model):
@@ -423,6 +445,7 @@ class RLRunSpec(_Model):
         "learner trains, weights handed over on the node; auto: the plan's faster time-to-target (colocated when "
         "budget.gpus cannot hold both pools).")
     checkpoint: CheckpointSpec = Field(default_factory=CheckpointSpec, description=CheckpointSpec.__doc__)
+    logging: LoggingSpec = Field(default_factory=LoggingSpec, description=LoggingSpec.__doc__)
     scheduling: SchedulingSpec = Field(default_factory=SchedulingSpec, description=SchedulingSpec.__doc__)
     failure_policy: FailurePolicySpec = Field(default_factory=FailurePolicySpec, description=FailurePolicySpec.__doc__)
     suspend: bool = Field(False, description="Scale rollout and learners to zero, keeping config and checkpoints.")
