@@ -141,6 +141,7 @@ def _plan_table(rlrun, d: dict) -> Table:
     t.add_row("learning rate", f"{fmt_lr(d['learningRate'])} ({opt.scaling} rule from {fmt_lr(opt.lr)} "
                                f"at {opt.reference_batch} samples)")
     t.add_row("replicas", f"rollout {d['rolloutReplicas']}, learner {d['learnerReplicas']}")
+    t.add_row("placement", _placement_text(d))
     t.add_row("throughput", f"{pred['samplesPerSecond']:.1f} samples/s")
     t.add_row("step time", fmt_duration(pred["stepSeconds"]))
     t.add_row("time to target", fmt_duration(pred["timeToTargetSeconds"]))
@@ -150,15 +151,31 @@ def _plan_table(rlrun, d: dict) -> Table:
     return t
 
 
+def _placement_text(d: dict) -> str:
+    """Where the engines run, their tensor-parallel degree and memory share, the learner ranks per pod and
+    how weights reach the engines (plans written before these keys read as disaggregated broadcast)."""
+    where = d.get("placement") or "disaggregated"
+    tp, util = d.get("tensorParallel") or 1, d.get("rolloutMemoryUtilization") or 0.9
+    ranks = d.get("ranksPerPod") or 1
+    if where == "colocated":
+        sync = "on-GPU handover (the engine sleeps while the learner trains)"
+    else:
+        sync = f"{d.get('weightSync') or 'broadcast'} over the network"
+    return (f"{where}: rollout TP {tp} (GPUs per engine), engine memory {util:.2g}; "
+            f"learner {ranks} rank(s) per pod; weight sync {sync}")
+
+
 def _candidates_table(cands: list[dict]) -> Table:
-    c = Table(title="Candidates, best first (P prompts, N samples per step, E samples to target, T time to target)",
-              title_justify="left")
+    coloc = any(row.get("placement") == "colocated" for row in cands)
+    c = Table(title="Candidates, best first (P prompts, N samples per step, E samples to target, T time to target"
+              + ("; roll*: colocated, the engines on the learner GPUs" if coloc else "") + ")", title_justify="left")
     for col in ("P", "N", "lr", "roll", "learn", "smp/s", "step", "E (samples)", "T"):
         c.add_column(col, justify="right", no_wrap=True)
     for row in cands:
         pr = row.get("predicted", row)
+        roll = f"{row['rolloutReplicas']}{'*' if row.get('placement') == 'colocated' else ''}"
         c.add_row(str(row["prompts"]), str(row["prompts"] * row["samplesPerPrompt"]), fmt_lr(row["learningRate"]),
-                  str(row["rolloutReplicas"]), str(row["learnerReplicas"]), f"{pr['samplesPerSecond']:.1f}",
+                  roll, str(row["learnerReplicas"]), f"{pr['samplesPerSecond']:.1f}",
                   fmt_duration(pr["stepSeconds"]), f"{pr.get('samplesToTarget', 0) / 1000:,.0f}k",
                   fmt_duration(pr["timeToTargetSeconds"]))
     return c

@@ -8,6 +8,15 @@ from typing import Any
 
 from rlscale.plan.calibration import PHASES, Calibration
 from rlscale.plan.errors import PlanError
+from rlscale.plan.placement import (
+    gpus_for,
+    layout_model,
+    placement_reason,
+    placements_for,
+    ranks_per_pod,
+    splits_for,
+    weight_sync_for,
+)
 from rlscale.plan.profiles import accelerator_profile
 from rlscale.plan.samples import (
     DEFAULT_NOISE_MULTIPLE,
@@ -84,6 +93,9 @@ class Candidate:
     lr_penalty: float  # extra samples factor from an lr off the sqrt rule
     concurrency: int  # decode sequences in flight per rollout replica
     bound: str  # generation "memory"- or "compute"-bound
+    placement: str = "disaggregated"  # or "colocated": one engine per learner pod, on its GPUs
+    tensor_parallel: int = 1  # GPUs per engine
+    memory_utilization: float = 0.0  # the engine's share of device memory (0: not recorded)
 
     @property
     def batch(self) -> int:
@@ -100,7 +112,9 @@ class Candidate:
                 "rolloutReplicas": self.rollout_replicas, "learnerReplicas": self.learner_replicas,
                 "learningRate": self.learning_rate, "gpus": self.gpus, "predicted": self.predicted.to_dict(),
                 "samplesPenalty": self.noise_penalty * self.lr_penalty, "noisePenalty": self.noise_penalty,
-                "lrPenalty": self.lr_penalty, "decodeConcurrency": self.concurrency, "generationBound": self.bound}
+                "lrPenalty": self.lr_penalty, "decodeConcurrency": self.concurrency, "generationBound": self.bound,
+                "placement": self.placement, "tensorParallel": self.tensor_parallel,
+                "rolloutMemoryUtilization": self.memory_utilization}
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Candidate:
@@ -112,7 +126,9 @@ class Candidate:
                    predicted=Prediction.from_dict(d["predicted"]),
                    noise_penalty=float(noise) if noise is not None else float(d.get("samplesPenalty", 1.0)) / lr_pen,
                    lr_penalty=lr_pen, concurrency=int(d.get("decodeConcurrency") or 0),
-                   bound=str(d.get("generationBound") or ""))
+                   bound=str(d.get("generationBound") or ""), placement=str(d.get("placement") or "disaggregated"),
+                   tensor_parallel=int(d.get("tensorParallel") or 1),
+                   memory_utilization=float(d.get("rolloutMemoryUtilization") or 0.0))
 
 
 @dataclass(frozen=True)
@@ -132,6 +148,13 @@ class Plan:
     gpus: int = 0
     samples_to_target_ref: float = 0.0  # E_ref at the reference batch
     notes: tuple[str, ...] = field(default_factory=tuple)
+    # Where the engines run and how weights reach them (placement.py); plans written before these
+    # existed load as the disaggregated broadcast they described.
+    placement: str = "disaggregated"  # or "colocated"
+    weight_sync: str = "broadcast"  # or "object-store"
+    rollout_memory_utilization: float = 0.9  # the engine's share of each device's memory
+    tensor_parallel: int = 1  # GPUs per rollout engine
+    ranks_per_pod: int = 1  # learner ranks per learner pod
 
     @property
     def batch(self) -> int:
@@ -150,7 +173,9 @@ class Plan:
         """This plan's candidates and figures, with `c` chosen instead of the winner, for `reason`."""
         return replace(self, prompts=c.prompts, samples_per_prompt=c.samples_per_prompt,
                        learning_rate=c.learning_rate, rollout_replicas=c.rollout_replicas,
-                       learner_replicas=c.learner_replicas, predicted=c.predicted, gpus=c.gpus, reason=reason)
+                       learner_replicas=c.learner_replicas, predicted=c.predicted, gpus=c.gpus, reason=reason,
+                       placement=c.placement, tensor_parallel=c.tensor_parallel,
+                       rollout_memory_utilization=c.memory_utilization or self.rollout_memory_utilization)
 
     def with_prediction(self, predicted: Prediction) -> Plan:
         """The same choice, predicted anew by a calibrated model (so predicted-vs-measured stays honest)."""
@@ -165,7 +190,9 @@ class Plan:
                "learnerReplicas": self.learner_replicas, "gpus": self.gpus,
                "predicted": self.predicted.to_dict(), "reason": self.reason, "noiseScale": self.noise_scale,
                "samplesToTargetAtReference": self.samples_to_target_ref,
-               "calibrated": self.calibrated, "notes": list(self.notes)}
+               "calibrated": self.calibrated, "notes": list(self.notes), "placement": self.placement,
+               "weightSync": self.weight_sync, "rolloutMemoryUtilization": self.rollout_memory_utilization,
+               "tensorParallel": self.tensor_parallel, "ranksPerPod": self.ranks_per_pod}
         if candidates:
             out["candidates"] = [c.to_dict() for c in self.candidates]
         return out
@@ -180,7 +207,10 @@ class Plan:
                    candidates=[Candidate.from_dict(c) for c in d.get("candidates") or []],
                    noise_scale=float(d.get("noiseScale") or 0.0), calibrated=bool(d.get("calibrated")),
                    gpus=int(d.get("gpus") or 0), samples_to_target_ref=float(d.get("samplesToTargetAtReference") or 0),
-                   notes=tuple(d.get("notes") or ()))
+                   notes=tuple(d.get("notes") or ()), placement=str(d.get("placement") or "disaggregated"),
+                   weight_sync=str(d.get("weightSync") or "broadcast"),
+                   rollout_memory_utilization=float(d.get("rolloutMemoryUtilization") or 0.9),
+                   tensor_parallel=int(d.get("tensorParallel") or 1), ranks_per_pod=int(d.get("ranksPerPod") or 1))
 
 
 def batch_label(prompts: int, samples_per_prompt: int) -> str:
@@ -215,6 +245,10 @@ def system_model(spec: Any, calibration: Calibration | None = None) -> SystemMod
         or spec.batch.micro_batch,
         rollout_gpus=spec.rollout.gpus_per_replica, learner_gpus=spec.learner.gpus_per_replica,
         reward_seconds_per_sample=profile.reward_seconds_per_sample if builtin_reward else PLUGIN_REWARD_SECONDS,
+        weight_sync=weight_sync_for(spec), ranks_per_pod=ranks_per_pod(spec),
+        gradient_checkpointing=bool(getattr(spec.learner, "gradient_checkpointing", False)),
+        group_size=spec.batch.samples_per_prompt,
+        micro_batch_tokens=getattr(spec.batch, "micro_batch_tokens", None),
     )
 
 
@@ -273,45 +307,77 @@ def prompt_candidates(spec: Any) -> list[int]:
     return sorted(out)
 
 
-def replica_splits(spec: Any) -> list[tuple[int, int]]:
-    """(rollout, learner) pairs: fixed counts where given, else 1..maxReplicas, within budget.gpus on GPUs."""
-    ro, le = spec.rollout, spec.learner
-    rs = [ro.replicas] if ro.replicas != "auto" else range(1, ro.max_replicas + 1)
-    ls = [le.replicas] if le.replicas != "auto" else range(1, le.max_replicas + 1)
-    if spec.hardware.accelerator == "cpu":
-        return [(r, k) for r in rs for k in ls]
-    gpus = spec.budget.gpus
-    return [(r, k) for r in rs for k in ls if r * ro.gpus_per_replica + k * le.gpus_per_replica <= gpus]
-
-
-def _gpus(spec: Any, r: int, k: int) -> int:
-    if spec.hardware.accelerator == "cpu":
-        return 0
-    return r * spec.rollout.gpus_per_replica + k * spec.learner.gpus_per_replica
+def replica_splits(spec: Any, placement: str = "disaggregated") -> list[tuple[int, int]]:
+    """(rollout, learner) pairs: fixed counts where given, else 1..maxReplicas, within budget.gpus on GPUs
+    (colocated: rollout = learner, on the learner GPUs only)."""
+    return splits_for(spec, placement)
 
 
 # --------------------------------------------------------------------------- the plan
 
 
-def make_plan(spec: Any, calibration: Calibration | None = None) -> Plan:
-    """Choose batch, lr and replica split minimising predicted time-to-target T = E(N) / X(N)."""
+def make_plan(spec: Any, calibration: Calibration | None = None, placement: str | None = None) -> Plan:
+    """Choose placement, batch, lr and replica split minimising predicted time-to-target T = E(N) / X(N).
+
+    `placement`: predict only this one (a re-plan keeps the running placement); else spec.placement,
+    whose auto predicts both on GPUs and keeps the faster."""
     cal = calibration or Calibration()
-    model = calibrate(system_model(spec, cal), cal)
+    base = system_model(spec, cal)
     n_noise, noise_from = noise_scale_for(spec, cal)
     if getattr(spec.target, "expected_samples", None):
         e_ref, e_known = float(spec.target.expected_samples), True
     else:
         e_ref, e_known = reference_samples(run_key(spec), float(spec.optimizer.reference_batch), n_noise)
-    cands = candidates(spec, model, cal, feasible_splits(spec, model), n_noise, e_ref)
+    cands: list[Candidate] = []
+    models: dict[str, SystemModel] = {}
+    refused: dict[str, str] = {}
+    for where in placements_for(spec, placement):
+        model = calibrate(layout_model(base, spec, where), cal)
+        try:
+            feasible = feasible_splits(spec, model, where)
+        except PlanError as exc:
+            refused[where] = str(exc)
+            continue
+        models[where] = model
+        cands += candidates(spec, model, cal, feasible, n_noise, e_ref, where)
+    if not cands:
+        raise PlanError(_refusal(refused))
     win = pick(cands)
+    model = models[win.placement]
+    best = {w: min((c for c in cands if c.placement == w), key=lambda c: c.predicted.time_to_target_seconds)
+            for w in models}
     shown = _shown_candidates(cands, win, cal)
+    # the batch rule against the winner's own placement; the placement's sentence against the other one
+    reason = explain(spec, win, _best_per_batch([c for c in cands if c.placement == win.placement], win), cal,
+                     e_known and noise_from != "default")
+    same = [c for c in cands if c.placement != win.placement and c.prompts == win.prompts]
+    same_batch = min(same, key=lambda c: c.predicted.time_to_target_seconds) if same else None
+    why = placement_reason(spec, win, best, {w: _bare(m) for w, m in refused.items()}, same_batch)
+    reason += f" Placement {why}."
     return Plan(
         prompts=win.prompts, samples_per_prompt=win.samples_per_prompt, learning_rate=win.learning_rate,
         rollout_replicas=win.rollout_replicas, learner_replicas=win.learner_replicas, predicted=win.predicted,
-        reason=explain(spec, win, shown, cal, e_known and noise_from != "default"),
-        candidates=shown, noise_scale=n_noise, calibrated=cal.calibrated, gpus=win.gpus,
+        reason=reason, candidates=shown, noise_scale=n_noise, calibrated=cal.calibrated, gpus=win.gpus,
         samples_to_target_ref=e_ref, notes=_notes(spec, model, cal, win, n_noise, noise_from, e_ref, e_known),
+        placement=win.placement, weight_sync=model.weight_sync,
+        rollout_memory_utilization=model.rollout_utilization, tensor_parallel=model.rollout_gpus,
+        ranks_per_pod=ranks_per_pod(spec),
     )
+
+
+def _bare(message: str) -> str:
+    return message.removeprefix("spec.")
+
+
+def _refusal(refused: dict[str, str]) -> str:
+    """The PlanError when no placement fits: the memory reason first (a budget shortfall says less), and
+    the other placement's reason after it when auto tried both."""
+    ordered = sorted(refused.items(), key=lambda kv: kv[1].startswith("spec.budget."))
+    first_where, first = ordered[0]
+    if len(ordered) == 1:
+        return first
+    rest = "; ".join(f"{w}: {_bare(m)}" for w, m in ordered[1:])
+    return f"{first} (placement {first_where}; {rest})"
 
 
 def noise_scale_for(spec: Any, cal: Calibration) -> tuple[float, str]:
@@ -323,28 +389,37 @@ def noise_scale_for(spec: Any, cal: Calibration) -> tuple[float, str]:
     return DEFAULT_NOISE_MULTIPLE * float(spec.optimizer.reference_batch), "default"
 
 
-def feasible_splits(spec: Any, model: SystemModel) -> list[tuple[int, int]]:
+def feasible_splits(spec: Any, model: SystemModel, placement: str = "disaggregated") -> list[tuple[int, int]]:
     """(rollout, learner) replica counts within the budget that fit in memory; PlanError if none."""
-    splits = replica_splits(spec)
+    splits = replica_splits(spec, placement)
     if not splits:
-        raise PlanError(f"spec.budget.gpus: {spec.budget.gpus} does not fit one rollout and one learner replica; "
-                        "raise budget.gpus or lower gpusPerReplica")
+        le, ro = spec.learner, spec.rollout
+        if placement == "colocated" and le.replicas != "auto" and le.replicas > ro.max_replicas:
+            raise PlanError(f"spec.rollout.maxReplicas: {ro.max_replicas} is below learner.replicas ({le.replicas}), "
+                            "and colocated runs one engine per learner pod; raise rollout.maxReplicas")
+        if placement == "colocated":
+            raise PlanError(f"spec.budget.gpus: {spec.budget.gpus} does not fit one learner replica "
+                            f"({spec.learner.gpus_per_replica} GPUs) to colocate the engines on; raise budget.gpus")
+        need = spec.rollout.gpus_per_replica + spec.learner.gpus_per_replica
+        raise PlanError(f"spec.budget.gpus: {spec.budget.gpus} does not fit one rollout and one learner replica "
+                        f"({need} GPUs); raise budget.gpus or lower gpusPerReplica")
     verdicts = [(r, k, model.infeasible(r, k)) for r, k in splits]
     feasible = [(r, k) for r, k, bad in verdicts if not bad]
-    if not feasible:
-        raise PlanError(f"spec.{verdicts[0][2]}")
+    if not feasible:  # the reason at the most learners (the least state per GPU): what is left to change
+        raise PlanError(f"spec.{max(verdicts, key=lambda v: (v[1], v[0]))[2]}")
     return feasible
 
 
 def candidates(spec: Any, model: SystemModel, cal: Calibration, feasible: list[tuple[int, int]],
-               n_noise: float, e_ref: float) -> list[Candidate]:
+               n_noise: float, e_ref: float, placement: str = "disaggregated") -> list[Candidate]:
     """Every (prompts, rollout, learner) choice with its predicted phases, E(N), X(N) and T(N)."""
     opt, spp = spec.optimizer, spec.batch.samples_per_prompt
     n_ref = float(opt.reference_batch)
     cands: list[Candidate] = []
     gens: dict[tuple[int, int], Any] = {}  # generation depends on (prompts, rollout) only
     trains: dict[tuple[int, int], float] = {}  # training on (batch, learner) only
-    reward_sync = (model.reward_seconds_per_sample * model.scale.reward, model.sync_seconds() * model.scale.sync)
+    reward = model.reward_seconds_per_sample * model.scale.reward
+    syncs = {(r, k): model.sync_seconds(r, k) * model.scale.sync for r, k in feasible}
     evals = eval_seconds_per_step(spec, model, cal, feasible)
     for prompts in prompt_candidates(spec):
         n = prompts * spp
@@ -355,12 +430,13 @@ def candidates(spec: Any, model: SystemModel, cal: Calibration, feasible: list[t
         for r, k in feasible:
             gen = gens.get((prompts, r)) or gens.setdefault((prompts, r), model.generation(prompts, spp, r))
             train = trains.get((n, k)) or trains.setdefault((n, k), model.train_seconds(n, k) * model.scale.train)
-            ph = Phases(gen.seconds * model.scale.generate, n * reward_sync[0], train, reward_sync[1])
+            ph = Phases(gen.seconds * model.scale.generate, n * reward, train, syncs[(r, k)])
             x = n / ph.total
             steps = e / n
             pred = Prediction(x, ph.total, steps * (ph.total + evals[r]), e, ph, evals[r])
-            cands.append(Candidate(prompts, spp, r, k, lr, _gpus(spec, r, k), pred, noise, lr_pen,
-                                   gen.concurrency, gen.bound))
+            cands.append(Candidate(prompts, spp, r, k, lr, gpus_for(spec, placement, r, k), pred, noise, lr_pen,
+                                   gen.concurrency, gen.bound, placement, model.rollout_gpus,
+                                   model.rollout_utilization))
     return cands
 
 
@@ -391,6 +467,9 @@ def _notes(spec: Any, model: SystemModel, cal: Calibration, win: Candidate, n_no
     if win.predicted.samples_to_target > spec.budget.max_samples:
         notes.append(f"predicted samples to target {win.predicted.samples_to_target:,.0f} exceed budget.maxSamples "
                      f"({spec.budget.max_samples:,}): the run may stop first")
+    activations = model.activation_note(win.learner_replicas)
+    if activations:
+        notes.append(activations)
     if model.profile.shared_host:
         notes.append("cpu: rollout and learner replicas share one machine's cores, so more replicas add no throughput")
     return tuple(notes)
@@ -471,7 +550,11 @@ def explain(spec: Any, win: Candidate, per_batch: list[Candidate], cal: Calibrat
             d = _digits(1 / speed, _penalty(rival, win))
             head = (f"N={win.batch} {verb} N={rival.batch}: throughput gain {_x(1 / speed, d)} < "
                     f"{_penalty_text(rival, win, scaling, d)}")
-    if spec.hardware.accelerator == "cpu":
+    if win.placement == "colocated":
+        where = "on one cpu host" if spec.hardware.accelerator == "cpu" else (
+            f"on {win.gpus} of {spec.budget.gpus} GPUs")
+        split = f"{win.learner_replicas} learner replica(s) with one colocated engine each {where}"
+    elif spec.hardware.accelerator == "cpu":
         split = f"{win.rollout_replicas} rollout + {win.learner_replicas} learner on one cpu host"
     else:
         split = (f"{win.rollout_replicas} rollout + {win.learner_replicas} learner replicas "

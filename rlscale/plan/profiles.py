@@ -34,6 +34,12 @@ class AcceleratorProfile:
     generate_overhead_s: float = 0.02  # fixed cost of a step's generation call: the Serve round trip
     reward_seconds_per_sample: float = 2e-5  # builtin verifiable rewards in Python
     shared_host: bool = False  # cpu: every replica shares the same cores and memory
+    # What an engine holds beside weights and KV cache on each GPU: the activation peak of a
+    # prefill chunk, CUDA graphs, NCCL and cuBLAS workspaces (vLLM's profile run reserves it).
+    engine_overhead_bytes: float = 2 * GB
+    # Host <-> device copies of a sleeping engine's weights: ~25 GB/s a GPU over PCIe (pinned Gen4/Gen5
+    # copies as measured in practice; a Gen5 x16 link peaks at 64).
+    host_bandwidth: float = 25 * GB
 
     def flops(self, dtype: str) -> float:
         """Dense peak FLOP/s for the model dtype."""
@@ -75,7 +81,7 @@ PROFILES: dict[str, AcceleratorProfile] = {
         bandwidth_efficiency=0.75, decode_flops_efficiency=0.5, train_mfu=0.5, memory_utilization=0.8,
         decode_iteration_overhead_s=4e-3, micro_batch_overhead_s=0.01, sync_latency_s=0.05,
         generate_overhead_s=0.065,
-        shared_host=True,
+        shared_host=True, engine_overhead_bytes=0.0, host_bandwidth=20 * GB,
     ),
 }
 

@@ -180,7 +180,10 @@ def replan(spec: Any, current: Plan, m: Measurements, state: ReplanState,
     if not due(m.step, state):
         return None
     lim = limits or Limits()
-    new = make_plan(lim.apply(keep_learners(spec, current.learner_replicas)), m.calibration)
+    if current.placement == "colocated":  # the engines ride on the learner pods: no rollout pods to admit
+        lim = Limits(rollout=None, learners=lim.learners)
+    # The placement stays too: moving the engines onto (or off) the learner GPUs is a new deployment.
+    new = make_plan(lim.apply(keep_learners(spec, current.learner_replicas)), m.calibration, current.placement)
     cands = [c for c in new.candidates if c.learner_replicas == current.learner_replicas and lim.allow(c)]
     if not cands:
         within = f" within the {lim}" if limits else ""

@@ -200,6 +200,14 @@ def _rule_colocated_replicas(s: RLRunSpec):
                     "leave rollout.replicas auto, or use placement disaggregated")
 
 
+def _rule_colocated_engines(s: RLRunSpec):
+    lr = s.learner.replicas
+    if s.placement == "colocated" and lr != "auto" and lr > s.rollout.max_replicas:
+        return _err("rollout.maxReplicas", s.rollout.max_replicas, f"is below learner.replicas ({lr}) with placement "
+                    "colocated, where every learner pod runs an engine",
+                    f"raise rollout.maxReplicas to {lr}, or lower learner.replicas")
+
+
 def _rule_gpus_per_replica(s: RLRunSpec):
     if s.hardware.accelerator != "cpu" and (s.rollout.gpus_per_replica == 0 or s.learner.gpus_per_replica == 0):
         which = "rollout" if s.rollout.gpus_per_replica == 0 else "learner"
@@ -523,6 +531,10 @@ RULES: list[Rule] = [
     Rule("rollout.replicas", "self.placement != 'colocated' || type(self.rollout.replicas) == string",
          "rollout.replicas must be auto with placement colocated (one engine per learner pod)",
          _rule_colocated_replicas),
+    Rule("rollout.maxReplicas", "self.placement != 'colocated' || type(self.learner.replicas) == string || "
+         "int(self.learner.replicas) <= self.rollout.maxReplicas",
+         "rollout.maxReplicas must be >= learner.replicas with placement colocated (an engine on every learner pod)",
+         _rule_colocated_engines),
     Rule("rollout.gpusPerReplica",
          "self.hardware.accelerator == 'cpu' || (self.rollout.gpusPerReplica > 0 && self.learner.gpusPerReplica > 0)",
          "gpusPerReplica must be >= 1 unless hardware.accelerator is cpu", _rule_gpus_per_replica),

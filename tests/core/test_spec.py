@@ -51,6 +51,8 @@ CROSS_FIELD = [
     ({"budget": {"gpus": 1}, "placement": "disaggregated"}, "spec.budget.gpus", "at least 2"),
     ({"learner": {"gpusPerReplica": 8, "ranksPerReplica": 2}}, "spec.learner.ranksPerReplica", "unset"),
     ({"placement": "colocated", "rollout": {"replicas": 2}}, "spec.rollout.replicas", "disaggregated"),
+    ({"placement": "colocated", "learner": {"replicas": 4}, "rollout": {"maxReplicas": 2}, "budget": {"gpus": 8}},
+     "spec.rollout.maxReplicas", "raise rollout.maxReplicas to 4"),
     ({"budget": {"gpus": 8}, "rollout": {"replicas": 6}, "learner": {"replicas": 4}}, "spec.budget.gpus",
      "at least 10"),
     ({"rollout": {"gpusPerReplica": 0}}, "spec.rollout.gpusPerReplica", "accelerator: cpu"),

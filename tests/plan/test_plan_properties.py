@@ -47,6 +47,7 @@ def specs(draw):
                       "scaling": draw(st.sampled_from(["sqrt", "linear", "none"]))},
         "budget": {"gpus": draw(st.integers(0 if cpu else 2, 24)), "maxSamples": 10**7},
         "rollout": rollout, "learner": learner, "hardware": {"accelerator": acc},
+        "placement": draw(st.sampled_from(["auto", "auto", "colocated", "disaggregated"])),
     }
     try:
         return parse_spec(d)
@@ -60,9 +61,11 @@ def test_every_plan_respects_budget_and_bounds(spec):
     try:
         p = make_plan(spec)
     except PlanError as exc:
-        # only memory can make a valid spec unplannable, and the error names the field to change
+        # only memory can make a valid spec unplannable, and the error names the field to change; and a
+        # colocated spec whose fixed learner count exceeds rollout.maxReplicas (one engine per learner pod)
         assert str(exc).startswith(("spec.learner.", "spec.rollout.", "spec.hardware."))
-        assert spec.model.path != "builtin:tiny-arith"  # a 3.4M model fits anywhere
+        if not str(exc).startswith("spec.rollout.maxReplicas:"):
+            assert spec.model.path != "builtin:tiny-arith"  # a 3.4M model fits anywhere
         assume(False)
     b, ro, le = spec.batch, spec.rollout, spec.learner
     assert b.min_prompts <= p.prompts <= b.max_prompts
@@ -75,7 +78,11 @@ def test_every_plan_respects_budget_and_bounds(spec):
     if le.replicas != "auto":
         assert p.learner_replicas == le.replicas
     if spec.hardware.accelerator != "cpu":
-        used = p.rollout_replicas * ro.gpus_per_replica + p.learner_replicas * le.gpus_per_replica
+        used = p.learner_replicas * le.gpus_per_replica
+        if p.placement == "colocated":  # one engine per learner pod, on its GPUs
+            assert p.rollout_replicas == p.learner_replicas and p.tensor_parallel == le.gpus_per_replica
+        else:
+            used += p.rollout_replicas * ro.gpus_per_replica
         assert used == p.gpus <= spec.budget.gpus
     pred = p.predicted
     for v in (pred.samples_per_second, pred.step_seconds, pred.time_to_target_seconds, pred.samples_to_target):

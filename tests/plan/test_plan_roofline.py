@@ -87,7 +87,8 @@ def test_generation_concurrency_is_capped_by_kv_memory():
     m = _system(GPU_7B)
     bw, fl, mem = m.rollout_device(1)
     cap = max_concurrency(mem, m.weight_bytes, m.kv_bytes, 256 + 1024)
-    assert cap == int((80e9 * 0.9 - W) // (1280 * 57_344))  # 773
+    # vLLM's share of the GPU, less the engine's own overhead (activation peak, CUDA graphs): 2 GB
+    assert cap == int((80e9 * 0.9 - 2e9 - W) // (1280 * 57_344))  # 746
     big = m.generation(512, 8, 1)  # 4096 sequences on one replica
     assert big.concurrency == cap
     small = m.generation(8, 8, 1)

@@ -9,6 +9,7 @@ from rlscale.plan.decision import Candidate
 from rlscale.plan.replan import (
     REPLAN_EVERY,
     REPLAN_WARMUP_STEPS,
+    Limits,
     Measurements,
     ReplanState,
     choose,
@@ -148,3 +149,30 @@ def test_a_re_plan_that_finds_nothing_better_keeps_the_plan_with_a_recalibrated_
     assert d is not None and not d.switched and d.plan.key == current.key
     assert d.plan.predicted.step_seconds == pytest.approx(current.prompts * 8 / 250.0, rel=0.05)
     assert Calibration.from_dict(Measurements.from_records(recs).calibration.to_dict()) is not None
+
+
+def test_a_re_plan_keeps_the_running_placement():
+    # The re-planner passes the running plan's placement to make_plan: moving the engines onto (or off)
+    # the learner's devices is a new deployment, not a re-plan. Either placement stays put.
+    d = load_rlrun(EXAMPLES / "quickstart.yaml").spec.model_dump(by_alias=True)
+    d["rollout"]["replicas"] = "auto"
+    spec = parse_spec({**d, "placement": "auto"})
+    for where in ("colocated", "disaggregated"):
+        current = make_plan(spec, placement=where)
+        assert current.placement == where
+        recs = records(current.prompts, 250.0, 25)
+        decision = replan(spec, current, Measurements.from_records(recs), ReplanState())
+        assert decision is not None and decision.plan.placement == where
+        assert all(c.placement == where for c in make_plan(spec, None, where).candidates)
+
+
+def test_a_rollout_pod_limit_does_not_bind_colocated_engines():
+    d = load_rlrun(EXAMPLES / "quickstart.yaml").spec.model_dump(by_alias=True)
+    d["rollout"]["replicas"] = "auto"
+    d["learner"].update(replicas=2, maxReplicas=2)
+    spec = parse_spec({**d, "placement": "colocated"})
+    current = make_plan(spec)
+    assert (current.placement, current.rollout_replicas, current.learner_replicas) == ("colocated", 2, 2)
+    decision = replan(spec, current, Measurements.from_records(records(current.prompts, 250.0, 25)), ReplanState(),
+                      Limits(rollout=1))
+    assert decision is not None and decision.plan.rollout_replicas == 2 and "no candidate" not in decision.message
