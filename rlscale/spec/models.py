@@ -274,7 +274,8 @@ class BudgetSpec(_Model):
 # What the operator sets in every pod: a role's overrides may add to these, never replace them.
 RESERVED_ENV = ("RLSCALE_CONFIG", "RLSCALE_RUN", "RLSCALE_NAMESPACE", "POD_NAME", "HOME", "HF_HOME",
                 "HF_HUB_OFFLINE", "RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
-                "RAY_ADDRESS", "RAY_AUTH_MODE", "RAY_AUTH_TOKEN", PLUGINS_ENV)
+                "RAY_ADDRESS", "RAY_AUTH_MODE", "RAY_AUTH_TOKEN", PLUGINS_ENV, "NODE_RANK", "LOCAL_WORLD_SIZE",
+                "RLSCALE_RAY_RESOURCES", "RLSCALE_LAUNCHED")
 RESERVED_VOLUMES = ("run-config", "shm", "model", "checkpoints", "home", "tmp", "plugins")
 RESERVED_MOUNTS = ("/etc/rlscale", "/dev/shm", "/models", "/home/rlscale", "/tmp", PLUGINS_MOUNT)
 ENV_NAME_RE = r"^[-._a-zA-Z][-._a-zA-Z0-9]*$"
