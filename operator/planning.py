@@ -13,10 +13,11 @@ from rlscale.spec import RLRunSpec
 __all__ = ["PlanError", "plan_for"]
 
 
-def plan_for(spec: RLRunSpec, calibration: dict[str, Any] | None = None, learners: int | None = None) -> Plan:
+def plan_for(spec: RLRunSpec, calibration: dict[str, Any] | None = None, learners: int | None = None,
+             placement: str | None = None) -> Plan:
     """make_plan(spec, calibration); raises PlanError for specs only the planner can judge.
 
     `calibration`: status.calibration (Calibration.to_dict(): what the run measured at the last
     re-plan that switched). `learners`: the learner count the run already has, which a new plan
-    keeps (keep_learners says why)."""
-    return make_plan(keep_learners(spec, learners), Calibration.from_dict(calibration))
+    keeps (keep_learners says why). `placement`: the running run's, which a new plan keeps."""
+    return make_plan(keep_learners(spec, learners), Calibration.from_dict(calibration), placement)

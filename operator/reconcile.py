@@ -220,7 +220,10 @@ class Controller:
             except (KeyError, TypeError, ValueError) as exc:  # a status no version of this code wrote
                 log.warning("%s/%s: status.plan unreadable (%s); planning anew", o.namespace, o.name, exc)
         try:
-            o.plan = plan_for(o.spec, st.get("calibration"), learners=old.get("learnerReplicas"))
+            # A running run keeps its placement unless the spec names another (moving the engines
+            # restarts every pod).
+            keep = old.get("placement") if old.get("learnerReplicas") and o.spec.placement == "auto" else None
+            o.plan = plan_for(o.spec, st.get("calibration"), learners=old.get("learnerReplicas"), placement=keep)
         except PlanError as exc:
             o.refusal = ("PlanFailed", str(exc))
             return
@@ -258,7 +261,9 @@ class Controller:
                                                   B.names(o.name)[C.ROLE_QUEUE]))
         if not any(admitted.values()):
             return None
-        return Limits(rollout=admitted[C.ROLE_ROLLOUT], learners=admitted[C.ROLE_LEARNER])
+        # Colocated, the engines are the learner pods (no rollout pod set is queued).
+        rollout = admitted[C.ROLE_LEARNER] if B.colocated(o.plan) else admitted[C.ROLE_ROLLOUT]
+        return Limits(rollout=rollout, learners=admitted[C.ROLE_LEARNER])
 
     def _decide_apply(self, o: Observed) -> None:
         """Whether this pass applies the children: asked by its trigger, or what they are built from
@@ -271,7 +276,10 @@ class Controller:
     def _out_of_step(self, o: Observed) -> bool:
         assert o.plan is not None and o.spec is not None
         want = B.plan_hash(o.plan)
-        for role in (C.ROLE_ROLLOUT, C.ROLE_LEARNER):
+        roles = (C.ROLE_LEARNER,) if B.colocated(o.plan) else (C.ROLE_ROLLOUT, C.ROLE_LEARNER)
+        if B.colocated(o.plan) and self._leftover_rollout(o):
+            return True
+        for role in roles:
             w = o.workloads.get(role)
             if w is None or (w["metadata"].get("annotations") or {}).get(C.ANNOTATION_PLAN_HASH) != want:
                 return True
@@ -372,10 +380,19 @@ class Controller:
                 o.applied[manifest["metadata"]["labels"][C.LABEL_ROLE]] = applied
             if self.settings.step_delay:
                 time.sleep(self.settings.step_delay)
+        if B.colocated(o.plan) and self._leftover_rollout(o):
+            # A rollout Deployment from a disaggregated plan (spec.placement changed): colocated, the
+            # engines run on the learner pods, so it goes to zero (it is not deleted: its pods drain).
+            self.api.merge_patch(o.workloads[C.ROLE_ROLLOUT], {"spec": {"replicas": 0}})
         o.desired = B.desired_replicas(spec, o.plan, o.finished, o.admitted, draining)
         self._backoff.pop((o.namespace, o.name), None)
         key = (o.namespace, o.name, run.uid)
         self._owned[key] = self._owned.get(key, frozenset()) | o.owned
+
+    @staticmethod
+    def _leftover_rollout(o: Observed) -> bool:
+        w = o.workloads.get(C.ROLE_ROLLOUT)
+        return w is not None and int((w.get("spec") or {}).get("replicas") or 0) > 0
 
     def _refused(self, o: Observed, manifest: dict[str, Any], exc: ApiException) -> tuple[str, str]:
         """What a child's refused apply means for the run: a missing PodGroup API, or (another 4xx

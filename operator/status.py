@@ -463,12 +463,28 @@ def _fold_report(st: dict[str, Any], o: Observed, conds: list[dict[str, Any]] | 
     return outcome_conditions(conds, rep, target.metric, target.value, gen, now)
 
 
+def _colocated_rollout_readiness(st: dict[str, Any], o: Observed, conds: list[dict[str, Any]] | None, gen: int,
+                                 now: str) -> list[dict[str, Any]] | None:
+    """Colocated, the engines live on the learner pods (no rollout Deployment): desired is one per
+    learner pod the pass wants, ready what the driver last reported serving."""
+    learners = (o.desired or {}).get(C.ROLE_LEARNER)
+    if learners is None:
+        learners = int(((o.workloads.get(C.ROLE_LEARNER) or {}).get("spec") or {}).get("replicas") or 0)
+    desired = min(learners, o.plan.rollout_replicas) if o.plan is not None else learners
+    ready = min(int((o.report or {}).get("rolloutServing") or 0), desired)
+    st.setdefault("replicas", {})[C.ROLE_ROLLOUT] = {"desired": desired, "ready": ready}
+    return readiness(C.ROLE_ROLLOUT, desired, ready, gen, conds, now)
+
+
 def _fold_readiness(st: dict[str, Any], o: Observed, conds: list[dict[str, Any]] | None, gen: int,
                     now: str) -> list[dict[str, Any]] | None:
     """RolloutReady and LearnersReady, status.replicas: desired as this pass applied them (else as the
     workload has them), ready as the workload reports."""
     seen = st.get("replicas") or {}
     for role in (C.ROLE_ROLLOUT, C.ROLE_LEARNER):
+        if role == C.ROLE_ROLLOUT and B.colocated(o.plan):
+            conds = _colocated_rollout_readiness(st, o, conds, gen, now)
+            continue
         # What this pass applied counts once the pass completed; an interrupted one shows what it found.
         w = o.workload(role) if o.done else o.workloads.get(role)
         if o.desired is not None and o.done:

@@ -21,6 +21,7 @@ from rich.live import Live
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from rlscale.learner_launch import colocated, learner_launches, local_gpus
 from rlscale.metrics_names import DEFAULT_METRICS_PORT
 from rlscale.plan import Plan, make_plan
 from rlscale.progress import fmt_diagnostics, fmt_duration, fmt_lr
@@ -212,15 +213,17 @@ def _start_nodes(local: LocalRun, address: str, replicas: int, poll: Callable[[]
                                  logs / f"{Role.ROLLOUT}-{i}.log"))
 
 
-def _start_learners(local: LocalRun, world: int) -> list[RoleProcess]:
-    """The learner ranks (rank 0 drives the run), meeting on a free local port."""
+def _start_learners(local: LocalRun, plan: Plan) -> list[RoleProcess]:
+    """The learner processes (the first one's rank 0 drives the run), meeting on a free local port:
+    a process a rank, or a launcher a replica with several ranks per replica."""
     exe = [sys.executable, "-m", "rlscale.cli", Role.LEARNER]
-    master_port = str(free_port())
-    return [local.start(RoleProcess(f"{Role.LEARNER}-{rank}", exe,
-                             local.role_env(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world),
-                                            MASTER_ADDR="127.0.0.1", MASTER_PORT=master_port),
-                             local.run_dir / f"logs/{Role.LEARNER}-{rank}.log"))
-            for rank in range(world)]
+    spec = local.cfg.spec
+    ranks = int(getattr(spec, "learner_ranks_per_pod", 1) or 1)
+    replicas = int(plan.learner_replicas)
+    envs = learner_launches(replicas, ranks, str(free_port()), colocated(plan), local_gpus(spec, replicas * ranks))
+    return [local.start(RoleProcess(f"{Role.LEARNER}-{i}", exe, local.role_env(**env),
+                                    local.run_dir / f"logs/{Role.LEARNER}-{i}.log"))
+            for i, env in enumerate(envs)]
 
 
 def processes_of_run(config_path: str) -> list[int]:
@@ -487,13 +490,15 @@ def run_embedded(rlrun: RLRun, *, metrics_port: int = DEFAULT_METRICS_PORT, runs
             if check.done():
                 check.result()
 
+        # Colocated: no rollout processes; the learners' Ray nodes offer the rollout slots.
+        rollouts = 0 if colocated(plan) else int(plan.rollout_replicas)
         if shared is None:
-            _start_nodes(local, cfg.ray_address, int(plan.rollout_replicas), poll=check_failed)
+            _start_nodes(local, cfg.ray_address, rollouts, poll=check_failed)
         else:
-            shared.ensure(cfg, int(plan.rollout_replicas), poll=check_failed)
+            shared.ensure(cfg, rollouts, poll=check_failed)
         nodes = local if shared is None else shared
         check.result()
-        learners = _start_learners(local, int(plan.learner_replicas))
+        learners = _start_learners(local, plan)
         code = _watch(local, learners[0], nodes.rollouts, nodes.head, run_dir, spec, render)
     finally:
         pool.shutdown(wait=True)  # a check still running (the head failed first) ends before the nodes stop

@@ -7,6 +7,11 @@ and the destructor unregisters it. So the pods the register names are the pods t
 starting, serving or still draining, and every other rollout pod of the run hosts none: those are
 the ones the operator may remove once the driver has scaled Serve down (docs/architecture.md,
 "Ordered scaling").
+
+A colocated run (plan.placement "colocated") has no rollout pods: each replica runs on a learner pod
+(whose Ray node offers the `rollout` slot, operator/learner_pods.py) and registers that pod's name,
+so the hosting pods are learner pods, which ordered scaling never removes (there is no rollout
+Deployment to lower).
 """
 
 from __future__ import annotations

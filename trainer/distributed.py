@@ -24,6 +24,22 @@ def skip_inference_all_reduce_op() -> None:
     deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
 
 
+def use_local_device() -> int | None:
+    """On CUDA, make LOCAL_RANK's GPU this process's device before the process group exists: NCCL's
+    communicators and every tensor without an explicit device then land there, not all on GPU 0.
+    Returns the device index, None on CPU (gloo)."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return None
+    local = int(os.environ.get("LOCAL_RANK", "0"))
+    if local >= torch.cuda.device_count():
+        raise RuntimeError(f"learner: LOCAL_RANK {local} but this process sees {torch.cuda.device_count()} GPUs; "
+                           "ranksPerReplica must not exceed the pod's GPUs (gpusPerReplica)")
+    torch.cuda.set_device(local)
+    return local
+
+
 def init_distributed() -> tuple[int, int]:
     """Join the process group from RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT (defaults: one rank on loopback)."""
     import deepspeed
@@ -33,8 +49,9 @@ def init_distributed() -> tuple[int, int]:
         return dist.get_rank(), dist.get_world_size()
     os.environ.setdefault("RANK", "0")
     os.environ.setdefault("WORLD_SIZE", "1")
-    # One GPU per pod on Kubernetes: local rank 0 unless a launcher (torchrun, the runner) says otherwise.
+    # One rank a pod unless the pod's launcher (trainer/launcher.py, ranksPerReplica) says otherwise.
     os.environ.setdefault("LOCAL_RANK", "0")
+    use_local_device()
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
     if "MASTER_PORT" not in os.environ:
         if os.environ["WORLD_SIZE"] != "1":

@@ -1,4 +1,11 @@
-"""`rlscale learner --config FILE`: one DeepSpeed rank; rank 0 drives the run, the others follow."""
+"""`rlscale learner --config FILE`: one DeepSpeed rank; rank 0 drives the run, the others follow.
+
+With LOCAL_WORLD_SIZE > 1 (a pod of several ranks, spec.learner.ranksPerReplica) the process is the
+pod's launcher instead (trainer/launcher.py), which starts that many ranks of this same entrypoint.
+In a pod, local rank 0 serves the pod's /ready (ready when every local rank is) and /metrics on the
+pod's metrics port and starts the pod's Ray node; the other local ranks answer /ready on loopback
+ports of their own (local_probe_port) and bind nothing else.
+"""
 
 from __future__ import annotations
 
@@ -48,7 +55,12 @@ def prepare_model_main(config_path: str | None) -> int:
 
 def main(config_path: str | None) -> int:
     """Start this rank's learner; rank 0 runs the driver loop, ranks > 0 serve it until it stops.
-    In a pod, rank 0 reports an error that stops it to the RLRun before exiting."""
+    In a pod, rank 0 reports an error that stops it to the RLRun before exiting. With several ranks
+    a pod (LOCAL_WORLD_SIZE > 1) this process is their launcher."""
+    from rlscale.trainer.launcher import is_launcher, launch
+
+    if is_launcher():
+        return launch(learner_argv(config_path))
     try:
         return _main(config_path)
     except Exception as exc:
@@ -72,18 +84,26 @@ def _main(config_path: str | None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s learner %(levelname)s %(message)s", stream=sys.stderr)
     os.environ.setdefault("TORCH_EXTENSIONS_DIR", os.path.expanduser("~/.cache/rlscale/torch_extensions"))
     cfg = load_run_config(config_path)
+    # A GPU run: fail here naming the cause (no GPU visible, a driver older than the images need), not
+    # later, when DeepSpeed would quietly fall back to the CPU.
+    from rlscale.gpu_preflight import preflight_exit_code
+
+    if rc := preflight_exit_code(cfg.spec.hardware.accelerator, cfg.spec.learner.gpus_per_replica, "learner"):
+        return rc
     in_pod = cfg.in_pod
+    rank, local_rank, local_world = _rank_env()
     # The pod's readiness probe asks /ready from now on: 503 until this rank has joined the gang.
-    probe = start_probe_server(cfg.metrics_port) if in_pod else None
-    if int(os.environ.get("RANK", "0")) == 0:
+    probe = start_probe_server(cfg.metrics_port, local_rank) if in_pod else None
+    if rank == 0:
         check_reward(cfg)
     cfg.model_dir = resolve_model_dir(cfg)  # one lookup for the learner, the tokenizer and the replicas
-    rank = int(os.environ.get("RANK", "0"))
-    if in_pod and rank == 0:
+    if needs_ray_node(in_pod, rank, local_world):
         # The driver reaches Ray through a node of its own (its object store holds the weights it
-        # publishes); a process on a host without a Ray node cannot join the cluster.
+        # publishes); a process on a host without a Ray node cannot join the cluster. Colocated, each
+        # pod's (or launcher's) node also offers the `rollout` slot its Serve replica takes.
         start_ray_node(cfg)
-        watch_ray_head(cfg)
+        if in_pod:
+            watch_ray_head(cfg)
     # Rank 0 deploys the rollout replicas (Serve, vLLM's load) while DeepSpeed starts: one
     # after the other they took 28 s and 45 s of the quickstart's start-up.
     rollout = _Background(_connect_rollout, cfg) if rank == 0 else None
@@ -91,7 +111,7 @@ def _main(config_path: str | None) -> int:
 
     learner = Learner(learner_config_from_run(cfg))
     if probe is not None:
-        probe.ready_when(lambda: in_gang(learner))
+        probe.ready_when(pod_ready_check(learner, cfg.metrics_port, local_rank, local_world))
     log.info("rank %d of %d ready (ZeRO stage %d)", learner.rank, learner.world_size, learner.config.zero_stage)
     if learner.rank > 0:
         import signal
@@ -106,6 +126,7 @@ def _main(config_path: str | None) -> int:
 
         signal.signal(signal.SIGTERM, on_term)
         if probe is not None:
+            # Local ranks > 0 serve theirs on their loopback probe port (not scraped).
             serve_follower_metrics(learner, probe)
         why = learner.follow()
         if why == "failed" and not stopping:
@@ -132,12 +153,65 @@ def _main(config_path: str | None) -> int:
     return code
 
 
-def start_probe_server(port: int):
+def learner_argv(config_path: str | None) -> list[str]:
+    """What the launcher starts for each rank: this entrypoint again, with the same config."""
+    return [sys.executable, "-m", "rlscale.cli", "learner", *(["--config", config_path] if config_path else [])]
+
+
+def _rank_env() -> tuple[int, int, int]:
+    """(RANK, LOCAL_RANK, LOCAL_WORLD_SIZE) from the environment (one rank a pod by default)."""
+    env = os.environ
+    return int(env.get("RANK", "0")), int(env.get("LOCAL_RANK", "0")), int(env.get("LOCAL_WORLD_SIZE") or 1)
+
+
+def needs_ray_node(in_pod: bool, rank: int, local_world: int = 1) -> bool:
+    """Whether this process starts its pod's Ray node: rank 0 in a pod (the driver's node); and,
+    where the node offers resources (RAY_RESOURCES_ENV: colocated rollout), the first rank of every
+    pod or local learner process (rank % LOCAL_WORLD_SIZE == 0), in a pod or not. Locally rank 0
+    otherwise uses the nodes already there."""
+    if rank % max(1, local_world) != 0:
+        return False
+    return (in_pod and rank == 0) or bool(os.environ.get(RAY_RESOURCES_ENV))
+
+
+def local_probe_port(metrics_port: int, local_rank: int) -> int:
+    """Where a pod's local rank answers /ready: local rank 0 on the pod's metrics port (every
+    interface: the kubelet's probe, the scrape), the others on loopback ports of their own."""
+    return metrics_port if local_rank == 0 else metrics_port + LOCAL_PROBE_OFFSET + local_rank
+
+
+LOCAL_PROBE_OFFSET = 100  # local rank r > 0 answers on metrics port + 100 + r (loopback)
+
+
+def start_probe_server(port: int, local_rank: int = 0):
     """The pod's /ready and /metrics on the port every learner pod declares, up from the process's
-    start; /ready answers 503 until ready_when names the check (rlscale.rollout.readiness)."""
+    start; /ready answers 503 until ready_when names the check (rlscale.rollout.readiness). Local
+    ranks > 0 answer on loopback only, for local rank 0's check."""
     from rlscale.rollout.readiness import ProbeServer
 
-    return ProbeServer(port, addr="0.0.0.0")
+    return ProbeServer(local_probe_port(port, local_rank), addr="0.0.0.0" if local_rank == 0 else "127.0.0.1")
+
+
+def pod_ready_check(learner, metrics_port: int, local_rank: int, local_world: int):
+    """The probe's check: this rank is in the gang; local rank 0's also asks every other local
+    rank of the pod, so the pod is Ready only once all its ranks are."""
+    if local_rank != 0 or local_world <= 1:
+        return lambda: in_gang(learner)
+    ports = [local_probe_port(metrics_port, r) for r in range(1, local_world)]
+    return lambda: in_gang(learner) and all(_peer_ready(p) for p in ports)
+
+
+def _peer_ready(port: int, timeout: float = 0.5) -> bool:
+    import urllib.error
+    import urllib.request
+
+    from rlscale.rollout.readiness import READY_PATH
+
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{READY_PATH}", timeout=timeout) as r:
+            return r.status == 200
+    except (OSError, urllib.error.URLError):
+        return False
 
 
 def in_gang(learner) -> bool:
@@ -176,16 +250,29 @@ def check_reward(cfg) -> None:
         raise PermanentRunError(str(exc)) from exc
 
 
-def start_ray_node(cfg) -> None:
-    """`ray start` (a daemonised node offering no CPUs) joining the run's head, for the driver."""
-    import subprocess
+# JSON of the Ray resources the pod's node offers (the operator sets {"rollout": 1} on a colocated
+# run's learner pods, the local runner on its learner launchers): Serve places a replica there.
+RAY_RESOURCES_ENV = "RLSCALE_RAY_RESOURCES"
 
+
+def ray_node_command(cfg) -> list[str]:
+    """`ray start` of the pod's node: daemonised, no CPUs, and the resources RAY_RESOURCES_ENV names."""
     from rlscale.roles import NO_LOG_MONITOR, ray_executable
 
     cmd = [ray_executable(), "start", f"--address={cfg.ray_address}", "--num-cpus=0", "--disable-usage-stats",
            NO_LOG_MONITOR]
+    if os.environ.get(RAY_RESOURCES_ENV):
+        cmd.append(f"--resources={os.environ[RAY_RESOURCES_ENV]}")
     if cfg.object_store_bytes:
         cmd.append(f"--object-store-memory={int(cfg.object_store_bytes)}")
+    return cmd
+
+
+def start_ray_node(cfg) -> None:
+    """`ray start` (a daemonised node offering no CPUs) joining the run's head, for the driver."""
+    import subprocess
+
+    cmd = ray_node_command(cfg)
     log.info("starting this pod's Ray node: %s", " ".join(cmd))
     deadline = time.monotonic() + 300  # the head's pod may still be starting
     while True:

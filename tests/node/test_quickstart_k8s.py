@@ -1,6 +1,7 @@
 """The product's main path on the real node: `helm install` the chart (the operator image built
-here), `kubectl apply -f examples/quickstart-k8s.yaml`, and the operator's own pods train the
-quickstart to its target; a real Prometheus finds the pods through the API server the way the
+here), `kubectl apply -f` the quickstart (examples/quickstart-k8s.yaml at scale: 2 rollout replicas,
+2 learner pods of 2 ranks each, weights by broadcast; see quickstart_at_scale), and the operator's own
+pods train it to its target; a real Prometheus finds the pods through the API server the way the
 chart's PodMonitor and ServiceMonitor ask, and every panel of the Grafana dashboard has data.
 Then two runs that cannot work say why and free their pods.
 
@@ -40,6 +41,11 @@ REPO = Path(__file__).resolve().parents[2]
 
 OPERATOR_NS = qs.OPERATOR_NS
 RUN = "quickstart"
+EXAMPLE = REPO / "examples/quickstart-k8s.yaml"
+# The quickstart at scale, in the one run the suite has time for: 2 rollout replicas, 2 learner pods
+# of 2 ranks each (a world of 4, each pod's launcher numbering its ranks), weights by broadcast.
+ROLLOUT_REPLICAS, LEARNER_PODS, RANKS_PER_POD = 2, 2, 2
+WORLD_SIZE = LEARNER_PODS * RANKS_PER_POD
 NS = "quickstart-e2e"
 # The run's namespace enforces the `restricted` Pod Security profile: a pod of the run that
 # asked for more (root, a capability, a writable root filesystem...) would be refused.
@@ -128,6 +134,17 @@ def get(kubectl, kind: str, name: str | None = None, ns: str = NS, selector: str
     return json.loads(out.stdout) if out.returncode == 0 else None
 
 
+def quickstart_at_scale(example: Path = EXAMPLE) -> dict:
+    """The example's RLRun with 2 rollout replicas, 2 learner pods of 2 ranks and broadcast weights,
+    on rollout pods of their own (placement pinned: the planner's `auto` could colocate)."""
+    run = yaml.safe_load(example.read_text())
+    spec = run["spec"]
+    spec["placement"] = "disaggregated"
+    spec["rollout"].update(replicas=ROLLOUT_REPLICAS, weightSync="broadcast")
+    spec["learner"].update(replicas=LEARNER_PODS, ranksPerReplica=RANKS_PER_POD)
+    return run
+
+
 def namespace_and_claims(kubectl, ns: str, checkpoints: Path) -> None:
     kubectl("apply", "-f", "-", input=json.dumps({"apiVersion": "v1", "kind": "Namespace",
                                                   "metadata": {"name": ns, "labels": PSS}}))
@@ -141,6 +158,7 @@ CLAIMS = "the run's namespace and claims"
 PROMETHEUS = "Prometheus ready"
 PODS = "the run's pods Running"
 FIRST_STEP = "the first step in status"
+LEARNER_LOG = "rank 0's log read (world size, weights by broadcast)"
 PROGRESS = "steps progressing in status"
 ENDED = "the run ended"
 FREED = "the run's workloads at zero and pods gone"
@@ -168,6 +186,8 @@ class Quickstart:
     time_to_target: list[dict] = field(default_factory=list)  # Prometheus' answer
     report_files: dict[str, bool] = field(default_factory=dict)  # file -> it exists
     records: list[dict] = field(default_factory=list)  # report/metrics.jsonl
+    learner_log: str = ""  # the learner container's log of pod 0 (rank 0, the driver, and rank 1)
+    pod_counts: dict[str, int] = field(default_factory=dict)  # role -> its pods Running at once
 
 
 @pytest.fixture(scope="class")
@@ -203,6 +223,7 @@ class QuickstartRun:
         s.run(PROMETHEUS, self.start_prometheus, needs=[CLAIMS])
         s.run(PODS, self.apply, needs=[CLAIMS])
         s.run(FIRST_STEP, self.first_step, needs=[PODS])
+        s.run(LEARNER_LOG, self.read_learner_log, needs=[FIRST_STEP])
         s.run(PROGRESS, self.steps_progress, needs=[FIRST_STEP])
         s.run(ENDED, self.wait_for_the_end, needs=[FIRST_STEP])
         s.run(FREED, self.wait_for_workloads_freed, needs=[ENDED])
@@ -233,13 +254,16 @@ class QuickstartRun:
 
     def apply(self) -> None:
         self.t_apply = time.monotonic()
-        self.kubectl("apply", "-n", NS, "-f", str(REPO / "examples/quickstart-k8s.yaml"))
+        self.kubectl("apply", "-n", NS, "-f", "-", input=json.dumps(quickstart_at_scale()))
         # The learner pod installs the model into the claim on a cold machine (the shipped build:
         # seconds; the recipe, where none ships, took 690 s in the pod on a 2-core machine beside
         # the run's other pods), then DeepSpeed and vLLM start.
+        want = {C.ROLE_RAY_HEAD: 1, C.ROLE_ROLLOUT: ROLLOUT_REPLICAS, C.ROLE_LEARNER: LEARNER_PODS}
         for role in ROLES:
-            pods = wait(f"{role} pod Running", lambda r=role: self.running(r), 1500)
+            pods = wait(f"{want[role]} {role} pods Running",
+                        lambda r=role: (lambda p: p if len(p) >= want[r] else None)(self.running(r)), 1500)
             self.facts.pod_nodes[role] = pods[0]["spec"]["nodeName"]
+            self.facts.pod_counts[role] = len(pods)
 
     def progress_step(self):
         return (self.rlrun().get("status") or {}).get("progress", {}).get("step")
@@ -247,6 +271,18 @@ class QuickstartRun:
     def first_step(self) -> None:
         self.first = wait("the first step in status", self.progress_step, 900)
         self.facts.t_first = time.monotonic() - self.t_apply
+
+    def read_learner_log(self) -> None:
+        """Pod 0's learner container (its launcher's two ranks) while the run trains: rank 0 says the
+        world size once it has joined and how each publish reached the replicas. The first step in
+        status means one publish is done; the pod's log goes with the pod, so it is read now."""
+        pod = f"{B.names(RUN)[C.ROLE_LEARNER]}-0"
+
+        def said():
+            out = self.kubectl("logs", pod, "-c", C.ROLE_LEARNER, "-n", NS, check=False)
+            self.facts.learner_log = out.stdout if out.returncode == 0 else self.facts.learner_log
+            return f"of {WORLD_SIZE} ready" in self.facts.learner_log and "by broadcast" in self.facts.learner_log
+        wait("rank 0's log to name the world size and a broadcast", said, 120, 2)
 
     def steps_progress(self) -> None:
         steps_seen = {self.first}
@@ -324,6 +360,17 @@ class TestQuickstart:
     def test_steps_progress_in_status(self, quickstart):
         quickstart.steps.require(FIRST_STEP, PROGRESS)
 
+    def test_two_learner_pods_of_two_ranks_train_as_a_world_of_four_with_weights_by_broadcast(self, quickstart):
+        if not quickstart.learner_log:
+            quickstart.steps.require(LEARNER_LOG)
+        log = quickstart.learner_log
+        assert f"rank 0 of {WORLD_SIZE} ready" in log, log[-3000:]
+        assert f"rank 1 of {WORLD_SIZE} ready" in log, log[-3000:]  # pod 0's second rank, same container
+        assert "by broadcast" in log, log[-3000:]
+        quickstart.steps.require(PODS)
+        assert quickstart.pod_counts[C.ROLE_LEARNER] == LEARNER_PODS
+        assert quickstart.pod_counts[C.ROLE_ROLLOUT] == ROLLOUT_REPLICAS
+
     def test_the_run_succeeds_at_its_target(self, quickstart):
         quickstart.steps.require(ENDED)
         st, cond = quickstart.status, quickstart.conditions
@@ -354,7 +401,7 @@ class TestQuickstart:
         for f in REPORT_FILES:
             assert quickstart.report_files[f], f
         recs, prog = quickstart.records, quickstart.status["progress"]
-        target = yaml.safe_load((REPO / "examples/quickstart-k8s.yaml").read_text())["spec"]["target"]["value"]
+        target = quickstart_at_scale()["spec"]["target"]["value"]
         assert recs[-1]["target_metric"] >= target and [r["step"] for r in recs] == list(range(1, len(recs) + 1))
         step_s = statistics.median(r["step_seconds"] for r in recs[len(recs) // 2:])
         print(f"apply -> first step in status {quickstart.t_first:.0f} s; {len(recs)} steps, median {step_s:.3f} s "

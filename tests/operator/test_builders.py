@@ -185,10 +185,11 @@ def test_user_resources_are_kept_and_not_mutated():
 
 
 def test_learner_ranks_get_rank_world_size_and_master():
-    sts = B.build_learner_statefulset(RUN, spec(), PLAN, B.Images())
+    # One GPU a pod: one rank a pod, the pod's index its RANK (several: tests/operator/test_learner_pods.py).
+    sts = B.build_learner_statefulset(RUN, spec(learner={"gpusPerReplica": 1}), PLAN, B.Images())
     env = {e["name"]: e for e in sts["spec"]["template"]["spec"]["containers"][0]["env"]}
     assert env["RANK"]["valueFrom"]["fieldRef"]["fieldPath"] == f"metadata.labels['{C.LABEL_POD_INDEX}']"
-    assert env["WORLD_SIZE"]["value"] == "2"
+    assert env["WORLD_SIZE"]["value"] == "2" and env["LOCAL_WORLD_SIZE"]["value"] == "1"
     assert env["MASTER_ADDR"]["value"] == "grpo-7b-learner-0.grpo-7b-learner.team-a.svc"
     assert env["RLSCALE_CONFIG"]["value"] == C.CONFIG_PATH
     assert sts["spec"]["serviceName"] == "grpo-7b-learner"

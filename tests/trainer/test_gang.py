@@ -4,10 +4,17 @@ out the process group's 30-minute timeout."""
 
 from __future__ import annotations
 
+import json
+import os
+import signal
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import pytest
 
+from rlscale.roles import free_port
 from rlscale.trainer.gang import EXIT_GANG
 
 pytestmark = pytest.mark.slow
@@ -30,6 +37,39 @@ def test_the_survivor_exits_for_a_gang_restart(small_model, tmp_path, run_ranks,
     assert "GANG-SURVIVED" not in r.stdout
     what = "rank 0 does not answer" if dies == 0 else "rank 1 stopped its heartbeat"
     assert what in r.stdout, r.stdout[-3000:]
+
+
+def test_pods_of_two_ranks_restart_together_when_one_rank_dies(small_model, tmp_path):
+    """Two learner pods of two ranks (world 4), each a launcher (trainer/launcher.py): rank 3 dies;
+    its launcher stops rank 2 and exits with rank 3's status (the pod restarts), and pod 0's rank 0
+    sees ranks 2 and 3 fall silent and exits for a gang restart, which its launcher passes on."""
+    worker = Path(__file__).with_name("learner_worker.py")
+    args = tmp_path / "gang.json"
+    config = {"model_path": str(small_model), "zero_stage": 1, "micro_batch": 8, "lr": 1e-3}
+    args.write_text(json.dumps({"config": config, "dies": 3, "wait": 600}))
+    argv = [sys.executable, str(worker), "gang", str(args)]
+    code = f"import sys; from rlscale.trainer.launcher import launch; sys.exit(launch({argv!r}))"
+    port, pods = str(free_port()), []
+    for node in range(2):
+        env = dict(os.environ, NODE_RANK=str(node), LOCAL_WORLD_SIZE="2", WORLD_SIZE="4", MASTER_ADDR="127.0.0.1",
+                   MASTER_PORT=port, WORKER_THREADS="1", PYTHONUNBUFFERED="1", RLSCALE_GANG_INTERVAL="1",
+                   RLSCALE_GANG_PATIENCE="8")
+        log = open(tmp_path / f"pod{node}.log", "w")
+        proc = subprocess.Popen([sys.executable, "-c", code], env=env, stdout=log, stderr=subprocess.STDOUT)
+        pods.append((proc, log))
+    t0 = time.monotonic()
+    try:
+        codes = [p.wait(timeout=300) for p, _ in pods]
+    finally:
+        for p, log in pods:
+            p.kill()
+            log.close()
+    logs = [(tmp_path / f"pod{n}.log").read_text() for n in range(2)]
+    assert time.monotonic() - t0 < 240, logs
+    assert codes[1] == 128 + signal.SIGKILL, logs[1][-3000:]  # rank 3's SIGKILL, passed on
+    assert codes[0] == EXIT_GANG, logs[0][-3000:]
+    assert "rank 2 stopped its heartbeat" in logs[0] or "rank 3 stopped its heartbeat" in logs[0], logs[0][-3000:]
+    assert "GANG-SURVIVED" not in "".join(logs)
 
 
 class _Head:
