@@ -169,6 +169,16 @@ def load_runs(sweep_dir: Path, rlrun: Any, state: dict) -> list[RunData]:
     return out
 
 
+def check_placement(spec: Any) -> None:
+    """The sweep's runs share one rollout app on Ray nodes of their own; colocated engines live on each
+    run's learners, which end with the run."""
+    from rlscale.plan import make_plan
+
+    if spec.placement == "colocated" or make_plan(spec).placement == "colocated":
+        raise SweepError(f"spec.placement: {spec.placement} plans colocated engines, but the sweep keeps one rollout "
+                         "app on nodes of its own across its runs; set placement: disaggregated for the sweep")
+
+
 def run_sweep(rlrun: Any, sweep_dir: Path, batches: list[int], rules: list[str], seeds: int, samples: int,
               eval_samples: int, fresh: bool = False) -> tuple[int, int]:
     """Run every combination not yet done; returns (finished runs, exit code: 0 done, 130 interrupted, 1 failed).
@@ -178,6 +188,7 @@ def run_sweep(rlrun: Any, sweep_dir: Path, batches: list[int], rules: list[str],
     from rlscale.embedded import SharedNodes
 
     check_names(rlrun.name, batches, rules, seeds)
+    check_placement(rlrun.spec)
     state = SweepState.open(sweep_dir, settings(rlrun, batches, rules, seeds, samples, eval_samples), fresh)
     todo = list(dict.fromkeys(run_sources(rlrun.spec, combos(batches, rules, seeds)).values()))
     overall = Progress(TextColumn("[bold]sweep"), BarColumn(), MofNCompleteColumn(), TextColumn("runs"),

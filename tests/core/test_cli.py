@@ -109,3 +109,18 @@ def test_run_refuses_a_plan_error_in_one_line(tmp_path):
     r = cli_process("run", str(f), "--runs-dir", str(tmp_path / "runs"))
     assert r.returncode == 1 and "spec.model.shape" in r.stderr, r.stdout + r.stderr
     assert "Traceback" not in r.stdout + r.stderr
+
+
+def test_sweep_refuses_colocated_engines_naming_the_placement(tmp_path):
+    from typer.testing import CliRunner
+
+    from rlscale.cli import app
+
+    spec = tmp_path / "run.yaml"
+    spec.write_text("apiVersion: rlscale.dev/v1alpha1\nkind: RLRun\nmetadata: {name: co}\n"
+                    "spec:\n  hardware: {accelerator: cpu}\n  placement: colocated\n"
+                    "  budget: {gpus: 0}\n  rollout: {gpusPerReplica: 0}\n  learner: {gpusPerReplica: 0}\n")
+    out = CliRunner().invoke(app, ["sweep", str(spec), "--runs-dir", str(tmp_path / "runs"), "--batches", "8"])
+    assert out.exit_code == 1
+    assert "spec.placement: colocated" in out.output and "disaggregated" in out.output
+    assert not (tmp_path / "runs" / "co-sweep" / "nodes").exists()
