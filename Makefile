@@ -15,7 +15,7 @@ export TORCHINDUCTOR_CPP_CACHE_PRECOMPILE_HEADERS ?= 0
 unexport PYTHONDONTWRITEBYTECODE
 PYTEST_ARGS ?=
 
-.PHONY: run test unit venv k8s prometheus cluster cluster-down lint crd bench clean
+.PHONY: run test unit venv k8s prometheus cluster cluster-down lint crd bench gpu-check clean
 
 venv:
 	@bash hack/setup-venv.sh
@@ -76,6 +76,15 @@ bench: venv
 	$(PY) bench/learner_throughput.py
 	$(PY) bench/operator_scale.py
 	$(PY) bench/k8s_vs_local.py
+
+## make gpu-check: what only a GPU can tell (docs/gpu.md): decode tokens/s against concurrency on
+## Qwen2.5-1.5B/7B shapes and a learner step, beside the planner's numbers; the GPU preflight on the
+## real driver. Needs torch and transformers only (no venv step: a GPU machine's python3 will do);
+## without a GPU it says so and exits 0. GPU_CHECK_ARGS=--cpu-smoke runs the code on a tiny CPU model.
+GPU_CHECK_PY ?= $(if $(wildcard $(PY)),$(PY),python3)
+GPU_CHECK_ARGS ?=
+gpu-check:
+	$(GPU_CHECK_PY) bench/gpu_check.py $(GPU_CHECK_ARGS)
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache

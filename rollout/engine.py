@@ -68,8 +68,13 @@ class EngineConfig:
     seed: int = 0
     # CPU: bytes of KV cache (vLLM's VLLM_CPU_KVCACHE_SPACE only takes whole GiB).
     kv_cache_bytes: int = 512 * 2**20
-    # GPU: fraction of device memory vLLM may take (weights + KV cache).
-    gpu_memory_utilization: float = 0.5
+    # GPU: fraction of device memory vLLM may take (weights + KV cache). 0.9 is what the planner
+    # assumes (AcceleratorProfile.memory_utilization); trainer/run_env.py sets it from the spec or plan.
+    gpu_memory_utilization: float = 0.9
+    # GPUs of this one engine as vLLM tensor parallelism (rollout.gpusPerReplica); runs keep 1 on CPU.
+    tensor_parallel_size: int = 1
+    # GPU, colocated placement: let sleep()/wake_up() free the GPU for the learner between generations.
+    enable_sleep_mode: bool = False
     # CPU: compute threads of this engine, unbound: vLLM's default (one bound thread per core, every
     # kernel waiting for all) decoded 60x slower on shared cores (docs/measurements.md, "vLLM on CPU").
     # None keeps vLLM's binding (a dedicated CPU node).
@@ -120,6 +125,46 @@ def _on_gpu() -> bool:
     return torch.cuda.is_available()
 
 
+def engine_kwargs(config: EngineConfig, on_gpu: bool) -> dict[str, Any]:
+    """The `vllm.LLM(...)` arguments of `config` on a GPU or on the CPU (pure: tested without vLLM).
+
+    Tensor parallelism (tensor_parallel_size > 1) runs one worker process per shard: vLLM's
+    multiprocessing executor `mp`; one shard keeps the worker in this process (`uni`). Runs set it on
+    GPUs only (rollout.gpusPerReplica); vLLM's CPU build runs it too (tests/rollout/test_engine_args.py)."""
+    tp = int(config.tensor_parallel_size)
+    if tp < 1:
+        raise ValueError(f"engine config: tensor_parallel_size {tp}; use 1 or more")
+    kwargs: dict[str, Any] = dict(
+        model=config.model,
+        dtype=config.dtype,
+        max_model_len=config.max_model_len,
+        max_num_seqs=config.max_num_seqs,
+        seed=config.seed,
+        enforce_eager=(not on_gpu) if config.enforce_eager is None else config.enforce_eager,
+        # We speak token ids only: no tokenizer load, no detokenisation cost.
+        skip_tokenizer_init=True,
+        logprobs_mode=LOGPROBS_MODE,
+        enable_prefix_caching=True,
+        worker_extension_cls=f"{__name__}.RolloutWorkerExtension",
+    )
+    if tp > 1:
+        kwargs["tensor_parallel_size"] = tp
+        kwargs["distributed_executor_backend"] = "mp"
+    elif not config.multiprocess:
+        kwargs["distributed_executor_backend"] = "uni"
+    if on_gpu:
+        kwargs["gpu_memory_utilization"] = float(config.gpu_memory_utilization)
+        if config.enable_sleep_mode:
+            # vLLM's CPU platform refuses enable_sleep_mode; on CPU sleep()/wake_up() are no-ops.
+            kwargs["enable_sleep_mode"] = True
+    else:
+        kwargs["kv_cache_memory_bytes"] = config.kv_cache_bytes
+    if config.block_size is not None:
+        kwargs["block_size"] = config.block_size
+    kwargs.update(config.extra)
+    return kwargs
+
+
 class RolloutEngine:
     """One in-process vLLM `LLM` plus the weights version it currently holds."""
 
@@ -141,35 +186,51 @@ class RolloutEngine:
         on_gpu = _on_gpu()
         if not on_gpu and config.cpu_threads is not None:
             _use_cpu_threads(config.cpu_threads)
-        kwargs: dict[str, Any] = dict(
-            model=config.model,
-            dtype=config.dtype,
-            max_model_len=config.max_model_len,
-            max_num_seqs=config.max_num_seqs,
-            seed=config.seed,
-            enforce_eager=(not on_gpu) if config.enforce_eager is None else config.enforce_eager,
-            # We speak token ids only: no tokenizer load, no detokenisation cost.
-            skip_tokenizer_init=True,
-            logprobs_mode=LOGPROBS_MODE,
-            enable_prefix_caching=True,
-            worker_extension_cls=f"{__name__}.RolloutWorkerExtension",
-        )
-        if not config.multiprocess:
-            kwargs["distributed_executor_backend"] = "uni"
-        if on_gpu:
-            kwargs["gpu_memory_utilization"] = config.gpu_memory_utilization
-        else:
-            kwargs["kv_cache_memory_bytes"] = config.kv_cache_bytes
-        if config.block_size is not None:
-            kwargs["block_size"] = config.block_size
-        kwargs.update(config.extra)
-        self.llm = LLM(**kwargs)
+        self.llm = LLM(**engine_kwargs(config, on_gpu))
+        self.on_gpu = on_gpu
+        self.asleep = False
         self.block_size = int(self.llm.llm_engine.vllm_config.cache_config.block_size)
         self.last_update: dict[str, Any] = {}  # the latest load_weights: path and timings
         if warmup:
             # The first call with logprobs pays a one-time cost (seconds on CPU); pay it
             # at start-up, not inside the first training step.
             self.generate([[0]], max_new_tokens=2, temperature=1.0, seed=0)
+
+    @property
+    def can_sleep(self) -> bool:
+        """Whether sleep() frees memory: a GPU engine built with enable_sleep_mode (vLLM has no sleep
+        mode on CPU)."""
+        return self.on_gpu and self.config.enable_sleep_mode
+
+    def sleep(self) -> bool:
+        """Colocated placement: hand the GPU to the learner. vLLM's sleep level 1 moves the weights to
+        host memory and discards the KV cache (and with it the prefix cache); generate() and
+        load_weights() refuse until wake_up(). Returns True when the engine sleeps; on CPU, or
+        without enable_sleep_mode, a no-op that returns False."""
+        if not self.can_sleep:
+            return False
+        with self._lock:
+            if not self.asleep:
+                self.llm.sleep(level=1)
+                self.asleep = True
+        return True
+
+    def wake_up(self) -> bool:
+        """Take the GPU back: weights return from host memory, the KV cache is allocated again. The
+        colocated order is train -> wake_up() -> load_weights() -> generate() -> sleep(). Returns
+        True when it woke a sleeping engine; False when there was nothing to do (CPU, no sleep mode,
+        or already awake)."""
+        if not (self.can_sleep and self.asleep):
+            return False
+        with self._lock:
+            self.llm.wake_up()
+            self.asleep = False
+        return True
+
+    def _check_awake(self, what: str) -> None:
+        if getattr(self, "asleep", False):
+            raise RuntimeError(f"rollout engine: {what} while asleep (its weights are in host memory and it "
+                               "has no KV cache); call wake_up() first")
 
     def generate(
         self,
@@ -185,6 +246,7 @@ class RolloutEngine:
         """Per prompt, its `samples_per_prompt` samples (same order as the prompts).
 
         `seed` is a base seed for the batch, or one seed per prompt."""
+        self._check_awake("generate")
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
 
@@ -231,6 +293,7 @@ class RolloutEngine:
         rlscale_update_weights) and fall back to vLLM's reload for anything the plan cannot
         place; `use_plan=False` forces vLLM's reload (the reference in tests and the bench).
         `last_update` says which path ran and where the time went."""
+        self._check_awake("load_weights")
         items = named_tensors.items() if isinstance(named_tensors, Mapping) else named_tensors
         t0 = time.perf_counter()
         with self._lock:

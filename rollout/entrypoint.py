@@ -60,6 +60,11 @@ def main(config_path: str | None = None) -> int:
     except SpecError as exc:
         print(f"rlscale rollout: {exc}", file=sys.stderr)
         return 2
+    # A GPU run: fail here, naming the cause (no GPU visible, driver older than R580), not later inside vLLM.
+    from rlscale.gpu_preflight import preflight_exit_code
+
+    if rc := preflight_exit_code(config.spec.hardware.accelerator, config.spec.rollout.gpus_per_replica, "rollout"):
+        return rc
     address = config.ray_address or os.environ.get("RAY_ADDRESS")
     if not address:
         print(

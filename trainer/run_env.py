@@ -57,7 +57,10 @@ class PodEnvironment:
     metrics_addr = "0.0.0.0"
 
     def replica_metrics_port(self, cfg: RunConfig) -> int | None:
-        return cfg.metrics_port  # each replica serves /metrics on the port its pod declares
+        # Each replica serves /metrics on the port its pod declares: the rollout pod's metrics port,
+        # or colocated, the learner pod's next one (its local rank 0 serves the metrics port).
+        colocated = getattr(cfg.the_plan(), "placement", "disaggregated") == "colocated"
+        return cfg.metrics_port + 1 if colocated else cfg.metrics_port
 
     def plan_source(self, cfg: RunConfig) -> PlanSource:
         return FollowOperator(os.environ.get(ENV_CONFIG))
@@ -117,31 +120,74 @@ def install_stop_handlers(driver: Driver) -> None:
     signal.signal(signal.SIGINT, driver.request_stop)
 
 
+# The planner's share of each rollout GPU (AcceleratorProfile.memory_utilization) when neither the spec
+# nor the plan names one.
+DEFAULT_GPU_MEMORY_UTILIZATION = 0.9
+
+
+def rollout_placement(spec: Any, plan: Any) -> str:
+    """Colocated or disaggregated: the plan's choice, else the spec's explicit one, else disaggregated."""
+    chosen = getattr(plan, "placement", None) if plan is not None else None
+    if chosen in ("colocated", "disaggregated"):
+        return chosen
+    asked = getattr(spec, "placement", "auto")
+    return asked if asked in ("colocated", "disaggregated") else "disaggregated"
+
+
+def rollout_memory_utilization(spec: Any, plan: Any) -> float:
+    """The engine's gpu_memory_utilization: rollout.gpuMemoryUtilization, else the plan's, else 0.9."""
+    asked = getattr(spec.rollout, "gpu_memory_utilization", None)
+    if asked:
+        return float(asked)
+    planned = getattr(plan, "rollout_memory_utilization", None) if plan is not None else None
+    return float(planned) if planned else DEFAULT_GPU_MEMORY_UTILIZATION
+
+
+def engine_gpus(cfg: RunConfig) -> int:
+    """GPUs of one engine (its tensor-parallel degree): the plan's, which colocated is the learner pod's
+    GPUs; rollout.gpusPerReplica for a plan written before plans said."""
+    if cfg.spec.hardware.accelerator == "cpu":
+        return 0
+    return max(1, int(getattr(cfg.plan, "tensor_parallel", 0) or cfg.spec.rollout.gpus_per_replica))
+
+
+def rollout_engine_config(cfg: RunConfig):
+    """The rollout replicas' EngineConfig from the spec and the plan. On a GPU accelerator: one replica's
+    rollout.gpusPerReplica GPUs as vLLM tensor parallelism, the memory share the planner assumed, and
+    sleep mode when the rollout is colocated with the learner. On accelerator cpu none of them applies."""
+    from rlscale.rollout.engine import EngineConfig
+
+    spec = cfg.spec
+    engine = EngineConfig(model=str(cfg.model_dir), dtype=spec.model.dtype, max_model_len=spec.model.max_length,
+                          seed=cfg.seed)
+    if spec.hardware.accelerator != "cpu":
+        engine.tensor_parallel_size = engine_gpus(cfg)
+        engine.gpu_memory_utilization = rollout_memory_utilization(spec, cfg.plan)
+        engine.enable_sleep_mode = rollout_placement(spec, cfg.plan) == "colocated"
+    return engine
+
+
 def connect_rollout(cfg: RunConfig):
     """Join the run's Ray cluster and deploy its rollout replicas; returns once they serve."""
     os.environ.update(ray_auth_env())  # read by Ray at import
     import ray
 
-    from rlscale.rollout.engine import EngineConfig
     from rlscale.rollout.serve import RolloutClient, RolloutOptions
 
-    spec = cfg.spec
     ray.init(address=cfg.ray_address, namespace=f"rlscale-{cfg.run}", log_to_driver=False,
              logging_level=logging.WARNING)
-    engine = EngineConfig(model=str(cfg.model_dir), dtype=spec.model.dtype, max_model_len=spec.model.max_length,
-                          seed=cfg.seed)
+    engine = rollout_engine_config(cfg)
     local = cfg.local
     if local is not None and local.rollout_cpu_threads:
         # The local runner knows how many cores each replica may use; a pod keeps the default.
         engine.cpu_threads = int(local.rollout_cpu_threads)
-    on_gpu = spec.hardware.accelerator != "cpu"
     # A rollout app kept across runs (rlscale sweep's shared nodes): a run attaches to its
     # replicas when the engine settings match, and replaces their weights.
     kept = local.rollout_app if local is not None else None
     return RolloutClient.deploy(engine, RolloutOptions(
         app_name=kept or f"rollout-{cfg.run}", num_replicas=cfg.the_plan().rollout_replicas, keep=bool(kept),
         metrics_port=environment(cfg).replica_metrics_port(cfg),
-        num_gpus=float(spec.rollout.gpus_per_replica) if on_gpu else 0.0))
+        num_gpus=float(engine_gpus(cfg))))
 
 
 def drive(cfg: RunConfig, learner, client=None, probe=None) -> int:
