@@ -24,6 +24,8 @@ from rlscale.metrics_names import ROLLOUT_PREFIX  # noqa: E402
 from rlscale.roles import ROLLOUT_RESOURCE  # noqa: E402
 from rlscale.rollout.engine import EngineConfig, Sample  # noqa: E402
 from rlscale.rollout.placement import ServingState, here, hosting_pods, live, serve_actor_names  # noqa: E402
+from rlscale.rollout.replica_sync import ReplicaSync, WeightStore  # noqa: E402
+from rlscale.rollout.weight_sync import CHUNK_BYTES, Publisher, Sender, SyncResult, group_backend  # noqa: E402
 
 log = logging.getLogger(__name__)
 
@@ -46,49 +48,6 @@ _RETRYABLE = (
 
 def store_name(app_name: str) -> str:
     return f"{app_name}-weights"
-
-
-@ray.remote(num_cpus=0, max_restarts=0)
-class WeightStore:
-    """Holds the newest published weights (one ObjectRef) and a register of replicas."""
-
-    def __init__(self) -> None:
-        self._version: int | None = None
-        self._refs: list[ray.ObjectRef] = []
-        self._replicas: dict[str, dict[str, Any]] = {}
-        self._engine: dict[str, Any] | None = None  # what the app's replicas run (set by the deployer)
-
-    def publish(self, version: int, refs: list[ray.ObjectRef]) -> None:
-        # refs arrive wrapped in a list so Ray hands us the reference, not the tensors.
-        if self._version is not None and version <= self._version:
-            raise ValueError(
-                f"weights version {version} is not newer than the published {self._version}; "
-                "publish increasing versions"
-            )
-        self._version, self._refs = version, list(refs)  # dropping old refs frees them
-
-    def latest(self) -> tuple[int | None, list[ray.ObjectRef]]:
-        return self._version, self._refs
-
-    def version(self) -> int | None:
-        return self._version
-
-    def register(self, replica: str, info: dict[str, Any]) -> None:
-        """A replica says where it starts (pod, Serve actor), then that it is up: pid, node, the
-        version it started with, metrics URL (`serving`)."""
-        self._replicas[replica] = info
-
-    def unregister(self, replica: str) -> None:
-        self._replicas.pop(replica, None)
-
-    def replicas(self) -> dict[str, dict[str, Any]]:
-        return dict(self._replicas)
-
-    def set_engine(self, engine: dict[str, Any]) -> None:
-        self._engine = dict(engine)
-
-    def engine(self) -> dict[str, Any] | None:
-        return self._engine
 
 
 @dataclass
@@ -134,8 +93,8 @@ class RolloutReplica:
         ray.get(self.store.register.remote(self.replica_id, self.where))
         self.engine = RolloutEngine(engine_config, version=initial_version)
         self.version_wait_s = version_wait_s
-        self._store_version: int | None = None  # last version loaded from the store
-        self._lost: int | None = None  # a published version whose weights were gone (said once)
+        # Weights from the object store and from the driver's broadcasts (rlscale.rollout.weight_sync).
+        self.sync = ReplicaSync(self)
         # A replica that starts late must not serve old weights: load the newest now.
         self._sync(self.engine.version)
         self.metrics.weights_version.set(self.engine.version)
@@ -153,42 +112,11 @@ class RolloutReplica:
         info = {**self.where, "serving": True, "start_version": self.engine.version, "metrics_url": url}
         ray.get(self.store.register.remote(self.replica_id, info))
         self.serving = True
+        self.sync.start()
 
     def _sync(self, need: int) -> None:
         """Load the store's newest weights if they are newer than ours; wait for `need`."""
-        deadline = time.monotonic() + self.version_wait_s
-        while True:
-            version, refs = ray.get(self.store.latest.remote())
-            # Published weights win over the model directory's even at the same
-            # version number: the learner's copy is the truth (a resumed run's differ).
-            if version is not None and (
-                version > self.engine.version
-                or (version == self.engine.version and self._store_version is None)
-            ):
-                t0 = time.perf_counter()
-                try:
-                    named_tensors = ray.get(refs[0])
-                except ray.exceptions.ObjectLostError:
-                    # Its publisher exited (a kept app outlives each driver; OwnerDiedError is one of
-                    # these): nothing asks for that version any more, and the next driver publishes
-                    # its own weights before its first request; wait for those as for any newer.
-                    if self._lost != version:
-                        log.warning("weights version %s were lost with their publisher; waiting for newer", version)
-                        self._lost = version
-                else:
-                    self.engine.load_weights(named_tensors, version)
-                    self._store_version = version
-                    del named_tensors
-                    self.metrics.weight_load_seconds.observe(time.perf_counter() - t0)
-                    self.metrics.weights_version.set(version)
-            if self.engine.version >= need:
-                return
-            if time.monotonic() > deadline:
-                raise RuntimeError(
-                    f"a request needs weights version {need} but the newest published is "
-                    f"{version}; call RolloutClient.publish_weights({need}, ...) first"
-                )
-            time.sleep(0.05)
+        self.sync.pull(need, self.version_wait_s)
 
     async def generate(self, request: dict[str, Any]) -> list[list[Sample]]:
         self.metrics.requests_in_flight.inc()
@@ -243,6 +171,14 @@ class RolloutReplica:
         """Who answered: for tests and for the driver's logs."""
         return {"replica": self.replica_id, "pid": os.getpid(), "version": self.engine.version}
 
+    async def weights_digest(self) -> dict[str, Any]:
+        """Who answered, its weights version, and a hash of its model's parameters (tests compare them)."""
+        from rlscale.rollout.replica_sync import model_digest
+
+        with self.sync.lock:
+            digest = self.engine.llm.collective_rpc(model_digest)[0]
+        return {"replica": self.replica_id, "version": self.engine.version, "digest": digest}
+
     async def metrics_text(self) -> bytes:
         return self.metrics.text()
 
@@ -250,6 +186,8 @@ class RolloutReplica:
         # Serve calls this on a graceful stop (scale-down); a crashed replica stays
         # registered, so readers also check that the process lives.
         self.serving = False
+        if getattr(self, "sync", None) is not None:
+            self.sync.stop()
         server = getattr(self, "_metrics_server", None)
         if server is not None:
             server.shutdown()
@@ -304,6 +242,13 @@ class RolloutOptions:
     # with the same app name and engine settings attaches to the running replicas instead of
     # starting new ones, and its first publish replaces the weights (rlscale sweep's runs).
     keep: bool = False
+    # How published weights reach the replicas (rlscale.rollout.weight_sync): "auto" broadcasts to the weight
+    # group and leaves a replica it cannot reach to the object store, "broadcast" fails the publish instead,
+    # "object-store" has every replica pull its own copy.
+    weight_sync: str = "auto"
+    sync_timeout_s: float = 120.0  # any one wait of a broadcast (a member that died mid-stream)
+    form_timeout_s: float = 30.0  # replicas that do not answer a group's formation by then are left out
+    sync_chunk_bytes: int = CHUNK_BYTES
 
 
 class RolloutClient:
@@ -317,6 +262,8 @@ class RolloutClient:
         self._store = None
         self._handle = None
         self._published: int | None = None
+        self._publisher: Publisher | None = None
+        self.last_sync: SyncResult | None = None  # what the newest publish did
         self.retries = 0  # requests resent after their replica died
         self.attached = False  # deploy() found a kept app with this engine and used its replicas
         self._retries_lock = threading.Lock()
@@ -484,12 +431,66 @@ class RolloutClient:
                 )
             time.sleep(0.2)
 
-    def publish_weights(self, version: int, named_tensors: Mapping[str, Any]) -> None:
-        """Put the weights in the object store once; replicas fetch them when asked for `version`."""
-        tensors = {k: v.detach().cpu() if hasattr(v, "detach") else v for k, v in named_tensors.items()}
+    def publish_weights(self, version: int, named_tensors) -> SyncResult:
+        """Publish `version` (a dict of tensors, or (name, tensor) pairs in any number, e.g. a generator):
+        broadcast to the weight group's replicas as options.weight_sync says, and put in the object store,
+        from which a replica outside the group catches up. Returns what it did (`describe()` for a log)."""
+        if self._published is not None and version <= self._published:
+            raise ValueError(f"weights version {version} is not newer than the published {self._published}; "
+                             "publish increasing versions")
+        o = self.options
+        if self._publisher is not None and self._publisher.mode != o.weight_sync:
+            self.shutdown_sync()  # the mode changed (a bench, a test): build the publisher for the new one
+        if self._publisher is None:
+            sender = None if o.weight_sync == "object-store" else Sender(
+                ray.util.get_node_ip_address(), group_backend(o.num_gpus), o.sync_timeout_s, o.form_timeout_s,
+                o.sync_chunk_bytes)
+            self._publisher = Publisher(o.weight_sync, self._serving_ids,
+                                        lambda a: ray.get(self._store.announce.remote(a)), self._put, sender)
+        self.last_sync = self._publisher.publish(version, named_tensors)
+        self._published = version
+        return self.last_sync
+
+    @property
+    def weights_on_device(self) -> bool:
+        """Whether publish_weights takes the tensors best on the learner's accelerator (a NCCL group)."""
+        return self.options.weight_sync != "object-store" and group_backend(self.options.num_gpus) == "nccl"
+
+    def shutdown_sync(self) -> None:
+        """Close the weight group (its store and connections); the next publish forms a new one."""
+        if self._publisher is not None:
+            try:
+                self._publisher.flush()
+            finally:
+                if self._publisher.sender is not None:
+                    self._publisher.sender.close()
+                self._publisher = None
+
+    def _put(self, version: int, tensors: dict[str, Any]) -> None:
         ref = ray.put(tensors)
         ray.get(self._store.publish.remote(version, [ref]))
-        self._published = version
+
+    def _serving_ids(self) -> list[str]:
+        return [k for k, v in live(self._registered(), serve_actor_names()).items() if v.get("serving")]
+
+    def sleep(self, timeout_s: float = 300.0) -> None:
+        """Colocated placement: every replica frees its accelerator for training (RolloutEngine.sleep where
+        the engine has it and runs on a GPU; otherwise nothing). Returns once the serving replicas did."""
+        self._set_awake(False, timeout_s)
+
+    def wake_up(self, timeout_s: float = 300.0) -> None:
+        """Undo `sleep` on every replica, before weights are published or prompts generated."""
+        self._set_awake(True, timeout_s)
+
+    def _set_awake(self, awake: bool, timeout_s: float) -> None:
+        ray.get(self._store.set_awake.remote(awake))
+        deadline = time.monotonic() + timeout_s
+        while not set(self._serving_ids()) <= set(ray.get(self._store.awake_acks.remote())):
+            if time.monotonic() > deadline:
+                log.warning("rollout: not every replica carried out %s in %.0f s", "wake_up" if awake else "sleep",
+                            timeout_s)
+                return
+            time.sleep(0.05)
 
     @property
     def published_version(self) -> int | None:
@@ -577,6 +578,7 @@ class RolloutClient:
 
     def shutdown(self) -> None:
         """Delete the Serve application and the weight store."""
+        self.shutdown_sync()
         try:
             serve.delete(self.options.app_name)
         finally:

@@ -6,7 +6,7 @@ tests plug in fakes. Only what the loop calls is here.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -34,7 +34,16 @@ class Rollout(Protocol):
         """Samples grouped prompt by prompt, generated with weights of at least `version`."""
         ...
 
-    def publish_weights(self, version: int, named_tensors: Mapping[str, Any]) -> None: ...
+    def publish_weights(self, version: int, named_tensors: Mapping[str, Any] | Iterable[tuple[str, Any]]) -> Any:
+        """Weights version `version` to every replica (by broadcast, else the object store); the result
+        says how (rlscale.rollout.weight_sync.SyncResult)."""
+        ...
+
+    def sleep(self) -> Any:
+        """Colocated: the engines free the accelerator while the learner trains (a no-op on CPU)."""
+        ...
+
+    def wake_up(self) -> Any: ...
 
     def scale(self, num_replicas: int) -> Any:
         """Ask for `num_replicas`: a scale-down returns once the removed replicas drained, a scale-up at

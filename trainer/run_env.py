@@ -187,7 +187,7 @@ def connect_rollout(cfg: RunConfig):
     return RolloutClient.deploy(engine, RolloutOptions(
         app_name=kept or f"rollout-{cfg.run}", num_replicas=cfg.the_plan().rollout_replicas, keep=bool(kept),
         metrics_port=environment(cfg).replica_metrics_port(cfg),
-        num_gpus=float(engine_gpus(cfg))))
+        num_gpus=float(engine_gpus(cfg)), weight_sync=cfg.spec.rollout.weight_sync))
 
 
 def drive(cfg: RunConfig, learner, client=None, probe=None) -> int:
