@@ -15,10 +15,17 @@ from .builders import Images
 # Refusal reasons that come from the cluster (its policy, its existing objects, its API server),
 # not from the spec alone: they set the Failed condition, and clear once the cause is gone.
 NOT_ALLOWED = "NotAllowed"
+# A colocated plan runs vLLM in the learner pods; the default learner image (images/trainer) has DeepSpeed
+# and no vLLM, the rollout image vLLM and no DeepSpeed.
+COLOCATED_IMAGE = "ColocatedNeedsImage"
+COLOCATED_IMAGE_MESSAGE = (
+    "the plan is colocated (spec.placement, or auto on this budget): each learner pod runs its rollout engine, "
+    "and the default learner image has no vLLM; set spec.learner.image to an image with both DeepSpeed and "
+    "vLLM (docs/operations.md, \"Colocated rollout\"), or spec.placement: disaggregated")
 NAMESPACE_NOT_ENFORCED = "NamespaceNotEnforced"
 NAME_COLLISION = "NameCollision"
 APPLY_REFUSED = "ApplyRefused"
-CLUSTER_REFUSALS = frozenset({NOT_ALLOWED, NAMESPACE_NOT_ENFORCED, NAME_COLLISION, APPLY_REFUSED})
+CLUSTER_REFUSALS = frozenset({NOT_ALLOWED, NAMESPACE_NOT_ENFORCED, NAME_COLLISION, APPLY_REFUSED, COLOCATED_IMAGE})
 PSA_ENFORCE = "pod-security.kubernetes.io/enforce"
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from rlscale.operator import builders as B
 from rlscale.operator import constants as C
+from rlscale.operator import guard as G
 from rlscale.plan import Plan
 from tests.operator.test_reconcile import (  # noqa: F401  (fixtures)
     NS,
@@ -21,9 +22,23 @@ from tests.operator.test_reconcile import (  # noqa: F401  (fixtures)
     workload,
 )
 
+IMAGE = "registry.example/rlscale/colocated:1"  # an image with DeepSpeed and vLLM
+
+def test_a_colocated_run_without_an_image_for_both_is_refused_until_the_spec_names_one(fake, ctl):  # noqa: F811
+    create(fake, placement="colocated", budget={"gpus": 8})
+    ctl.reconcile(NS, RUN, "create")
+    failed = cond(fake, C.COND_FAILED)
+    assert failed["status"] == "True" and failed["reason"] == G.COLOCATED_IMAGE
+    assert "spec.learner.image" in failed["message"]
+    assert workload(fake, C.ROLE_LEARNER) is None
+    fake.patch(RLRUN_API, C.RLRUN_KIND, NS, RUN, {"spec": {"learner": {"image": IMAGE}}})
+    ctl.reconcile(NS, RUN, "update")
+    assert cond(fake, C.COND_FAILED)["status"] == "False"
+    assert workload(fake, C.ROLE_LEARNER)["spec"]["template"]["spec"]["containers"][0]["image"] == IMAGE
+
 
 def test_a_colocated_run_has_no_rollout_deployment_and_is_ready_once_its_engines_serve(fake, ctl):  # noqa: F811
-    create(fake, placement="colocated", budget={"gpus": 8})
+    create(fake, placement="colocated", budget={"gpus": 8}, learner={"image": IMAGE})
     ctl.reconcile(NS, RUN, "create")
     plan = Plan.from_dict(rlrun(fake)["status"]["plan"])
     assert plan.placement == "colocated" and plan.rollout_replicas == plan.learner_replicas
@@ -52,7 +67,7 @@ def test_a_run_moved_to_colocated_takes_its_rollout_deployment_to_zero(fake, ctl
     create(fake, placement="disaggregated", budget={"gpus": 8})
     ctl.reconcile(NS, RUN, "create")
     assert workload(fake, C.ROLE_ROLLOUT)["spec"]["replicas"] > 0
-    fake.patch(RLRUN_API, C.RLRUN_KIND, NS, RUN, {"spec": {"placement": "colocated"}})
+    fake.patch(RLRUN_API, C.RLRUN_KIND, NS, RUN, {"spec": {"placement": "colocated", "learner": {"image": IMAGE}}})
     ctl.reconcile(NS, RUN, "update")
     assert Plan.from_dict(rlrun(fake)["status"]["plan"]).placement == "colocated"
     assert workload(fake, C.ROLE_ROLLOUT)["spec"]["replicas"] == 0
