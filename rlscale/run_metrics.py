@@ -27,6 +27,10 @@ class RunMetrics:
                                registry=r)
         self.sps = Gauge(m.SAMPLES_PER_SECOND, "Samples per second over the last step.", registry=r)
         self.reward = Gauge(m.REWARD_MEAN, "Mean reward of the last training batch.", registry=r)
+        self.reward_term = Gauge(m.REWARD_TERM_MEAN, "Mean unweighted value of each term of the reward expression "
+                                 "over the last step's samples.", ["term"], registry=r)
+        self.reward_timeouts = Counter(m.REWARD_TIMEOUTS_TOTAL.removesuffix("_total"), "Reward calls killed at "
+                                       "task.rewardTimeout (scored task.rewardTimeoutScore).", registry=r)
         self.target_metric = Gauge(m.TARGET_METRIC, "Moving average of the target metric on the held-out split.",
                                    registry=r)
         self.target_value = Gauge(m.TARGET_VALUE, "The target the run aims at.", registry=r)
@@ -75,6 +79,9 @@ class RunMetrics:
             self.phase.labels(phase=p).observe(s)
         self.sps.set(rec.samples_per_second)
         self.reward.set(rec.reward_mean)
+        for term, value in rec.reward_terms.items():
+            self.reward_term.labels(term=term).set(value)
+        self.reward_timeouts.inc(rec.reward_timeouts)
         if rec.target_metric is not None:
             self.target_metric.set(rec.target_metric)
         if rec.noise_scale is not None:

@@ -384,7 +384,11 @@ def check_workload(spec) -> list[FieldError]:
     """What `rlscale validate` checks beyond the spec: the reward imports, the dataset's rows are
     usable, and the reward gives a finite float on a few of them. No model or tokenizer needed.
     A dataset on a cluster's volume, and plug-ins shipped in task.pluginVolume, are checked by
-    the learner at start (the same checks, then)."""
+    the learner at start (the same checks, then); a tracker spec.logging asks for is installed."""
+    from rlscale.trainer.trackers import check_trackers
+
+    if tracker_errors := check_trackers(spec.logging):
+        return tracker_errors
     t = spec.task
     reward = None
     if not plugins_on_cluster(spec):

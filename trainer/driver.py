@@ -34,9 +34,10 @@ from rlscale.trainer.data import build_task, try_reward
 from rlscale.trainer.dynamic_sampling import Round, dynamic_sampling_for
 from rlscale.trainer.plan_source import PlanChange, PlanSource
 from rlscale.trainer.ports import Learner, Rollout
-from rlscale.trainer.rewards import Reward, RewardError, resolve_reward, score
-from rlscale.trainer.sinks import PrometheusSink, RunLog, Sink
+from rlscale.trainer.rewards import Reward, RewardError, resolve_reward, score, score_terms
+from rlscale.trainer.sinks import ClosesRewardPool, PrometheusSink, RunLog, Sink
 from rlscale.trainer.tasks import Problem, PromptIterator
+from rlscale.trainer.trackers import tracker_sinks
 
 log = logging.getLogger("rlscale.driver")
 
@@ -121,12 +122,16 @@ class Driver:
         built = build_task(spec, tokenizer, model=spec.model.path)
         try_reward(reward, built.train)
         run_dir = Path(cfg.report_dir or ".")  # in pods: report/ on the checkpoint volume
+        trackers = tracker_sinks(spec, run_dir, cfg.run)  # a tracker that cannot run stops the run here
+        # Before the start eval: a reward stuck in C is killed by its timeout only in a worker process.
+        reward.start_pool(t.reward_workers, t.reward_timeout_score)
         run_log = RunLog(run_dir, spec.target.value, spec.target.metric, cfg.run)
         metrics = RunMetrics()
         run_id = f"{cfg.namespace}/{cfg.run}" if cfg.namespace else str(cfg.run or "")
         return cls(spec=spec, plan=cfg.the_plan(), task=Task(built.train, built.eval, reward, t.max_new_tokens),
                    tokenizer=tokenizer, learner=learner, rollout=rollout, run_log=run_log,
-                   sinks=[run_log, PrometheusSink(metrics, spec.target.value), *extra_sinks], plan_source=plan_source,
+                   sinks=[run_log, PrometheusSink(metrics, spec.target.value), *trackers, ClosesRewardPool(reward),
+                          *extra_sinks], plan_source=plan_source,
                    ckpt_dir=Path(cfg.checkpoint_dir or run_dir / "checkpoints"), run_id=run_id, seed=cfg.seed,
                    metrics=metrics)
 
@@ -175,7 +180,7 @@ class Driver:
             s.start(self.plan, self.state, self.resumed)
         # Replicas start from the model directory; the learner's weights are the truth (a resumed
         # run's differ), so publish them before the first request.
-        self.rollout.publish_weights(self.state.version, self.learner.export_weights())
+        self.publish()
         start_eval = self._start_eval() if self.state.step == 0 and spec.target.eval_every else None
         last_ckpt = self.state.step
         while (end := self._end()) is None:
@@ -235,6 +240,7 @@ class Driver:
             kept, generated, extra_s = self.refill(self, first, prompt_tokens)
             problems, prompt_ids, samples, texts, finished, rewards = kept.astuple()
         t2 = time.perf_counter()
+        self._rollout_awake(False)  # colocated: the engines give the accelerators to the learner (train phase)
         batch = RolloutBatch(prompt_ids=[ids for ids in prompt_ids for _ in range(n)],
                              response_ids=[s.token_ids for s in samples], rewards=rewards, samples_per_prompt=n,
                              rollout_logprobs=rollout_logprobs(samples),
@@ -242,23 +248,57 @@ class Driver:
         stats = self.learner.step(batch, lr=st.learning_rate)
         t3 = time.perf_counter()
         skipped = bool(stats.get("skipped"))
+        self._rollout_awake(True)  # colocated: before the weights land and the next generation (sync phase)
         if not skipped:
             # The driver owns the weights version: a skipped step left the weights as they
             # were, and republishing them would make every replica reload the same bytes.
             st.version += 1
-            self.rollout.publish_weights(st.version, self.learner.export_weights())
+            self.publish()
         t4 = time.perf_counter()
         phases = {"generate": t1 - t0 + extra_s, "reward": t2 - t1r - extra_s, "train": t3 - t2, "sync": t4 - t3}
         shown = ShownSample(problems[0].prompt[-300:], texts[0], problems[0].answer, rewards[0], finished[0])
         return self._record(batch, generated, stats, phases, t4 - t0 - (t1r - t1), engine_s, skipped, shown)
 
-    def _score(self, problems: list[Problem], n: int, texts: list[str], finished: list[bool]) -> list[float]:
+    def publish(self) -> None:
+        """The learner's weights to the replicas as the current version, streamed one parameter at a time
+        where the learner can (iter_weights; a NCCL broadcast takes them on the learner's device); the log
+        says how they travelled ("weights v3 by broadcast to 2 replicas in 0.41 s")."""
+        it = getattr(self.learner, "iter_weights", None)
+        if it is None:
+            weights: Any = self.learner.export_weights()
+        else:
+            on_device = getattr(self.rollout, "weights_on_device", False)
+            weights = it(device=self.learner.device) if on_device else it()
         try:
-            return score(self.task.reward, [pr.prompt for pr in problems for _ in range(n)], texts,
-                         [pr.answer for pr in problems for _ in range(n)], finished,
-                         [pr.extra for pr in problems for _ in range(n)])
+            res = self.rollout.publish_weights(self.state.version, weights)
+        finally:
+            close = getattr(weights, "close", None)
+            if close is not None:  # an unfinished iter_weights still runs its gathers so the followers finish
+                close()
+        if hasattr(res, "describe"):
+            log.info(res.describe())
+
+    def _rollout_awake(self, awake: bool) -> None:
+        """Colocated placement: the rollout engines sleep while the learner trains, and wake before weights
+        are published into them and the next generation."""
+        if getattr(self.plan, "placement", "disaggregated") != "colocated":
+            return
+        method = getattr(self.rollout, "wake_up" if awake else "sleep", None)
+        if method is not None:
+            method()
+
+    def _score(self, problems: list[Problem], n: int, texts: list[str], finished: list[bool]) -> list[float]:
+        reward, t = self.task.reward, self.spec.task
+        if reward.pool is None and reward.start_pool(t.reward_workers, t.reward_timeout_score):
+            self.sinks.append(ClosesRewardPool(reward))  # worker processes, started once, end with the run
+        try:
+            scored = score_terms(reward, [pr.prompt for pr in problems for _ in range(n)], texts,
+                                 [pr.answer for pr in problems for _ in range(n)], finished,
+                                 [pr.extra for pr in problems for _ in range(n)])
         except RewardError as exc:  # before any update with it; a restart would meet the same reward
             raise PermanentRunError(str(exc)) from exc
+        reward.tally.add(scored)  # each term's mean in the step record
+        return scored.rewards
 
     def _record(self, batch: RolloutBatch, samples: list, stats: dict, phases: dict[str, float], step_s: float,
                 engine_s: float | None, skipped: bool, shown: ShownSample) -> StepRecord:
@@ -271,6 +311,7 @@ class Driver:
         st.trained_tokens_total += batch.num_tokens
         st.elapsed_s += step_s
         compute = stats.get("compute_seconds")
+        reward_terms, reward_timeouts = self.task.reward.tally.take(self.task.reward)
         return StepRecord(
             step=st.step, samples=st.samples, batch_samples=len(samples), prompts=int(st.prompts),
             samples_per_prompt=batch.samples_per_prompt, lr=st.learning_rate, phases=phases, step_seconds=step_s,
@@ -287,7 +328,8 @@ class Driver:
             logprob_diff=stats.get("logprob_diff"), logprob_abs_diff=stats.get("logprob_abs_diff"),
             engine_generate_seconds=engine_s, train_compute_seconds=compute,
             overhead_seconds=None if compute is None or engine_s is None else max(0.0, step_s - compute - engine_s),
-            target_metric=self.tracker.current, sample=shown)
+            target_metric=self.tracker.current, sample=shown, reward_terms=reward_terms,
+            reward_timeouts=reward_timeouts)
 
     def _generating(self) -> int:
         """The replicas this step generates with: those running when it started (fewer than asked for

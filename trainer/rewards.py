@@ -15,6 +15,10 @@ answer as a string ('' when the dataset has none) and `extra` a dict of the row'
 fields. A plug-in may also declare a keyword parameter `finished` (True when the response
 ended with EOS rather than running out of tokens); one with only three positional
 parameters is called without `extra`.
+
+In a run, plug-ins, `math` and a `format` pattern of the spec's are called in worker processes
+(trainer/reward_pool.py, Reward.start_pool), each call killed at task.rewardTimeout; exact-match and
+the default format pattern run in the driver's process. Each term's mean is logged on its own.
 """
 
 from __future__ import annotations
@@ -168,10 +172,32 @@ class Term:
     fn: Callable[..., Any]
     takes_extra: bool = True
     takes_finished: bool = True
+    safe: bool = False  # known to end quickly (a builtin on fixed patterns): scored in the driver's process
 
     def __call__(self, prompt: str, completion: str, answer: str, extra: Mapping, finished: bool) -> Any:
         args = (prompt, completion, answer, extra) if self.takes_extra else (prompt, completion, answer)
         return self.fn(*args, finished=finished) if self.takes_finished else self.fn(*args)
+
+
+class RewardTally:
+    """What the steps' scoring saw since the last step record: each term's values and the timeouts."""
+
+    def __init__(self) -> None:
+        self.sums: dict[str, float] = {}
+        self.counts: dict[str, int] = {}
+        self.timeouts = 0
+
+    def add(self, scored: Scored) -> None:
+        for name, values in scored.terms.items():
+            self.sums[name] = self.sums.get(name, 0.0) + sum(values)
+            self.counts[name] = self.counts.get(name, 0) + len(values)
+
+    def take(self, reward: Reward) -> tuple[dict[str, float], int]:
+        """({term: mean unweighted value}, calls killed at the timeout) since the last take; then reset."""
+        means = {k: self.sums[k] / n for k, n in self.counts.items() if n}
+        timeouts, self.timeouts = reward.timeouts - self.timeouts, reward.timeouts
+        self.sums, self.counts = {}, {}
+        return means, timeouts
 
 
 @dataclass
@@ -181,7 +207,13 @@ class Reward:
     expression: str
     terms: list[Term]
     timeout_s: float = DEFAULT_TIMEOUT_S
+    format_pattern: str | None = None
+    resolved: bool = False  # built by resolve_reward: a worker process builds it again from the expression
+    timeout_score: float | None = None  # task.rewardTimeoutScore, with a pool (a thread cannot be killed)
     needs_answer: bool = field(init=False)
+    pool: Any = field(default=None, repr=False, compare=False)  # trainer.reward_pool.RewardPool
+    tally: RewardTally = field(default_factory=RewardTally, repr=False, compare=False)
+    timeouts: int = 0  # calls killed at the timeout, over the run
 
     def __post_init__(self) -> None:
         self.needs_answer = any(t.name in ("exact-match", "math") for t in self.terms)
@@ -189,16 +221,52 @@ class Reward:
     def __call__(self, prompt: str, completion: str, answer: str, extra: Mapping | None = None,
                  *, finished: bool = True) -> float:
         return _check(self, prompt, completion,
-                      sum(t.weight * _as_float(t, t(prompt, completion, answer, extra or {}, finished),
-                                               prompt, completion)
+                      sum(t.weight * as_float(t, t(prompt, completion, answer, extra or {}, finished),
+                                              prompt, completion)
                           for t in self.terms))
+
+    def start_pool(self, workers: int = 0, timeout_score: float | None = None) -> bool:
+        """Score the terms not known to be safe (plug-ins, math, a format pattern of the spec's) in worker
+        processes from now on, `workers` of them (0: one per core); once per run. False when every term
+        runs in the driver's process (exact-match: the quickstart) or the reward was not resolved."""
+        if self.pool is not None:
+            return True
+        unsafe = [i for i, t in enumerate(self.terms) if not t.safe]
+        if not unsafe or not self.resolved:
+            return False
+        from rlscale.trainer.reward_pool import RewardPool, default_workers
+
+        self.timeout_score = timeout_score
+        self.pool = RewardPool(_pool_terms, _pool_call, (self.expression, self.format_pattern, unsafe),
+                               workers or default_workers(), self.timeout_s)
+        log.info("reward %r: %s scored by %d worker processes", self.expression,
+                 ", ".join(self.terms[i].name for i in unsafe), self.pool.size)
+        return True
+
+    def close(self) -> None:
+        """End the worker processes (the run's end)."""
+        if self.pool is not None:
+            self.pool.close()
+            self.pool = None
+
+
+@dataclass
+class Scored:
+    """A batch's rewards, and each term's unweighted values (none for a call killed at the timeout)."""
+
+    rewards: list[float]
+    terms: dict[str, list[float]]
+    timeouts: int = 0
+
+    def term_means(self) -> dict[str, float]:
+        return {k: sum(v) / len(v) for k, v in self.terms.items() if v}
 
 
 def _shown(text: str, n: int = 160) -> str:
     return repr(text if len(text) <= n else text[: n - 3] + "...")
 
 
-def _as_float(term: Term, value: Any, prompt: str, completion: str) -> float:
+def as_float(term: Term, value: Any, prompt: str, completion: str) -> float:
     if not isinstance(value, (int, float)) and not hasattr(value, "__float__"):
         raise RewardError(f"reward {term.name!r} returned {value!r} ({type(value).__name__}) "
                           f"for prompt {_shown(prompt)} and completion {_shown(completion)}; it must return a float")
@@ -253,7 +321,7 @@ def resolve_reward(expr: str, *, format_pattern: str | None = None, timeout_s: f
     terms = []
     for weight, name in parse_expression(expr):
         if name == "exact-match":
-            term = Term(weight, name, exact_match)
+            term = Term(weight, name, exact_match, safe=True)
         elif name == "math":
             try:
                 import math_verify  # noqa: F401
@@ -262,51 +330,152 @@ def resolve_reward(expr: str, *, format_pattern: str | None = None, timeout_s: f
                                  "pip install math-verify (the train extra has it)") from None
             term = Term(weight, name, math_equal)
         elif name == "format":
-            term = Term(weight, name, format_match(format_pattern or DEFAULT_FORMAT_PATTERN))
+            pattern = format_pattern or DEFAULT_FORMAT_PATTERN  # the spec's own may backtrack for ever
+            term = Term(weight, name, format_match(pattern), safe=pattern == DEFAULT_FORMAT_PATTERN)
         else:
             term = _plugin(name)
             term.weight = weight
         terms.append(term)
-    return Reward(expr, terms, timeout_s)
+    return Reward(expr, terms, timeout_s, format_pattern=format_pattern, resolved=True)
 
 
-def score(reward: Reward | RewardFn, prompts: Sequence[str], completions: Sequence[str], answers: Sequence[str],
-          finished: Sequence[bool], extras: Sequence[Mapping] | None = None) -> list[float]:
-    """Rewards of a batch, each within reward.timeout_s; any failure is a RewardError naming the sample.
+def _as_reward(reward: Reward | RewardFn) -> Reward:
+    if isinstance(reward, Reward):
+        return reward
+    name = getattr(reward, "__name__", repr(reward))  # a bare verifier such as exact_match
+    return Reward(name, [Term(1.0, name, reward)])
 
-    The batch runs in one daemon thread, so a reward that never returns stops the run with
-    a clear error instead of hanging it (the thread itself cannot be killed; the run ends).
-    """
-    if not isinstance(reward, Reward):  # a bare verifier such as exact_match
-        name = getattr(reward, "__name__", repr(reward))
-        reward = Reward(name, [Term(1.0, name, reward)])
-    extras = extras if extras is not None else [{}] * len(prompts)
-    rows = list(zip(prompts, completions, answers, finished, extras, strict=True))
-    out: list[float] = []
+
+def _raised(reward: Reward, what: str, prompt: str, completion: str) -> RewardError:
+    return RewardError(f"reward {reward.expression!r} raised {what} for prompt {_shown(prompt)} and completion "
+                       f"{_shown(completion)}; make it return a float for every completion (0.0 when it cannot judge)")
+
+
+def _timed_out(reward: Reward, prompt: str, completion: str) -> RewardError:
+    return RewardError(
+        f"reward {reward.expression!r} took more than {reward.timeout_s:g} s (task.rewardTimeout) on prompt "
+        f"{_shown(prompt)} and completion {_shown(completion)}; make it faster, raise task.rewardTimeout, or set "
+        "task.rewardTimeoutScore to score such calls and go on")
+
+
+def _in_process(reward: Reward, indices: list[int], rows: list[tuple]) -> list[list[float]]:
+    """The known-safe terms, called here: no thread, no process (exact-match on the quickstart's batch)."""
+    out = []
+    for p, c, a, e, f in rows:
+        try:
+            out.append([as_float(reward.terms[i], reward.terms[i](p, c, a, e, f), p, c) for i in indices])
+        except RewardError:
+            raise
+        except Exception as exc:
+            raise _raised(reward, f"{exc.__class__.__name__}: {exc}", p, c) from exc
+    return out
+
+
+def _threaded(reward: Reward, indices: list[int], rows: list[tuple]) -> list[list[float]]:
+    """Without a pool: the rows in one daemon thread, so a call that never returns stops the run with a
+    clear error instead of hanging it (the thread itself cannot be killed; the run ends)."""
+    out: list[list[float]] = []
     state: dict[str, Any] = {"index": 0, "started": time.monotonic(), "error": None}
 
     def work() -> None:
         try:
-            for i, (p, c, a, f, e) in enumerate(rows):
+            for i, row in enumerate(rows):
                 state["index"], state["started"] = i, time.monotonic()
-                out.append(reward(p, c, a, e, finished=f))
+                out.extend(_in_process(reward, indices, [row]))
         except RewardError as exc:
             state["error"] = exc
-        except Exception as exc:  # a plug-in's own failure: name the sample it failed on
-            p, c = rows[state["index"]][:2]
-            state["error"] = RewardError(
-                f"reward {reward.expression!r} raised {exc.__class__.__name__}: {exc} for prompt {_shown(p)} and "
-                f"completion {_shown(c)}; make it return a float for every completion (0.0 when it cannot judge)")
 
     thread = threading.Thread(target=work, name="reward", daemon=True)
     thread.start()
     while thread.is_alive():
         thread.join(timeout=min(0.5, reward.timeout_s))
         if thread.is_alive() and time.monotonic() - state["started"] > reward.timeout_s:
-            p, c = rows[state["index"]][:2]
-            raise RewardError(
-                f"reward {reward.expression!r} took more than {reward.timeout_s:g} s (task.rewardTimeout) on prompt "
-                f"{_shown(p)} and completion {_shown(c)}; make it faster or raise task.rewardTimeout")
+            raise _timed_out(reward, *rows[state["index"]][:2])
     if state["error"] is not None:
         raise state["error"]
     return out
+
+
+def _pool_terms(expression: str, format_pattern: str | None, indices: list[int]) -> list[Term]:
+    """In a pool's worker: the terms at `indices`, resolved as the driver resolved them."""
+    return [resolve_reward(expression, format_pattern=format_pattern).terms[i] for i in indices]
+
+
+def _pool_call(terms: list[Term], row: tuple) -> tuple[str, Any]:
+    """In a pool's worker: ("ok", the terms' values), ("bad", why a value is no float) or ("error", what raised)."""
+    p, c, a, e, f = row
+    try:
+        return "ok", [as_float(t, t(p, c, a, e, f), p, c) for t in terms]
+    except RewardError as exc:
+        return "bad", str(exc)
+    except Exception as exc:
+        return "error", f"{exc.__class__.__name__}: {exc}"
+
+
+def _pooled(reward: Reward, rows: list[tuple]) -> list[list[float] | None]:
+    """The other terms in the pool's worker processes; None for a call killed at the timeout (scored
+    task.rewardTimeoutScore). The first failure in the batch's order stops the run."""
+    from rlscale.trainer.reward_pool import BAD, DIED, OK, TIMEOUT
+
+    try:
+        outcomes = reward.pool.run(rows, stop_on_timeout=reward.timeout_score is None)
+    except RuntimeError as exc:  # no worker could start
+        raise RewardError(f"reward {reward.expression!r}: {exc}") from None
+    for (p, c, *_), o in zip(rows, outcomes, strict=True):
+        if o is None or o.kind == OK or (o.kind == TIMEOUT and reward.timeout_score is not None):
+            continue
+        if o.kind == TIMEOUT:
+            raise _timed_out(reward, p, c)
+        if o.kind == BAD:
+            raise RewardError(o.message)
+        if o.kind == DIED:
+            raise RewardError(f"reward {reward.expression!r}: {o.message} on prompt {_shown(p)} and completion "
+                              f"{_shown(c)}; a reward must return, not end its process")
+        raise _raised(reward, o.message, p, c)
+    late = [r for r, o in enumerate(outcomes) if o is not None and o.kind == TIMEOUT]
+    if late:
+        p, c = rows[late[0]][:2]
+        log.warning("reward %r: %d calls killed at %g s (task.rewardTimeout), scored %g; the first on prompt %s "
+                    "and completion %s", reward.expression, len(late), reward.timeout_s, reward.timeout_score,
+                    _shown(p), _shown(c))
+    return [o.values if o is not None and o.kind == OK else None for o in outcomes]
+
+
+def score_terms(reward: Reward | RewardFn, prompts: Sequence[str], completions: Sequence[str],
+                answers: Sequence[str], finished: Sequence[bool], extras: Sequence[Mapping] | None = None) -> Scored:
+    """The rewards of a batch in order, with each term's values; a failure is a RewardError naming the sample.
+
+    Known-safe terms run here; the others in the reward's pool (Reward.start_pool), each call killed at
+    reward.timeout_s, else in a thread whose timeout stops the run."""
+    reward = _as_reward(reward)
+    extras = extras if extras is not None else [{}] * len(prompts)
+    rows = list(zip(prompts, completions, answers, extras, finished, strict=True))
+    safe = [i for i, t in enumerate(reward.terms) if t.safe]
+    unsafe = [i for i, t in enumerate(reward.terms) if not t.safe]
+    values: list[list[float | None]] = [[None] * len(reward.terms) for _ in rows]
+    for r, vals in enumerate(_in_process(reward, safe, rows) if safe else []):
+        for i, v in zip(safe, vals, strict=True):
+            values[r][i] = v
+    if unsafe:
+        got = _pooled(reward, rows) if reward.pool is not None else _threaded(reward, unsafe, rows)
+        for r, vals in enumerate(got):
+            for i, v in zip(unsafe, vals or [None] * len(unsafe), strict=True):
+                values[r][i] = v
+    rewards, timeouts = [], 0
+    for (p, c, *_), vals in zip(rows, values, strict=True):
+        if any(v is None for v in vals):  # killed at the timeout
+            rewards.append(float(reward.timeout_score))
+            timeouts += 1
+        else:
+            rewards.append(_check(reward, p, c, sum(t.weight * v for t, v in zip(reward.terms, vals, strict=True))))
+    terms: dict[str, list[float]] = {}
+    for i, t in enumerate(reward.terms):
+        terms.setdefault(t.name, [v[i] for v in values if v[i] is not None])
+    reward.timeouts += timeouts
+    return Scored(rewards, terms, timeouts)
+
+
+def score(reward: Reward | RewardFn, prompts: Sequence[str], completions: Sequence[str], answers: Sequence[str],
+          finished: Sequence[bool], extras: Sequence[Mapping] | None = None) -> list[float]:
+    """Rewards of a batch, each within reward.timeout_s; any failure is a RewardError naming the sample."""
+    return score_terms(reward, prompts, completions, answers, finished, extras).rewards

@@ -176,3 +176,25 @@ class KubeSink:
         return ProgressReport.from_record(rec, target_reached=reached, outcome=outcome, report=location,
                                           measurements=Measurements.from_records(history).to_dict(),
                                           serving=self.serving)
+
+
+class ClosesRewardPool:
+    """Ends the reward's worker processes (trainer.reward_pool) when the run ends."""
+
+    def __init__(self, reward: Any):
+        self.reward = reward
+
+    def start(self, plan: Plan, state: Any, resumed: bool) -> None:
+        pass
+
+    def plan_changed(self, plan: Plan, at_step: int, why: str | None) -> None:
+        pass
+
+    def rollout_changed(self, serving: Any, scaled: bool) -> None:
+        pass
+
+    def record(self, rec: StepRecord, history: Sequence[StepRecord]) -> None:
+        pass
+
+    def end(self, end: RunEnd, history: Sequence[StepRecord], target_reached: bool) -> None:
+        self.reward.close()

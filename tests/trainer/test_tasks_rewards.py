@@ -64,6 +64,22 @@ def test_rewards():
     assert resolve_reward("exact-match+0.1*format")("1+1=", "2", "2", finished=True) == pytest.approx(1.1)
 
 
+def test_each_term_is_scored_on_its_own_without_a_pool(tmp_path, monkeypatch):
+    """Outside a run (validate, a plain score call) the plug-in runs in a thread, the builtins in place;
+    each term's values come back unweighted beside the weighted rewards."""
+    from rlscale.trainer.rewards import score_terms
+
+    (tmp_path / "term_rewards.py").write_text("def half(prompt, completion, answer, extra):\n    return 0.5\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    r = resolve_reward("0.5*exact-match + 2*term_rewards:half")
+    assert [t.safe for t in r.terms] == [True, False] and r.pool is None
+    got = score_terms(r, ["1+1=", "2+2="], ["2", "5"], ["2", "4"], [True, True])
+    assert got.rewards == pytest.approx([1.5, 1.0]) and got.timeouts == 0
+    assert got.terms == {"exact-match": [1.0, 0.0], "term_rewards:half": [0.5, 0.5]}
+    assert got.term_means() == {"exact-match": 0.5, "term_rewards:half": 0.5}
+    sys.modules.pop("term_rewards", None)
+
+
 def test_plugin_reward_by_module_function(tmp_path, monkeypatch):
     (tmp_path / "my_rewards.py").write_text(textwrap.dedent("""
         def length(prompt, completion, answer, *, finished):
