@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import torch
@@ -95,35 +94,63 @@ def micro_batches(indices: list[int], size: int, count: int) -> list[list[int]]:
     return chunks + [[] for _ in range(count - len(chunks))]
 
 
-def groups_per_micro_batch(micro_batch: int, samples_per_prompt: int) -> int:
-    """Whole prompt groups that fit in a micro-batch of `micro_batch` sequences."""
-    if micro_batch < samples_per_prompt:
-        raise ValueError(
-            f"spec.batch.microBatch: {micro_batch} is smaller than batch.samplesPerPrompt ({samples_per_prompt}); "
-            f"a micro-batch holds whole prompt groups: use microBatch >= {samples_per_prompt} (a multiple of it "
-            "leaves no sequence slot unused)"
-        )
-    return micro_batch // samples_per_prompt
+@dataclass(frozen=True)
+class MicroPlan:
+    """One rank's micro-batches (sample indices) for a step.
 
-
-def group_micro_batches(groups: list[int], samples_per_prompt: int, micro_batch: int, rank: int, world_size: int,
-                        min_count: int = 1) -> list[list[int]]:
-    """This rank's micro-batches as sample indices, each made of whole prompt groups.
-
-    `groups` are the batch's group numbers to train on (group g holds samples g*spp .. g*spp+spp-1);
-    ranks take every world_size-th group. Samples of one group share a prompt (and, in GRPO, a
-    baseline), so they are not independent: a micro-batch that split a group would give the
-    gradient-noise estimate dependent samples. Every rank gets the same count, at least
-    `min_count`, padded with empty micro-batches (see pack).
+    `boundary`: when set, the first `boundary` micro-batches hold exactly whole prompt groups (the
+    first part of the rank's groups) and the rest the other groups: the accumulated gradient at that
+    boundary is a gradient of whole groups, where the noise scale takes its small-batch norm. Every
+    rank has the same `boundary` and the same count (empty lists are zero-weight placeholders, see pack).
     """
-    per_micro = groups_per_micro_batch(micro_batch, samples_per_prompt)
-    mine = groups[rank::world_size]
-    per_rank = math.ceil(len(groups) / world_size)
-    count = max(min_count, math.ceil(per_rank / per_micro))
-    # Spread this rank's groups evenly: at most per_micro each, since len(mine) <= per_rank.
-    size = max(1, math.ceil(len(mine) / count))
-    return [[g * samples_per_prompt + j for g in chunk for j in range(samples_per_prompt)]
-            for chunk in micro_batches(mine, size, count)]
+
+    chunks: list[list[int]]
+    boundary: int | None = None
+
+
+def pack_by_length(samples: list[int], lengths: list[int], micro_batch: int,
+                   micro_batch_tokens: int | None = None) -> list[list[int]]:
+    """Samples into micro-batches of at most `micro_batch` sequences and, when set, at most
+    `micro_batch_tokens` padded tokens (sequences x the longest one; a micro-batch pads only to its own
+    longest sequence). Longest first, so padding is small and the first micro-batch is the largest in
+    memory; a sequence longer than the budget gets a micro-batch of its own."""
+    if micro_batch < 1:
+        raise ValueError(f"spec.batch.microBatch: {micro_batch}; use at least 1")
+    order = sorted(samples, key=lambda i: (-lengths[i], i))
+    chunks: list[list[int]] = []
+    for i in order:
+        cur = chunks[-1] if chunks else None
+        fits = cur is not None and len(cur) < micro_batch and (
+            micro_batch_tokens is None or (len(cur) + 1) * lengths[cur[0]] <= micro_batch_tokens)
+        if fits:
+            cur.append(i)
+        else:
+            chunks.append([i])
+    return chunks
+
+
+def plan_micro_batches(groups: list[list[int]], rank: int, world_size: int, lengths: list[int], micro_batch: int,
+                       micro_batch_tokens: int | None = None, split: bool = False) -> MicroPlan:
+    """This rank's micro-batches. `groups` are the batch's trained prompt groups, each the list of its
+    sample indices in the loss; ranks take every world_size-th group. A group may span micro-batches
+    (its advantages are computed before any split, so the loss does not depend on the split).
+
+    split: the rank's groups are cut in two parts, packed separately, so the micro-batches of the first
+    part end on a group boundary (MicroPlan.boundary). Every rank's plan is computed here from the whole
+    batch (every rank holds it), so the counts agree without communication.
+    """
+    def parts(r: int) -> list[list[int]]:
+        mine = groups[r::world_size]
+        cut = (len(mine) + 1) // 2 if split else len(mine)
+        halves = [mine[:cut], mine[cut:]] if split else [mine]
+        return [pack_by_length([i for g in h for i in g], lengths, micro_batch, micro_batch_tokens) for h in halves]
+
+    every = [parts(r) for r in range(world_size)]
+    sizes = [max(1, max(len(p[k]) for p in every)) for k in range(len(every[0]))]
+    chunks: list[list[int]] = []
+    for part, size in zip(every[rank], sizes, strict=True):
+        chunks += part + [[] for _ in range(size - len(part))]
+    return MicroPlan(chunks, sizes[0] if split else None)
 
 
 def pack(batch: RolloutBatch, indices: list[int], advantages: torch.Tensor, device, pad_id: int = 0,

@@ -7,13 +7,12 @@ method. So the driver only ever talks to rank 0, and collectives always match.
 
 from __future__ import annotations
 
-import contextlib
 import logging
-import math
 import os
 import secrets
 import shutil
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -25,11 +24,13 @@ from rlscale.trainer import advantages as V
 from rlscale.trainer import algorithms as A
 from rlscale.trainer import checkpoint
 from rlscale.trainer import losses as L
-from rlscale.trainer.batching import RolloutBatch, group_micro_batches, pack
+from rlscale.trainer.batching import MicroPlan, RolloutBatch, pack, plan_micro_batches
 from rlscale.trainer.distributed import init_distributed
-from rlscale.trainer.learner_config import LearnerConfig, ValueModel  # noqa: F401  (re-exported)
-from rlscale.trainer.noise import NoiseScale, in_batch_samples, noise_components
+from rlscale.trainer.learner_config import LearnerConfig, ValueModel, enable_gradient_checkpointing  # noqa: F401
+from rlscale.trainer.logprobs import response_logprobs
+from rlscale.trainer.noise import NoiseScale, boundary_pair, in_batch_samples, local_grad_sq, partition_grad_sq
 from rlscale.trainer.objectives import objective_for
+from rlscale.trainer.weights_export import BUCKET_BYTES, gather_weights
 
 log = logging.getLogger(__name__)
 
@@ -62,6 +63,8 @@ class Learner:
         self._released = False  # rank 0 has told the followers to stop
         self.dtype = getattr(torch, config.dtype)
         policy = AutoModelForCausalLM.from_pretrained(config.model_path, dtype=self.dtype, local_files_only=True)
+        if config.gradient_checkpointing:
+            enable_gradient_checkpointing(policy)
         self.engine, *_ = deepspeed.initialize(model=policy, model_parameters=policy.parameters(),
                                                config=self._ds_config())
         self._grad_norm: float | None = None  # the last step's, when the learner clips (see _clips_itself)
@@ -72,14 +75,11 @@ class Learner:
         self.critic = None
         if self.objective.uses_critic:
             critic = ValueModel(config.model_path, self.dtype)
+            if config.gradient_checkpointing:
+                enable_gradient_checkpointing(critic)
             self.critic, *_ = deepspeed.initialize(model=critic, model_parameters=critic.parameters(),
                                                    config=self._ds_config())
-        self.reference = None
-        if config.kl_coef > 0:
-            # Frozen copy of the starting policy; kept whole on each rank (small next to the engines).
-            self.reference = AutoModelForCausalLM.from_pretrained(config.model_path, dtype=self.dtype,
-                                                                  local_files_only=True)
-            self.reference.to(self.device).eval().requires_grad_(False)
+        self.reference = self._build_reference() if config.kl_coef > 0 else None
         self.lr = config.lr
         self.steps = 0  # optimiser steps applied (the driver numbers the weights it publishes)
         self.noise = NoiseScale(config.noise_ema)
@@ -92,6 +92,23 @@ class Learner:
                               patience=float(os.environ.get("RLSCALE_GANG_PATIENCE", "30")))
         self._barrier()
         self.gang.start()
+
+    def _build_reference(self):
+        """The frozen starting policy. At ZeRO-3 a DeepSpeed engine without optimiser, sharded over the
+        ranks like the policy (its forward is collective, as the policy's is); below, whole on each rank
+        (the policy's parameters are whole there too)."""
+        import deepspeed
+        from transformers import AutoModelForCausalLM
+
+        reference = AutoModelForCausalLM.from_pretrained(self.config.model_path, dtype=self.dtype,
+                                                         local_files_only=True)
+        reference.eval().requires_grad_(False)
+        if self.config.zero_stage < 3:
+            return reference.to(self.device)
+        cfg = {k: v for k, v in self._ds_config().items() if k not in ("optimizer", "scheduler")}
+        engine, *_ = deepspeed.initialize(model=reference, config=cfg)
+        engine.module.eval()
+        return engine
 
     def _clips_itself(self) -> bool:
         """True where DeepSpeed would clip but not keep the norm: float32 without ZeRO, where it hands
@@ -165,8 +182,39 @@ class Learner:
         return self._collective("step", batch, lr)
 
     def export_weights(self, dtype: str | None = None) -> dict[str, torch.Tensor]:
-        """Full policy weights under HF names on CPU (gathered under ZeRO-3); empty dict on ranks > 0."""
-        return self._collective("export_weights", dtype)
+        """Full policy weights under HF names on CPU (rank 0; followers join); built from iter_weights, so
+        under ZeRO-3 a rank holds one gathered bucket at a time besides the CPU copies."""
+        return dict(self.iter_weights(dtype))
+
+    def iter_weights(self, dtype: str | None = None, device: str | torch.device = "cpu",
+                     bucket_bytes: int = BUCKET_BYTES) -> Iterator[tuple[str, torch.Tensor]]:
+        """Rank 0: yield (HF name, tensor) for every policy parameter, in named_parameters() order (tied
+        weights once), each a copy on `device` ("cpu" for the object store; the rank's device, e.g.
+        learner.device, for a NCCL broadcast) in `dtype` (a torch dtype name; None: the learner's).
+
+        Collective under ZeRO-3: on its first item rank 0 tells the followers (in follow()) to run the
+        same gather loop; parameters are gathered a bucket of at most bucket_bytes at a time (one
+        parameter when larger) and released before the next, so no rank ever holds the whole model.
+        Consume it to the end, or close() it: a closed generator still runs the remaining gathers
+        (without copies) so the followers finish. Do not run another collective method (step,
+        save_checkpoint, ...) while it is open. Ranks > 0 never call it (they follow).
+        """
+        if self.rank != 0:
+            raise RuntimeError("learner: iter_weights runs on rank 0; ranks > 0 join it from follow()")
+        if self.world_size > 1:
+            dist.broadcast_object_list(["weights", (dtype, str(device), bucket_bytes)], src=0, group=self._control)
+        yield from self._weights(dtype, str(device), bucket_bytes)
+
+    def stream_weights(self, consumer: Callable[[str, torch.Tensor], None], dtype: str | None = None,
+                       device: str | torch.device = "cpu", bucket_bytes: int = BUCKET_BYTES) -> int:
+        """Rank 0: consumer(name, tensor) for every policy parameter (see iter_weights), while the followers
+        take part in the gathers; returns the bytes handed to the consumer. A tensor may be kept: each is
+        a copy. On rank 0, the consumer may run its own collectives (a NCCL broadcast to rollout engines)."""
+        total = 0
+        for name, tensor in self.iter_weights(dtype, device, bucket_bytes):
+            consumer(name, tensor)
+            total += tensor.numel() * tensor.element_size()
+        return total
 
     def save_checkpoint(self, directory: str | Path, state: dict | None = None, keep: int = 2) -> Path | None:
         """Atomically checkpoint the engines plus `state` (the driver's run state) under directory."""
@@ -219,6 +267,17 @@ class Learner:
             for group in engine.optimizer.param_groups:
                 group["lr"] = lr * factor
 
+    def _weights(self, dtype: str | None, device: str, bucket_bytes: int) -> Iterator[tuple[str, torch.Tensor]]:
+        """Every rank: the gather loop of iter_weights; yields on rank 0 only. A follower runs it whole."""
+        target = getattr(torch, dtype) if dtype else None
+        gen = gather_weights(self.engine.module, self.config.zero_stage == 3, emit=self.rank == 0, dtype=target,
+                             device=device if self.rank == 0 else "cpu", bucket_bytes=bucket_bytes)
+        if self.rank == 0:
+            return gen
+        for _ in gen:
+            pass
+        return iter(())
+
     def _step(self, batch: RolloutBatch, lr: float | None) -> dict[str, float]:
         start = time.perf_counter()
         if lr is not None:
@@ -228,8 +287,9 @@ class Learner:
         rewards, in_loss = self._training_rewards(batch)
         advantages, kept_groups = self.objective.advantages(batch, rewards, in_loss)
         # A group whose every sample left the loss (overlong filtering) has nothing to train.
-        kept_groups = [g for g in kept_groups if bool(in_loss[g * spp:(g + 1) * spp].any())]
-        kept = [g * spp + j for g in kept_groups for j in range(spp) if in_loss[g * spp + j]]
+        groups = [[g * spp + j for j in range(spp) if in_loss[g * spp + j]] for g in kept_groups]
+        groups = [g for g in groups if g]
+        kept = [i for g in groups for i in g]
         stats: dict[str, float] = {"reward_mean": sum(batch.rewards) / len(batch), "samples": float(len(batch)),
                                    "samples_trained": float(len(kept)),
                                    "mixed_group_fraction": A.mixed_group_fraction(rewards, spp)}
@@ -243,12 +303,13 @@ class Learner:
         # The loss aggregates over the whole batch, so each rank divides by the batch's totals.
         total_tokens = sum(len(batch.response_ids[i]) for i in kept)
         norm = _Norm(total_tokens / self.world_size, len(kept) / self.world_size)
-        chunks, measure = self._my_micro_batches(kept_groups, spp)
-        packed = [pack(batch, idx, advantages, self.device, rewards=rewards, in_loss=in_loss) for idx in chunks]
+        plan = self._my_micro_batches(batch, groups)
+        packed = [pack(batch, idx, advantages, self.device, rewards=rewards, in_loss=in_loss) for idx in plan.chunks]
         self.objective.prepare(packed, self._logprobs, self._critic_values if self.critic is not None else None,
                                self.engine, self.reference, self._all_sum)
-        sums, first = self._backward(packed, norm, measure, batch.rollout_logprobs is not None)
-        noise_scale, noise_g_sq, noise_trace = self._noise_estimates(first, packed, norm, len(kept), len(batch))
+        sums, small_sq = self._backward(packed, norm, plan.boundary, batch.rollout_logprobs is not None)
+        noise_scale, noise_g_sq, noise_trace = self._noise_estimates(small_sq, packed, plan.boundary, norm,
+                                                                     len(kept), len(batch))
         self._grad_norm = None
         self.engine.step()
         if self.critic is not None:
@@ -296,34 +357,36 @@ class Learner:
             dist.all_reduce(t, group=self._control)
         return t
 
-    def _my_micro_batches(self, kept_groups: list[int], spp: int) -> tuple[list[list[int]], bool]:
-        """This rank's share (every world_size-th kept group) in micro-batches of whole groups, and
-        whether this step measures the noise scale. Every rank gets the same count (see pack)."""
+    def _my_micro_batches(self, batch: RolloutBatch, groups: list[list[int]]) -> MicroPlan:
+        """This rank's share (every world_size-th trained group) in micro-batches of at most micro_batch
+        sequences and micro_batch_tokens padded tokens; when the step measures the noise scale, with a
+        group-aligned boundary (MicroPlan). Every rank gets the same count (see pack)."""
         c = self.config
-        measure = c.measure_noise and c.zero_stage < 2 and len(kept_groups) >= 2 * self.world_size
-        # The noise scale compares a micro-batch with the whole share, so it needs two;
-        # splitting one micro-batch costs about the same compute.
-        chunks = group_micro_batches(kept_groups, spp, c.micro_batch, self.rank, self.world_size,
-                                     min_count=2 if measure else 1)
-        return chunks, measure
+        # ZeRO 0/1 compare each rank's part with its share, so each rank needs two groups; ZeRO 2/3
+        # compare the ranks' first parts together with the whole batch.
+        need = 2 * self.world_size if c.zero_stage < 2 else 2
+        measure = c.measure_noise and len(groups) >= need
+        lengths = [len(p) + len(r) for p, r in zip(batch.prompt_ids, batch.response_ids, strict=True)]
+        return plan_micro_batches(groups, self.rank, self.world_size, lengths, c.micro_batch, c.micro_batch_tokens,
+                                  split=measure)
 
-    def _backward(self, packed: list, norm: _Norm, measure: bool,
-                  has_rollout_logprobs: bool) -> tuple[dict[str, float], tuple | None]:
-        """Backward over every micro-batch; returns the summed token-weighted stats and, when
-        measuring, (|g|^2, samples) after the first micro-batch."""
+    def _backward(self, packed: list, norm: _Norm, boundary: int | None,
+                  has_rollout_logprobs: bool) -> tuple[dict[str, float], float | None]:
+        """Backward over every micro-batch; returns the summed token-weighted stats and, when measuring
+        (boundary set), this rank's |g|^2 term after the first `boundary` micro-batches (_grad_sq)."""
         keys = ["policy_loss", "kl", "entropy", "clip_fraction", "value_loss"]
         if self.reference is not None and self.objective.kl_in_loss:
             keys.append("kl_loss")
         if has_rollout_logprobs:  # absent, the mismatch is unknown, not 0
             keys += ["logprob_diff", "logprob_abs_diff"]
         sums = dict.fromkeys(keys, 0.0)
-        first = None
+        small_sq = None
         for k, mb in enumerate(packed):
             for key, value in self._micro_step(mb, norm).items():
                 sums[key] = sums.get(key, 0.0) + value
-            if k == 0 and measure:
-                first = (self._local_grad_sq(), mb.num_samples)
-        return sums, first
+            if boundary is not None and k + 1 == boundary:
+                small_sq = self._grad_sq()
+        return sums, small_sq
 
     def _reduce(self, sums: dict[str, float], total_tokens: int) -> dict[str, float]:
         """Per-rank sums of token-weighted stats, summed over ranks, per token of the batch."""
@@ -336,11 +399,9 @@ class Learner:
     def _current_lr(self) -> float:
         return float(self.engine.optimizer.param_groups[0]["lr"])
 
-    def _forward_logprobs(self, model, mb):
-        logits = model(input_ids=mb.input_ids, attention_mask=mb.attention_mask).logits
-        # logits at position t predict token t+1; gather the positions that predict response tokens.
-        resp_logits = logits.gather(1, mb.logit_index.unsqueeze(-1).expand(-1, -1, logits.shape[-1]))
-        return A.token_logprobs(resp_logits, mb.response), resp_logits
+    def _forward_logprobs(self, model, mb, entropy_grad: bool = False):
+        """(log-probs, entropy) [B, T] of the response tokens, the float32 logits chunk by chunk."""
+        return response_logprobs(model, mb, self.config.logprob_chunk, entropy_grad=entropy_grad)
 
     def _micro_step(self, mb, norm: _Norm) -> dict[str, float]:
         """Forward and backward of one micro-batch. Each loss is aggregated with the batch's totals
@@ -348,7 +409,7 @@ class Learner:
         that _reduce divides by the batch's token count (losses x norm.tokens, so they come out as
         the batch's loss)."""
         c, objective = self.config, self.objective
-        logprobs, resp_logits = self._forward_logprobs(self.engine, mb)
+        logprobs, entropy = self._forward_logprobs(self.engine, mb, entropy_grad=bool(c.entropy_coef))
         # One optimiser step per batch: the parameters that sampled (up to engine
         # numerics) are the current ones, so the old policy is the current one, detached.
         old = logprobs.detach()
@@ -365,11 +426,7 @@ class Learner:
                                          clip_high=c.clip_ratio_high)
         out["clip_fraction"] = A.masked_sum(clipped, mb.mask).item()
         if c.entropy_coef:
-            entropy = A.entropy_from_logits(resp_logits)
             loss = loss - c.entropy_coef * agg(entropy, mb.mask)
-        else:  # a diagnostic only: no graph through the [B, T, vocab] softmax
-            with torch.no_grad():
-                entropy = A.entropy_from_logits(resp_logits.detach())
         out["entropy"] = A.masked_sum(entropy.detach(), mb.mask).item()
         if self.reference is not None and objective.kl_in_loss:
             with torch.no_grad():
@@ -388,89 +445,67 @@ class Learner:
             out["logprob_abs_diff"] = A.masked_sum(diff.abs(), mb.mask).item()
         self.engine.backward(loss, scale_wrt_gas=False)
         if self.critic is not None:
-            values = self._values(self.critic, mb)
+            values = self._critic_values(mb)
             vloss = agg(A.value_loss_tokens(values, mb.old_values, mb.returns, clip=c.value_clip), mb.mask)
             self.critic.backward(c.value_coef * vloss, scale_wrt_gas=False)
             out["value_loss"] = vloss.item() * norm.tokens
         return out
 
-    def _values(self, critic, mb):
-        values = critic(mb.input_ids, mb.attention_mask)
-        return values.gather(1, mb.logit_index)
-
     def _logprobs(self, model, mb) -> torch.Tensor:
         return self._forward_logprobs(model, mb)[0]
 
     def _critic_values(self, mb) -> torch.Tensor:
-        return self._values(self.critic, mb)
+        return self.critic(mb.input_ids, mb.attention_mask).gather(1, mb.logit_index)
 
     # --- gradient noise scale --------------------------------------------------------
 
-    def _local_grad_sq(self) -> float | None:
-        """|g|^2 of this rank's locally accumulated gradient (ZeRO 0/1: grads stay local until step)."""
+    def _grad_sq(self) -> float:
+        """This rank's term of |g|^2 of the gradient accumulated so far: at ZeRO 0/1 the rank's own
+        (unreduced) gradient; at ZeRO 2/3 its partition of the ranks' reduced gradient (summed over ranks
+        in _update_noise)."""
         if self.config.zero_stage >= 2:
-            return None
-        total = 0.0
-        for p in self.engine.module.parameters():
-            if p.grad is not None:
-                total += p.grad.float().pow(2).sum().item()
-        return total
+            return partition_grad_sq(self.engine)
+        return local_grad_sq(self.engine.module)
 
-    def _noise_estimates(self, first: tuple | None, packed: list, norm: _Norm, trained: int, batch: int):
+    def _noise_estimates(self, small_sq: float | None, packed: list, boundary: int | None, norm: _Norm,
+                         trained: int, batch: int):
         """(noise scale, this step's raw |G|^2, its tr(Sigma)), in samples of the whole batch (see
         trainer/noise.py); the raw pair is None when not measured."""
         self.noise.last = None
         noise = None
-        if first is not None and first[0] is not None:
-            b_big = sum(mb.num_samples for mb in packed)
-            noise = self._update_noise(first[0], first[1], b_big, norm, packed, trained, batch)
+        if small_sq is not None and boundary is not None:
+            noise = self._update_noise(small_sq, packed, boundary, norm, trained, batch)
         g_sq, trace = self.noise.last or (None, None)
         return (float(noise) if noise is not None else self.noise.value), g_sq, trace
 
-    def _update_noise(self, g_small_sq, b_small, b_big, norm: _Norm, packed, trained, batch) -> float | None:
-        """B_simple from the first micro-batch vs this rank's whole share, averaged over ranks."""
-        g_big_sq = self._local_grad_sq()
-        if g_big_sq is None:
-            return None
-        # The accumulated losses were divided by the batch's count per rank (tokens under token-mean,
-        # sequences under the sequence aggregations); rescale both gradients to means over their own
-        # part so the norms are comparable.
-        if self.config.loss_aggregation == "token-mean":
-            denom, small, big = norm.tokens, packed[0].mask.sum().item(), sum(mb.mask.sum().item() for mb in packed)
-        else:
-            denom, small, big = norm.sequences, b_small, b_big
-        # Each rank's unbiased pair from its own sizes (shares differ by a group when the groups
-        # do not divide evenly); their mean is unbiased too. NaN on a rank without two sizes.
-        pair = torch.tensor([math.nan, math.nan], dtype=torch.float64)
-        if 0 < b_small < b_big and small > 0:
-            pair = torch.tensor(noise_components(g_small_sq * (denom / small) ** 2, g_big_sq * (denom / big) ** 2,
-                                                 b_small, b_big), dtype=torch.float64)
-        if self.world_size > 1:
-            dist.all_reduce(pair, group=self._control)
-            pair /= self.world_size
+    def _update_noise(self, small_sq: float, packed: list, boundary: int, norm: _Norm, trained: int,
+                      batch: int) -> float | None:
+        """B_simple from the gradient at the group-aligned boundary (the first part of the groups) vs the
+        whole: per rank at ZeRO 0/1 (each rank's pair, averaged over ranks), over all ranks at ZeRO 2/3
+        (the reduced gradient: small = every rank's first part, big = the whole batch)."""
+        big_sq = self._grad_sq()
+        part = packed[:boundary]
+        # [|g_small|^2, |g_big|^2, samples small, big, loss tokens small, big]
+        v = torch.tensor([small_sq, big_sq, sum(mb.num_samples for mb in part), sum(mb.num_samples for mb in packed),
+                          sum(mb.mask.sum().item() for mb in part), sum(mb.mask.sum().item() for mb in packed)],
+                         dtype=torch.float64)
+        global_ = self.config.zero_stage >= 2
+        ranks = self.world_size if global_ else 1
+        if global_:
+            v = self._all_sum(v)
+        small_sq, big_sq, b_small, b_big, t_small, t_big = v.tolist()
+        # The losses were divided by the batch's count per rank (tokens under token-mean, sequences under
+        # the sequence aggregations) and DeepSpeed averages the ranks.
+        token_mean = self.config.loss_aggregation == "token-mean"
+        denom = (norm.tokens if token_mean else norm.sequences) * ranks
+        sizes = (t_small, t_big) if token_mean else (b_small, b_big)
+        pair = torch.tensor(boundary_pair(small_sq, big_sq, b_small, b_big, sizes, denom), dtype=torch.float64)
+        if self.world_size > 1 and not global_:
+            pair = self._all_sum(pair) / self.world_size
+        self._noise_norms = (small_sq, big_sq)  # the raw squared norms, for tests
         return self.noise.add(*in_batch_samples(pair[0].item(), pair[1].item(), trained, batch))
 
     # --- weights and checkpoints -------------------------------------------------------
-
-    def _export_weights(self, dtype: str | None) -> dict[str, torch.Tensor]:
-        import deepspeed
-
-        module = self.engine.module
-        params = list(module.named_parameters())
-        out: dict[str, torch.Tensor] = {}
-        target = getattr(torch, dtype) if dtype else None
-        # Under ZeRO-3 each rank holds a shard: gather (collective) and copy out on rank 0.
-        ctx = (
-            deepspeed.zero.GatheredParameters([p for _, p in params], modifier_rank=None)
-            if self.config.zero_stage == 3
-            else contextlib.nullcontext()
-        )
-        with ctx:
-            if self.rank == 0:
-                for name, p in params:
-                    t = p.detach().to("cpu", copy=True)
-                    out[name] = t.to(target) if target is not None else t
-        return out
 
     def _engines(self):
         return [(self.engine, "policy")] + ([(self.critic, "critic")] if self.critic is not None else [])

@@ -19,7 +19,12 @@ class LearnerConfig:
     algorithm: str = "grpo"
     dtype: str = "float32"
     zero_stage: int = 1
-    micro_batch: int = 32
+    micro_batch: int = 32  # most sequences per micro-batch (down to 1: a prompt group may span micro-batches)
+    micro_batch_tokens: int | None = None  # most padded tokens per micro-batch, next to micro_batch
+    gradient_checkpointing: bool = False  # recompute activations in backward (policy and critic body)
+    # Response positions per float32 [chunk, vocab] logits block for log-probs and entropy (trainer/logprobs.py);
+    # 0: the full [tokens, vocab] logits at once (the reference computation).
+    logprob_chunk: int = 1024
     lr: float = 1e-4
     betas: tuple[float, float] = (0.9, 0.99)
     eps: float = 1e-8
@@ -57,6 +62,9 @@ class LearnerConfig:
         if self.kl_estimator not in KL_ESTIMATORS:
             raise ValueError(f"spec.algorithm.klEstimator: {self.kl_estimator!r} is not known; use one of "
                              f"{', '.join(KL_ESTIMATORS)}")
+        if self.micro_batch < 1 or (self.micro_batch_tokens is not None and self.micro_batch_tokens < 1):
+            raise ValueError(f"LearnerConfig: micro_batch {self.micro_batch} and micro_batch_tokens "
+                             f"{self.micro_batch_tokens} must be at least 1 (spec.batch.microBatch, microBatchTokens)")
         needs_length = self.loss_aggregation == "seq-mean-token-sum-norm" or self.overlong_buffer > 0
         if needs_length and not self.max_response_length:
             raise ValueError("LearnerConfig: seq-mean-token-sum-norm and the overlong penalty need "
@@ -72,6 +80,8 @@ class LearnerConfig:
             dtype=spec.model.dtype,
             zero_stage=spec.learner.zero_stage,
             micro_batch=spec.batch.micro_batch,
+            micro_batch_tokens=getattr(spec.batch, "micro_batch_tokens", None),
+            gradient_checkpointing=bool(getattr(spec.learner, "gradient_checkpointing", False)),
             lr=learning_rate if learning_rate is not None else o.lr,
             betas=tuple(o.betas),
             eps=o.eps,
@@ -114,3 +124,18 @@ class ValueModel(torch.nn.Module):
     def forward(self, input_ids, attention_mask):
         hidden = self.body(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
         return self.head(hidden).squeeze(-1).float()
+
+
+def enable_gradient_checkpointing(model) -> None:
+    """HF activation checkpointing (non-reentrant) on a model or a ValueModel's body. HF checkpoints only
+    in training mode, so the model is put in training mode with every dropout turned off: the learner's
+    forward stays the deterministic one it computes in eval mode (the rollout's log-probs are dropout-free)."""
+    body = model.body if isinstance(model, ValueModel) else model
+    body.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    model.train()
+    for m in model.modules():
+        if isinstance(m, torch.nn.Dropout):
+            m.p = 0.0
+        for attr in ("attention_dropout", "dropout"):
+            if isinstance(getattr(m, attr, None), float):
+                setattr(m, attr, 0.0)
