@@ -45,6 +45,11 @@ def small_run(tmp_path: Path, target: float) -> Path:
     s["batch"].update(prompts=16)
     s["checkpoint"] = {"every": 10}
     s["budget"].update(maxSteps=400)
+    s["logging"] = {"tensorboard": True, "mlflow": True, "project": "e2e"}  # the trackers, beside the report
+    # Colocated: the engine in a Serve replica on the learner's Ray node, no rollout process (the
+    # other local runs, and the real node's, are disaggregated).
+    s["placement"] = "colocated"
+    s["rollout"]["replicas"] = "auto"
     f = tmp_path / "e2e.yaml"
     f.write_text(yaml.safe_dump(spec))
     return f
@@ -83,6 +88,25 @@ def start_run(spec: Path, runs: Path, port: int, log: Path) -> subprocess.Popen:
          "--linger", "4"],
         cwd=ROOT, env=env, stdout=open(log, "ab"), stderr=subprocess.STDOUT, start_new_session=True,
     )
+
+
+def trackers_hold(run_dir: Path, recs: list[dict], steps: list[int]) -> None:
+    """spec.logging's TensorBoard event files and MLflow file store, read back with their own readers."""
+    from mlflow.tracking import MlflowClient
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(str(run_dir / "tensorboard"))
+    acc.Reload()
+    tb = {e.step: e.value for e in acc.Scalars("reward/exact-match")}
+    assert sorted(tb) == steps and tb[steps[-1]] == pytest.approx(recs[-1]["reward_mean"])
+    assert {"reward_mean", "samples_per_second", "phases/generate"} <= set(acc.Tags()["scalars"])
+    os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
+    client = MlflowClient(tracking_uri=(run_dir / "mlruns").resolve().as_uri())
+    (run,) = client.search_runs([client.get_experiment_by_name("e2e").experiment_id])
+    assert run.info.run_name == "e2e" and run.info.status == "FINISHED"
+    history = client.get_metric_history(run.info.run_id, "reward_mean")
+    assert {m.step for m in history} == set(steps)  # the resumed segment logs into the same MLflow run
+    assert run.data.params["spec.task.reward"] == "exact-match"
 
 
 def test_interrupt_resume_and_reach_target_scraped_by_prometheus(tmp_path):
@@ -144,9 +168,18 @@ def test_interrupt_resume_and_reach_target_scraped_by_prometheus(tmp_path):
     # 4. the report
     for name in ("metrics.jsonl", "plan.json", "curves.png", "diagnostics.png", "summary.md"):
         assert (run_dir / name).exists(), name
+    # colocated: planned so, and no rollout process was started (the learner's Ray node hosted the engine)
+    assert json.loads((run_dir / "run.json").read_text())["plan"]["placement"] == "colocated"
+    assert not list((run_dir / "logs").glob("rollout-*.log")), sorted(p.name for p in (run_dir / "logs").iterdir())
     assert "## Diagnostics" in (run_dir / "summary.md").read_text()
     assert "time to target" in (run_dir / "summary.md").read_text()
     assert (run_dir / "curves.png").read_bytes()[:4] == b"\x89PNG"
+    # each term of the reward on its own (one term here: exact-match, unweighted, so the batch's mean)
+    assert recs[-1]["reward_terms"]["exact-match"] == pytest.approx(recs[-1]["reward_mean"])
+    assert "reward term exact-match" in (run_dir / "summary.md").read_text()
+
+    # 5. the trackers hold the step metrics of both segments, at the optimiser step
+    trackers_hold(run_dir, recs, steps)
 
 
 def test_a_dataset_that_fails_its_check_stops_the_run_with_the_field_and_leaves_nothing(tmp_path):
