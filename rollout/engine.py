@@ -196,6 +196,17 @@ class RolloutEngine:
             # at start-up, not inside the first training step.
             self.generate([[0]], max_new_tokens=2, temperature=1.0, seed=0)
 
+    def _own_threads(self) -> None:
+        """The calling thread's OpenMP team at the engine's size. A thread's first torch op sets it, and a
+        Serve replica calls from several threads (requests, the weight-sync thread): a generation thread
+        whose first op was vLLM's CPU attention ran it with the default team of one per core while its
+        metadata said cpu_threads, and vLLM aborted ("Check failed: input->metadata->thread_num ==
+        thread_num (1 vs. 2)", tests/e2e/test_real_model.py once loads moved to the sync thread)."""
+        if not self.on_gpu and self.config.cpu_threads is not None:
+            import torch
+
+            torch._C.set_num_threads(self.config.cpu_threads)  # vLLM's CPU worker replaces torch.set_num_threads
+
     @property
     def can_sleep(self) -> bool:
         """Whether sleep() frees memory: a GPU engine built with enable_sleep_mode (vLLM has no sleep
@@ -247,6 +258,7 @@ class RolloutEngine:
 
         `seed` is a base seed for the batch, or one seed per prompt."""
         self._check_awake("generate")
+        self._own_threads()
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
 
@@ -294,6 +306,7 @@ class RolloutEngine:
         place; `use_plan=False` forces vLLM's reload (the reference in tests and the bench).
         `last_update` says which path ran and where the time went."""
         self._check_awake("load_weights")
+        self._own_threads()
         items = named_tensors.items() if isinstance(named_tensors, Mapping) else named_tensors
         t0 = time.perf_counter()
         with self._lock:
