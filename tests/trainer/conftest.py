@@ -27,8 +27,8 @@ def small_model(tmp_path_factory) -> Path:
 
 
 def _run_ranks(mode: str, args: dict, workdir: Path, world_size: int = 1, timeout: float = 600,
-              expect_kill: bool = False) -> list[subprocess.CompletedProcess]:
-    """Start `world_size` learner ranks on loopback and wait for all of them."""
+              expect_kill: bool = False, worker: Path = WORKER) -> list[subprocess.CompletedProcess]:
+    """Start `world_size` learner ranks (`worker MODE ARGS_JSON`) on loopback and wait for all of them."""
     workdir.mkdir(parents=True, exist_ok=True)
     args_path = workdir / f"args-{mode}-{args.get('tag', '')}.json"
     args_path.write_text(json.dumps(args))
@@ -39,7 +39,7 @@ def _run_ranks(mode: str, args: dict, workdir: Path, world_size: int = 1, timeou
                    MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
                    WORKER_THREADS="1" if world_size > 1 else "2", PYTHONUNBUFFERED="1")
         log = open(workdir / f"{mode}-{args.get('tag', '')}-rank{rank}.log", "w")
-        procs.append((subprocess.Popen([sys.executable, str(WORKER), mode, str(args_path)], env=env,
+        procs.append((subprocess.Popen([sys.executable, str(worker), mode, str(args_path)], env=env,
                                        stdout=log, stderr=subprocess.STDOUT), log))
     results = []
     try:

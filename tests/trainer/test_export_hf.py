@@ -14,24 +14,11 @@ import pytest
 import torch
 
 from rlscale.roles import free_port
+from tests.trainer.test_checkpoint_per_rank import batch  # three groups of three, mixed rewards
 
 pytestmark = pytest.mark.slow
 WORKER = Path(__file__).with_name("export_worker.py")
 PROMPTS = [[1, 5, 6, 15, 7], [1, 9, 4, 16], [1, 12, 13, 14, 15, 8], [1, 4]]
-
-
-def _batch(seed: int) -> dict:
-    import random
-
-    rng = random.Random(seed)
-    prompts, responses = [], []
-    for _ in range(3):
-        p = [1] + [rng.randrange(4, 17) for _ in range(4)]
-        for _ in range(3):
-            prompts.append(p)
-            responses.append([rng.randrange(4, 17) for _ in range(rng.randrange(1, 4))] + [2])
-    return {"prompt_ids": prompts, "response_ids": responses, "samples_per_prompt": 3,
-            "rewards": [1, 0, 0, 0, 1, 1, 0.5, 0, 1]}
 
 
 def _decisive_model(path: Path) -> Path:
@@ -56,7 +43,7 @@ def trained(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("export")
     model = _decisive_model(tmp / "model")
     args = {"config": {"model_path": str(model), "zero_stage": 3, "micro_batch": 4, "lr": 1e-3},
-            "root": str(tmp / "vol"), "out": str(tmp), "lr": 1e-3, "batches": [_batch(i) for i in range(3)]}
+            "root": str(tmp / "vol"), "out": str(tmp), "lr": 1e-3, "batches": [batch(i) for i in range(3)]}
     (tmp / "args.json").write_text(json.dumps(args))
     port = free_port()
     procs = [subprocess.Popen([sys.executable, str(WORKER), str(tmp / "args.json")], stdout=subprocess.PIPE,
@@ -137,7 +124,7 @@ def test_one_rank_checkpoints_of_zero_0_and_1_export_the_published_weights(tmp_p
 
     model = _decisive_model(tmp_path / "model")
     args = {"config": {"model_path": str(model), "zero_stage": stage, "micro_batch": 4, "lr": 1e-3},
-            "root": str(tmp_path / "vol"), "out": str(tmp_path), "lr": 1e-3, "batches": [_batch(5)]}
+            "root": str(tmp_path / "vol"), "out": str(tmp_path), "lr": 1e-3, "batches": [batch(5)]}
     (tmp_path / "args.json").write_text(json.dumps(args))
     done = subprocess.run([sys.executable, str(WORKER), str(tmp_path / "args.json")], capture_output=True, text=True,
                           timeout=300, env=dict(os.environ, RANK="0", LOCAL_RANK="0", WORLD_SIZE="1",

@@ -6,16 +6,13 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import random
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 
-from rlscale.roles import free_port
+from tests.trainer.conftest import _run_ranks
 
 pytestmark = pytest.mark.slow
 
@@ -23,33 +20,8 @@ WORKER = Path(__file__).with_name("memory_worker.py")
 
 
 def run(mode: str, args: dict, workdir: Path, world_size: int = 1, timeout: float = 300) -> list[str]:
-    """Start the ranks on loopback; returns each rank's output (a failing rank fails the test)."""
-    workdir.mkdir(parents=True, exist_ok=True)
-    path = workdir / f"args-{mode}.json"
-    path.write_text(json.dumps(args))
-    port = free_port()
-    procs = []
-    for rank in range(world_size):
-        env = dict(os.environ, RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world_size),
-                   MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), PYTHONUNBUFFERED="1",
-                   WORKER_THREADS="1" if world_size > 1 else "2")
-        log = open(workdir / f"{mode}-rank{rank}.log", "w")
-        procs.append((subprocess.Popen([sys.executable, str(WORKER), mode, str(path)], env=env, stdout=log,
-                                       stderr=subprocess.STDOUT), log))
-    outs = []
-    try:
-        for proc, log in procs:
-            proc.wait(timeout=timeout)
-            log.close()
-            text = Path(log.name).read_text()
-            assert proc.returncode == 0, f"rank exited {proc.returncode}:\n{text[-4000:]}"
-            outs.append(text)
-    finally:
-        for proc, _ in procs:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
-    return outs
+    """The memory worker's ranks on loopback; each rank's output (a failing rank fails the test)."""
+    return [r.stdout for r in _run_ranks(mode, args, workdir, world_size, timeout, worker=WORKER)]
 
 
 def make_batch(seed: int, prompts: int, spp: int) -> dict:
