@@ -29,6 +29,7 @@ log = logging.getLogger(__name__)
 STARTUP_TIMEOUT_S = 300.0  # a worker imports the reward (math-verify: sympy) before its first call
 MAX_CHUNK = 32
 OK, ERROR, BAD, TIMEOUT, DIED = "ok", "error", "bad", "timeout", "died"
+KILLED = "killed"  # the worker died of a signal it did not send itself (the OOM killer's SIGKILL)
 
 Row = tuple[str, str, str, Mapping, bool]  # prompt, completion, answer, extra, finished
 
@@ -181,7 +182,8 @@ class RewardPool:
             if not w.ready:
                 raise RuntimeError(f"a reward worker ended while starting (exit code {code})") from None
             if w.calls:
-                out[w.calls.popleft()] = Outcome(DIED, None, f"its worker process ended (exit code {code})")
+                kind = KILLED if code is not None and code < 0 else DIED
+                out[w.calls.popleft()] = Outcome(kind, None, f"its worker process ended (exit code {code})")
                 done += 1
             self._replace(w, pending)
         return done

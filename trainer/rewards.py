@@ -50,6 +50,11 @@ _HASHES = re.compile(r"####\s*([^\n]*)")
 RewardFn = Callable[..., float]  # fn(prompt, completion, answer, extra=None, *, finished=True) -> float
 
 
+class RewardWorkerKilled(RuntimeError):
+    """A reward worker killed by a signal mid-call (the OOM killer's SIGKILL, say): a fault of the run's
+    process, not of the reward's code, so the run restarts from its checkpoint rather than failing."""
+
+
 class RewardError(ValueError):
     """A reward that cannot be computed: it names the reward, the prompt and the completion, and the fix."""
 
@@ -415,7 +420,7 @@ def _pool_call(terms: list[Term], row: tuple) -> tuple[str, Any]:
 def _pooled(reward: Reward, rows: list[tuple]) -> list[list[float] | None]:
     """The other terms in the pool's worker processes; None for a call killed at the timeout (scored
     task.rewardTimeoutScore). The first failure in the batch's order stops the run."""
-    from rlscale.trainer.reward_pool import BAD, DIED, OK, TIMEOUT
+    from rlscale.trainer.reward_pool import BAD, DIED, KILLED, OK, TIMEOUT
 
     try:
         outcomes = reward.pool.run(rows, stop_on_timeout=reward.timeout_score is None)
@@ -428,6 +433,9 @@ def _pooled(reward: Reward, rows: list[tuple]) -> list[list[float] | None]:
             raise _timed_out(reward, p, c)
         if o.kind == BAD:
             raise RewardError(o.message)
+        if o.kind == KILLED:  # not the reward's doing: the run restarts from its checkpoint, as the learner would
+            raise RewardWorkerKilled(f"reward {reward.expression!r}: {o.message}, killed by a signal (the OOM "
+                                     f"killer, or a kill) on prompt {_shown(p)} and completion {_shown(c)}")
         if o.kind == DIED:
             raise RewardError(f"reward {reward.expression!r}: {o.message} on prompt {_shown(p)} and completion "
                               f"{_shown(c)}; a reward must return, not end its process")

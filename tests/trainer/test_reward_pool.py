@@ -11,7 +11,7 @@ import time
 import pytest
 
 from rlscale.records import StepRecord
-from rlscale.trainer.rewards import RewardError, resolve_reward, score_terms
+from rlscale.trainer.rewards import RewardError, RewardWorkerKilled, resolve_reward, score_terms
 
 PLUGIN = textwrap.dedent("""
     import os, re
@@ -23,6 +23,8 @@ PLUGIN = textwrap.dedent("""
             raise KeyError("level")
         if completion == "exit":
             os._exit(3)
+        if completion == "oom":  # as the OOM killer ends a process that grew past its cgroup's limit
+            os.kill(os.getpid(), 9)
         if completion == "text":
             return "yes"
         return float(len(completion)) + float(extra.get("bonus", 0)) + os.getpid() * 0.0
@@ -86,6 +88,15 @@ def test_without_a_timeout_score_a_stuck_call_stops_the_run_naming_it(reward):
 def test_failures_in_a_worker_stop_the_run_naming_the_sample(reward, completion, message):
     with pytest.raises(RewardError, match=message):
         score_terms(reward, *rows(["1", completion, "2", "3"]))
+    assert score_terms(reward, *rows(["12"], ["3"])).rewards == [4.0]
+
+
+def test_a_worker_killed_by_a_signal_is_a_fault_of_the_run_not_of_the_reward(reward):
+    """The OOM killer's SIGKILL: not RewardError (which fails the run for good) but an error the run's
+    restart path takes, so the run resumes from its checkpoint, as when the learner itself is killed."""
+    with pytest.raises(RewardWorkerKilled, match=r"exit code -9\), killed by a signal .* completion 'oom'"):
+        score_terms(reward, *rows(["1", "oom"]))
+    assert not issubclass(RewardWorkerKilled, RewardError)
     assert score_terms(reward, *rows(["12"], ["3"])).rewards == [4.0]
 
 
