@@ -146,6 +146,7 @@ def test_run_metrics_expose_every_name_and_pass_promtool(tmp_path: Path):
 
     m.set_plan(make_plan(load_rlrun(EXAMPLES / "quickstart.yaml").spec))
     for r in _records(30)[:3]:
+        r.reward_terms = {"exact-match": r.reward_mean}  # a labelled gauge shows once a term is set
         m.observe_step(r)
     text = generate_latest(m.registry).decode()
     metric_names = [v for k, v in vars(names).items()

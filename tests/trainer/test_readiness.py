@@ -38,8 +38,8 @@ def test_a_follower_rank_is_ready_from_joining_the_gang_until_it_is_released(pod
     servers = []
     start = entrypoint.start_probe_server
 
-    def recording_start(p):
-        servers.append(start(p))
+    def recording_start(p, *rest):  # (metrics port, local rank)
+        servers.append(start(p, *rest))
         return servers[-1]
 
     class JoiningLearner:
