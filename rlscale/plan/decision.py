@@ -155,6 +155,9 @@ class Plan:
     rollout_memory_utilization: float = 0.9  # the engine's share of each device's memory
     tensor_parallel: int = 1  # GPUs per rollout engine
     ranks_per_pod: int = 1  # learner ranks per learner pod
+    # Steps the rollout may generate ahead of the learner (0: the synchronous loop); at most
+    # spec.algorithm.maxStaleness. A sample generated with weights v trains at version <= v + staleness.
+    staleness: int = 0
 
     @property
     def batch(self) -> int:
@@ -192,7 +195,8 @@ class Plan:
                "samplesToTargetAtReference": self.samples_to_target_ref,
                "calibrated": self.calibrated, "notes": list(self.notes), "placement": self.placement,
                "weightSync": self.weight_sync, "rolloutMemoryUtilization": self.rollout_memory_utilization,
-               "tensorParallel": self.tensor_parallel, "ranksPerPod": self.ranks_per_pod}
+               "tensorParallel": self.tensor_parallel, "ranksPerPod": self.ranks_per_pod,
+               "staleness": self.staleness}
         if candidates:
             out["candidates"] = [c.to_dict() for c in self.candidates]
         return out
@@ -210,7 +214,8 @@ class Plan:
                    notes=tuple(d.get("notes") or ()), placement=str(d.get("placement") or "disaggregated"),
                    weight_sync=str(d.get("weightSync") or "broadcast"),
                    rollout_memory_utilization=float(d.get("rolloutMemoryUtilization") or 0.9),
-                   tensor_parallel=int(d.get("tensorParallel") or 1), ranks_per_pod=int(d.get("ranksPerPod") or 1))
+                   tensor_parallel=int(d.get("tensorParallel") or 1), ranks_per_pod=int(d.get("ranksPerPod") or 1),
+                   staleness=int(d.get("staleness") or 0))
 
 
 def batch_label(prompts: int, samples_per_prompt: int) -> str:

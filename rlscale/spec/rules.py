@@ -5,19 +5,10 @@ operator) and emitted as the same rule in CEL into the CRD (`rlscale crd`), so a
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
 from typing import Any
 
-from rlscale.spec.algorithm import (
-    DEFAULT_GAMMA,
-    DEFAULT_KL_ESTIMATOR,
-    DEFAULT_LAMBDA,
-    DEFAULT_MAX_ROUNDS,
-    DEFAULT_VALUE_CLIP,
-    DEFAULT_VALUE_COEF,
-    GROUP_ALGORITHMS,
-    KL_IN_REWARD,
-)
+from rlscale.spec.algorithm import GROUP_ALGORITHMS
+from rlscale.spec.algorithm_rules import algorithm_rules
 from rlscale.spec.errors import MISSING, FieldError
 from rlscale.spec.models import (
     BUILTIN_MODELS,
@@ -35,20 +26,7 @@ from rlscale.spec.models import (
     RLRunSpec,
     _RoleSpec,
 )
-
-
-@dataclass(frozen=True)
-class Rule:
-    """A cross-field rule, checked in Python and emitted as CEL into the CRD."""
-
-    path: str  # the field a user fixes, relative to spec
-    cel: str  # over `self` = spec, with all defaults applied
-    message: str  # the CEL message (static)
-    check: Any  # Callable[[RLRunSpec], FieldError | None]
-
-
-def _err(path: str, value: Any, problem: str, fix: str) -> FieldError:
-    return FieldError("spec." + path, value, problem, fix)
+from rlscale.spec.rule_base import Rule, _cel_list, _err
 
 
 def _rule_grpo_group(s: RLRunSpec):
@@ -58,81 +36,6 @@ def _rule_grpo_group(s: RLRunSpec):
         return _err("batch.samplesPerPrompt", s.batch.samples_per_prompt, f"is too small for {who}, whose advantages "
                     "compare samples within a group",
                     "use 2 or more (8 is typical), or algorithm.name: ppo or reinforce++")
-
-
-def _rule_kl_estimator(s: RLRunSpec):
-    a = s.algorithm
-    if a.kl_estimator == DEFAULT_KL_ESTIMATOR:
-        return None
-    if a.name in KL_IN_REWARD:
-        return _err("algorithm.klEstimator", a.kl_estimator, f"is not used by {a.name}, which puts the KL in the "
-                    "reward as k1", f"remove klEstimator (or use a loss-term algorithm: {', '.join(GROUP_ALGORITHMS)})")
-    if a.kl_coef == 0:
-        return _err("algorithm.klEstimator", a.kl_estimator, "is not used: algorithm.klCoef is 0, so there is no KL "
-                    "term", "set klCoef > 0 (e.g. 0.001), or remove klEstimator")
-
-
-def _unused_knob(path: str, get, default: Any, users: tuple[str, ...], fix: str):
-    """A knob only `users` read must keep its default under any other algorithm."""
-    def check(s: RLRunSpec):
-        value = get(s.algorithm)
-        if value != default and s.algorithm.name not in users:
-            return _err(path, value, f"is not used by algorithm {s.algorithm.name} (only by {', '.join(users)})", fix)
-    return check
-
-
-def _rule_overlong_buffer(s: RLRunSpec):
-    ob, limit = s.algorithm.overlong_buffer, s.task.max_new_tokens
-    if ob is not None and ob.length >= limit:
-        return _err("algorithm.overlongBuffer.length", ob.length, f"leaves no penalty-free length below "
-                    f"task.maxNewTokens ({limit})", f"use a length below {limit} (DAPO: a fifth of the maximum)")
-
-
-def _rule_dynamic_sampling(s: RLRunSpec):
-    if s.algorithm.dynamic_sampling.enabled and s.batch.samples_per_prompt < 2:
-        return _err("algorithm.dynamicSampling.enabled", True, "keeps groups with mixed rewards, and a group of "
-                    "batch.samplesPerPrompt = 1 never has them", "use samplesPerPrompt >= 2, or turn it off")
-
-
-def _rule_max_rounds(s: RLRunSpec):
-    ds = s.algorithm.dynamic_sampling
-    if not ds.enabled and ds.max_rounds != DEFAULT_MAX_ROUNDS:
-        return _err("algorithm.dynamicSampling.maxRounds", ds.max_rounds, "is not used: dynamic sampling is off",
-                    "set algorithm.dynamicSampling.enabled: true, or remove maxRounds")
-
-
-def _algorithm_rules() -> list[Rule]:
-    """Algorithm knobs that a chosen algorithm would ignore are refused (a spec that validates runs as written)."""
-    in_reward = _cel_list(KL_IN_REWARD)
-    knobs = [  # (field, spec attribute, default, CEL literal, algorithms that use it, fix)
-        ("gamma", "gamma", DEFAULT_GAMMA, "1.0", ("ppo", "reinforce++"), "remove gamma, or use ppo or reinforce++"),
-        ("lambda", "lambda_", DEFAULT_LAMBDA, "0.95", ("ppo",), "remove lambda, or use algorithm.name: ppo"),
-        ("valueCoef", "value_coef", DEFAULT_VALUE_COEF, "0.5", ("ppo",), "remove valueCoef, or use ppo"),
-        ("valueClip", "value_clip", DEFAULT_VALUE_CLIP, "0.2", ("ppo",), "remove valueClip, or use ppo"),
-        ("stdNormalize", "std_normalize", True, "true", ("grpo", "gspo"), "remove stdNormalize, or use grpo or gspo"),
-        ("dropUniformGroups", "drop_uniform_groups", True, "true", GROUP_ALGORITHMS,
-         "remove dropUniformGroups (every group trains under ppo and reinforce++)"),
-    ]
-    rules = [Rule(f"algorithm.{f}", f"self.algorithm.{f} == {lit} || self.algorithm.name in {_cel_list(users)}",
-                  f"algorithm.{f} is used only by {', '.join(users)}: keep its default under other algorithms",
-                  _unused_knob(f"algorithm.{f}", lambda a, attr=attr: getattr(a, attr), d, users, fix))
-             for f, attr, d, lit, users, fix in knobs]
-    return rules + [
-        Rule("algorithm.klEstimator", f"self.algorithm.klEstimator == '{DEFAULT_KL_ESTIMATOR}' || "
-             f"(self.algorithm.klCoef > 0.0 && !(self.algorithm.name in {in_reward}))",
-             "algorithm.klEstimator needs klCoef > 0 and an algorithm with a KL loss term ("
-             + ", ".join(GROUP_ALGORITHMS) + ")",
-             _rule_kl_estimator),
-        Rule("algorithm.overlongBuffer.length", "!has(self.algorithm.overlongBuffer) || "
-             "self.algorithm.overlongBuffer.length < self.task.maxNewTokens",
-             "algorithm.overlongBuffer.length must be smaller than task.maxNewTokens", _rule_overlong_buffer),
-        Rule("algorithm.dynamicSampling.enabled", "!self.algorithm.dynamicSampling.enabled || "
-             "self.batch.samplesPerPrompt >= 2", "algorithm.dynamicSampling needs batch.samplesPerPrompt >= 2",
-             _rule_dynamic_sampling),
-        Rule("algorithm.dynamicSampling.maxRounds", "self.algorithm.dynamicSampling.enabled || "
-             f"self.algorithm.dynamicSampling.maxRounds == {DEFAULT_MAX_ROUNDS}",
-             "algorithm.dynamicSampling.maxRounds is used only with dynamicSampling.enabled", _rule_max_rounds),
-    ]
 
 
 def _rule_micro_batch_tokens(s: RLRunSpec):
@@ -387,10 +290,6 @@ def _rule_volume_source(path: str, get):
     return check
 
 
-def _cel_list(values: tuple[str, ...]) -> str:
-    return "[" + ", ".join(f"'{v}'" for v in values) + "]"
-
-
 def _value_from_err(path: str, value_from: dict[str, Any]) -> FieldError | None:
     allowed = "use one of: " + ", ".join(VALUE_FROM_KINDS)
     if len(value_from) != 1:
@@ -576,7 +475,7 @@ RULES: list[Rule] = [
          "task.reward must be exact-match, math, format, module:function, or a weighted sum of them", _rule_reward),
     Rule("task.pluginVolume", "!has(self.task.pluginVolume) || self.task.reward.contains(':')",
          "task.pluginVolume needs a plug-in (module:function) in task.reward", _rule_plugin_volume),
-    *_algorithm_rules(),
+    *algorithm_rules(),
     *_volume_rules(),
     *_pod_rules("rollout"),
     *_pod_rules("learner"),
