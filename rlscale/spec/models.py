@@ -418,6 +418,16 @@ class SchedulingSpec(_Model):
                             "scheduler places all of them or none; set schedulerName to the scheduler that runs it.")
 
 
+class ExportSpec(_Model):
+    """What the run leaves besides its checkpoints when it ends."""
+
+    hf: bool = Field(False, description="When the run ends (target, budget or a stop), write the learner's final "
+                     "weights as a Hugging Face model directory (config, safetensors, tokenizer; loadable by "
+                     "transformers and vLLM) next to the report: <checkpoint.path>/export/hf on Kubernetes, the "
+                     "run directory's export/hf with `rlscale run`; the status and the summary name it. "
+                     "`rlscale export RUN --hf OUT` does the same from any complete checkpoint.")
+
+
 class FailurePolicySpec(_Model):
     """Kubernetes: when a run stops retrying."""
 
@@ -447,6 +457,7 @@ class RLRunSpec(_Model):
         "budget.gpus cannot hold both pools).")
     checkpoint: CheckpointSpec = Field(default_factory=CheckpointSpec, description=CheckpointSpec.__doc__)
     logging: LoggingSpec = Field(default_factory=LoggingSpec, description=LoggingSpec.__doc__)
+    export: ExportSpec = Field(default_factory=ExportSpec, description=ExportSpec.__doc__)
     scheduling: SchedulingSpec = Field(default_factory=SchedulingSpec, description=SchedulingSpec.__doc__)
     failure_policy: FailurePolicySpec = Field(default_factory=FailurePolicySpec, description=FailurePolicySpec.__doc__)
     suspend: bool = Field(False, description="Scale rollout and learners to zero, keeping config and checkpoints.")
