@@ -12,6 +12,10 @@ that process starts the G rank processes and does nothing else but watch them:
   first non-zero code, so the pod restarts and the gang restarts as it does with one rank a pod
   (trainer/gang.py); exit 0 only when every rank exited 0.
 
+Each rank's CPU threads (OMP_NUM_THREADS, which torch reads at start) are the pod's cores over its ranks
+unless the pod's env sets them: left to itself every rank starts one thread per core, and G ranks on
+C cores run G x C threads that spin against each other in every gloo collective and every matmul.
+
 Each rank runs in a session of its own (the launcher alone forwards signals, once) and dies with
 the launcher (a parent-death SIGKILL): nothing is left when the launcher is killed.
 
@@ -35,6 +39,26 @@ log = logging.getLogger("rlscale.launcher")
 LAUNCHED_ENV = "RLSCALE_LAUNCHED"
 # Seconds the other ranks get to end on their own once one exited non-zero.
 KILL_GRACE_S = 5.0
+
+
+def cpu_budget(cgroup: str = "/sys/fs/cgroup/cpu.max") -> int:
+    """The cores this process may use: its container's CPU limit (cgroup v2 `cpu.max`) when there is
+    one, else the CPUs it is pinned to."""
+    cores = len(os.sched_getaffinity(0))
+    try:
+        quota, period = open(cgroup).read().split()[:2]
+    except (OSError, ValueError):
+        return cores
+    if quota == "max":
+        return cores
+    return max(1, min(cores, int(int(quota) // int(period))))
+
+
+def rank_threads(env: Mapping[str, str], local_world: int, cores: int) -> dict[str, str]:
+    """OMP_NUM_THREADS for each rank: the pod's env wins; else its cores over its ranks, at least one."""
+    if env.get("OMP_NUM_THREADS"):
+        return {}
+    return {"OMP_NUM_THREADS": str(max(1, cores // max(1, local_world)))}
 
 
 def _die_with_launcher() -> None:
@@ -90,11 +114,14 @@ class Launcher:
         self._signalled = False
 
     def start(self) -> None:
+        threads = rank_threads(self.env, self.layout.local_world, cpu_budget())
         for local in range(self.layout.local_world):
-            self.procs.append(subprocess.Popen(self.argv, env={**self.env, **self.layout.rank_env(local)},
+            env = {**self.env, **threads, **self.layout.rank_env(local)}
+            self.procs.append(subprocess.Popen(self.argv, env=env,
                                                start_new_session=True, preexec_fn=_die_with_launcher))
-        log.info("started %d ranks (pids %s) of pod %d, world size %d", len(self.procs),
-                 [p.pid for p in self.procs], self.layout.node_rank, self.layout.world_size)
+        log.info("started %d ranks (pids %s) of pod %d, world size %d, %s CPU threads each", len(self.procs),
+                 [p.pid for p in self.procs], self.layout.node_rank, self.layout.world_size,
+                 threads.get("OMP_NUM_THREADS") or self.env.get("OMP_NUM_THREADS"))
 
     def forward(self, signum: int, _frame=None) -> None:
         """The launcher's stop goes to every rank still running, once (a second one too: the

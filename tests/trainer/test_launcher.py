@@ -153,3 +153,17 @@ def test_who_starts_a_ray_node_and_what_it_offers(monkeypatch):
     monkeypatch.setenv(E.RAY_RESOURCES_ENV, '{"rollout": 1}')
     assert E.needs_ray_node(True, 2, 2) and E.needs_ray_node(False, 1, 1) and not E.needs_ray_node(True, 3, 2)
     assert '--resources={"rollout": 1}' in E.ray_node_command(cfg)
+
+
+def test_each_rank_gets_the_pods_cores_over_its_ranks_unless_the_pod_sets_its_threads(tmp_path):
+    from rlscale.trainer.launcher import cpu_budget, rank_threads
+
+    assert rank_threads({}, 4, 2) == {"OMP_NUM_THREADS": "1"}  # never zero
+    assert rank_threads({}, 2, 16) == {"OMP_NUM_THREADS": "8"}
+    assert rank_threads({"OMP_NUM_THREADS": "3"}, 2, 16) == {}  # spec.learner.pod.env wins
+    quota = tmp_path / "cpu.max"
+    quota.write_text("150000 100000\n")  # a container limit of 1.5 CPUs
+    assert cpu_budget(str(quota)) == 1
+    quota.write_text("max 100000\n")
+    assert cpu_budget(str(quota)) == len(os.sched_getaffinity(0))
+    assert cpu_budget(str(tmp_path / "absent")) == len(os.sched_getaffinity(0))
