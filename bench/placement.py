@@ -34,6 +34,8 @@ def run(work: Path, placement: str, steps: int, to_target: bool) -> list[dict]:
     spec = yaml.safe_load((REPO / "examples" / "quickstart.yaml").read_text())
     spec["metadata"] = {"name": f"bench-{placement}"}
     spec["spec"]["placement"] = placement
+    if placement == "colocated":
+        spec["spec"]["rollout"]["replicas"] = "auto"  # an engine per learner replica
     if not to_target:
         spec["spec"]["target"]["value"] = 0.999
         spec["spec"]["budget"]["maxSteps"] = steps

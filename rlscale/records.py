@@ -50,6 +50,10 @@ class StepRecord:
     generated_tokens_total: int = 0
     trained_tokens_total: int = 0
     weights_version: int = 0
+    # Bounded staleness: how many versions older than the weights it trained the batch's generator was,
+    # and the run's samples dropped so far as older than the plan's staleness (never trained on).
+    staleness: int = 0
+    stale_samples: int = 0
     skipped: bool = False
     rollout_replicas: int = 1
     learner_replicas: int = 1
@@ -68,6 +72,12 @@ class StepRecord:
     grad_norm: float | None = None
     logprob_diff: float | None = None
     logprob_abs_diff: float | None = None
+    # The learner's updates on the batch (spec.algorithm.epochs x miniBatches optimiser steps), and with
+    # spec.algorithm.isCap the truncated importance weights: their token mean, and the share of tokens
+    # whose weight hit the cap (docs/algorithms.md).
+    optimizer_steps: int | None = None
+    is_weight_mean: float | None = None
+    is_truncated_fraction: float | None = None
     # What the loop adds on top of the model's own work: serving calls, publishing, DeepSpeed.
     engine_generate_seconds: float | None = None
     train_compute_seconds: float | None = None

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import random
+import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -32,6 +33,7 @@ from rlscale.trainer import checkpoint
 from rlscale.trainer.batching import RolloutBatch
 from rlscale.trainer.data import build_task, try_reward
 from rlscale.trainer.dynamic_sampling import Round, dynamic_sampling_for
+from rlscale.trainer.pipeline import Pipeline, Producing, Rollouts
 from rlscale.trainer.plan_source import PlanChange, PlanSource
 from rlscale.trainer.ports import Learner, Rollout
 from rlscale.trainer.rewards import Reward, RewardError, resolve_reward, score, score_terms
@@ -59,6 +61,10 @@ class RunState:
     tracker: dict = field(default_factory=dict)
     rng: dict = field(default_factory=dict)
     run_id: str = ""  # namespace/name: a run resumes only from its own checkpoints
+    # Bounded staleness: batches generated ahead and not yet trained (pipeline.Rollouts.to_state), the
+    # prompt iterator's state in `data` being after them; samples dropped as older than the staleness.
+    pending: list = field(default_factory=list)
+    stale_samples: int = 0
 
     def to_dict(self) -> dict:
         return dict(self.__dict__)
@@ -110,6 +116,14 @@ class Driver:
         self.stop_requested = False
         self.checkpoint_seconds: float | None = None
         self.refill = dynamic_sampling_for(spec)  # DAPO's dynamic sampling (trainer/dynamic_sampling.py), or None
+        # Generation ahead of training (trainer/pipeline.py): the lock is held for a batch's generation and
+        # for publishing, evaluating, scaling and checkpointing, so none of them meets half a batch.
+        self.rollout_lock = threading.RLock()
+        self.pipeline: Pipeline | None = None
+        self.ahead: list[Rollouts] = []  # batches generated ahead with no pipeline running (a resume, K now 0)
+        self.drawn = 0  # batches drawn so far: the trained steps and those generated ahead
+        self.producing = Producing(0, 0)  # the batch being produced (its seeds and weights version)
+        self._last_ckpt = 0  # the step of the newest checkpoint this process wrote or resumed from
 
     @classmethod
     def from_config(cls, cfg: RunConfig, learner: Learner, rollout: Rollout, tokenizer: Any,
@@ -157,13 +171,17 @@ class Driver:
         _set_rng_state(self.state.rng)
         self.records, plan = self.run_log.resume(self.state.step)
         self.plan = plan or self.plan
+        self.ahead = [Rollouts.from_state(r) for r in self.state.pending]
+        self.drawn = self.state.step + len(self.ahead)
         self.resumed = True
-        log.info("resumed from step %d (%d samples, weights v%d)",
-                 self.state.step, self.state.samples, self.state.version)
+        log.info("resumed from step %d (%d samples, weights v%d%s)", self.state.step, self.state.samples,
+                 self.state.version, f", {len(self.ahead)} batches generated ahead" if self.ahead else "")
         return True
 
     def checkpoint(self) -> None:
-        self.state.data = self.data.state_dict()
+        with self.rollout_lock:  # no batch half generated: the prompt iterator's state is after the pending ones
+            self.state.data = self.data.state_dict()
+            self.state.pending = [r.to_state() for r in self._pending()]
         self.state.tracker = self.tracker.state_dict()
         self.state.rng = _rng_state()
         t0 = time.perf_counter()
@@ -182,22 +200,34 @@ class Driver:
         # run's differ), so publish them before the first request.
         self.publish()
         start_eval = self._start_eval() if self.state.step == 0 and spec.target.eval_every else None
-        last_ckpt = self.state.step
+        try:
+            end = self._loop(start_eval)
+        finally:
+            self._run_ahead(0)  # the batches generated ahead go into the last checkpoint; no thread outlives the loop
+        if self.state.step != self._last_ckpt or end == RunEnd.INTERRUPTED:
+            self.checkpoint()
+        for s in self.sinks:
+            s.end(end, self.records, self.tracker.reached)
+        return end
+
+    def _loop(self, start_eval: dict[str, float] | None) -> RunEnd:
+        """Steps until the run ends: each trains, maybe evaluates, checkpoints every checkpoint.every
+        steps and takes the plan source's change."""
+        spec = self.spec
+        self._last_ckpt = self.state.step
+        self.drawn = max(self.drawn, self.state.step)
         while (end := self._end()) is None:
+            self._run_ahead(int(getattr(self.plan, "staleness", 0) or 0))
             rec = self.step()
             if start_eval is not None:
                 rec.eval_at_start, start_eval = start_eval, None
             if spec.target.eval_every and self.state.step % spec.target.eval_every == 0:
                 self.evaluate(rec)
             self.finish_record(rec)
-            if self.state.step - last_ckpt >= spec.checkpoint.every:
+            if self.state.step - self._last_ckpt >= spec.checkpoint.every:
                 self.checkpoint()
-                last_ckpt = self.state.step
+                self._last_ckpt = self.state.step
             self.apply(self.plan_source.after_step(self.plan, self.records))
-        if self.state.step != last_ckpt or end == RunEnd.INTERRUPTED:
-            self.checkpoint()
-        for s in self.sinks:
-            s.end(end, self.records, self.tracker.reached)
         return end
 
     def _end(self) -> RunEnd | None:
@@ -216,16 +246,49 @@ class Driver:
         return scores
 
     def step(self) -> StepRecord:
+        """Train on the next batch (generated now, or ahead by the pipeline) and publish the weights."""
+        spec, st = self.spec, self.state
+        self._observe()
+        t0 = time.perf_counter()
+        r, inline = self._next_batch()
+        t2 = time.perf_counter()
+        n = spec.batch.samples_per_prompt
+        self._rollout_awake(False)  # colocated: the engines give the accelerators to the learner (train phase)
+        batch = RolloutBatch(prompt_ids=[ids for ids in r.prompt_ids for _ in range(n)],
+                             response_ids=[s.token_ids for s in r.samples], rewards=r.rewards, samples_per_prompt=n,
+                             rollout_logprobs=rollout_logprobs(r.samples),
+                             truncated=[s.finish_reason == "length" for s in r.samples])
+        stats = self.learner.step(batch, lr=st.learning_rate)
+        t3 = time.perf_counter()
+        skipped = bool(stats.get("skipped"))
+        staleness = st.version - r.version
+        self._rollout_awake(True)  # colocated: before the weights land and the next generation (sync phase)
+        if not skipped:
+            # The driver owns the weights version: a skipped step left the weights as they
+            # were, and republishing them would make every replica reload the same bytes.
+            with self.rollout_lock:
+                st.version += 1
+                self.publish()
+        t4 = time.perf_counter()
+        self._done(r)
+        phases = {"generate": r.generate_s, "reward": r.reward_s, "train": t3 - t2, "sync": t4 - t3}
+        if not inline:  # generated ahead: the step waited for it only as long as training did not cover it
+            phases["wait"] = t2 - t0
+        step_s = (r.seconds if inline else t2 - t0) + t4 - t2
+        return self._record(r, batch, stats, phases, step_s, skipped, staleness)
+
+    def produce(self) -> Rollouts:
+        """The next batch: draw its prompts, generate and score them (the caller holds the rollout lock)."""
         spec, st = self.spec, self.state
         p, n = int(st.prompts), spec.batch.samples_per_prompt
-        self._observe()
+        at = self.producing = Producing(self.drawn, st.version)
         engine_before = self._engine_seconds()
         t0 = time.perf_counter()
         problems = self.data.next_batch(p)
         prompt_ids = [prompt_tokens(self.tok, pr) for pr in problems]
         groups = self.rollout.generate(prompt_ids, n, temperature=spec.rollout.temperature, top_p=spec.rollout.top_p,
                                        max_new_tokens=spec.task.max_new_tokens,
-                                       seed=st.step * 7919 + 17 + self.seed * 1_000_003, version=st.version)
+                                       seed=at.step * 7919 + 17 + self.seed * 1_000_003, version=at.version)
         t1 = time.perf_counter()
         engine_after = self._engine_seconds()
         engine_s = None if None in (engine_before, engine_after) else max(0.0, engine_after - engine_before)
@@ -234,30 +297,61 @@ class Driver:
         texts = self.tok.batch_decode([s.token_ids for s in samples], skip_special_tokens=True)
         finished = [s.finish_reason == "stop" for s in samples]
         rewards = self._score(problems, n, texts, finished)
-        generated, extra_s = samples, 0.0  # every sample of the step, and further rounds' generate seconds
+        generated, extra_s = samples, 0.0  # every sample of the batch, and further rounds' generate seconds
         if self.refill is not None:
             first = Round(problems, prompt_ids, samples, texts, finished, rewards)
             kept, generated, extra_s = self.refill(self, first, prompt_tokens)
             problems, prompt_ids, samples, texts, finished, rewards = kept.astuple()
         t2 = time.perf_counter()
-        self._rollout_awake(False)  # colocated: the engines give the accelerators to the learner (train phase)
-        batch = RolloutBatch(prompt_ids=[ids for ids in prompt_ids for _ in range(n)],
-                             response_ids=[s.token_ids for s in samples], rewards=rewards, samples_per_prompt=n,
-                             rollout_logprobs=rollout_logprobs(samples),
-                             truncated=[s.finish_reason == "length" for s in samples])
-        stats = self.learner.step(batch, lr=st.learning_rate)
-        t3 = time.perf_counter()
-        skipped = bool(stats.get("skipped"))
-        self._rollout_awake(True)  # colocated: before the weights land and the next generation (sync phase)
-        if not skipped:
-            # The driver owns the weights version: a skipped step left the weights as they
-            # were, and republishing them would make every replica reload the same bytes.
-            st.version += 1
-            self.publish()
-        t4 = time.perf_counter()
-        phases = {"generate": t1 - t0 + extra_s, "reward": t2 - t1r - extra_s, "train": t3 - t2, "sync": t4 - t3}
-        shown = ShownSample(problems[0].prompt[-300:], texts[0], problems[0].answer, rewards[0], finished[0])
-        return self._record(batch, generated, stats, phases, t4 - t0 - (t1r - t1), engine_s, skipped, shown)
+        self.drawn += 1
+        terms, timeouts = self.task.reward.tally.take(self.task.reward)
+        return Rollouts(self.drawn, at.version, problems, prompt_ids, samples, texts, finished, rewards, generated,
+                        generate_s=t1 - t0 + extra_s, reward_s=t2 - t1r - extra_s, engine_s=engine_s,
+                        reward_terms=terms, reward_timeouts=timeouts)
+
+    def _next_batch(self) -> tuple[Rollouts, bool]:
+        """(the batch this step trains, whether it was generated now): the oldest generated ahead that is
+        at most the plan's staleness old, else one generated now. An older one is dropped, never trained."""
+        k = int(getattr(self.plan, "staleness", 0) or 0)
+        while True:
+            if self.ahead:
+                r = self.ahead.pop(0)
+            elif self.pipeline is not None:
+                r = self.pipeline.take()
+            else:
+                with self.rollout_lock:
+                    return self.produce(), True
+            if self.state.version - r.version <= k:
+                return r, False
+            log.warning("batch %d was generated by weights v%d, %d versions ago (staleness %d at most): its %d "
+                        "samples are dropped, not trained", r.index, r.version, self.state.version - r.version, k,
+                        len(r.generated))
+            self.state.samples += len(r.generated)
+            self.state.stale_samples += len(r.generated)
+            self._done(r)
+
+    def _done(self, r: Rollouts) -> None:
+        """Batch `r` is trained (its weights published) or dropped: the pipeline may generate further."""
+        if self.pipeline is not None:
+            self.pipeline.done(r.index)
+
+    def _pending(self) -> list[Rollouts]:
+        """The batches generated ahead and not yet trained, oldest first."""
+        return list(self.ahead) + (self.pipeline.snapshot() if self.pipeline is not None else [])
+
+    def _run_ahead(self, k: int) -> None:
+        """Generate ahead as the plan's staleness `k` asks: start the pipeline, retune it, or stop it (the
+        batches it generated stay, to be trained first)."""
+        if k > 0 and self.pipeline is None:
+            self.pipeline = Pipeline(self.produce, k, done=self.drawn - len(self.ahead), lock=self.rollout_lock,
+                                     pending=self.ahead).start()
+            self.ahead = []
+            log.info("generating up to %d steps ahead of the learner (staleness %d)", k, k)
+        elif self.pipeline is not None and k > 0:
+            self.pipeline.set_staleness(k)
+        elif self.pipeline is not None:
+            self.ahead = self.pipeline.stop() + self.ahead
+            self.pipeline = None
 
     def publish(self) -> None:
         """The learner's weights to the replicas as the current version, streamed one parameter at a time
@@ -300,18 +394,19 @@ class Driver:
         reward.tally.add(scored)  # each term's mean in the step record
         return scored.rewards
 
-    def _record(self, batch: RolloutBatch, samples: list, stats: dict, phases: dict[str, float], step_s: float,
-                engine_s: float | None, skipped: bool, shown: ShownSample) -> StepRecord:
+    def _record(self, r: Rollouts, batch: RolloutBatch, stats: dict, phases: dict[str, float], step_s: float,
+                skipped: bool, staleness: int) -> StepRecord:
         """Count the step into the run state, and describe it."""
-        st = self.state
+        st, samples = self.state, r.generated
         gen_tokens = sum(len(s.token_ids) for s in samples)
         st.step += 1
         st.samples += len(samples)
         st.generated_tokens_total += gen_tokens
         st.trained_tokens_total += batch.num_tokens
         st.elapsed_s += step_s
-        compute = stats.get("compute_seconds")
-        reward_terms, reward_timeouts = self.task.reward.tally.take(self.task.reward)
+        compute, engine_s = stats.get("compute_seconds"), r.engine_s
+        shown = ShownSample(r.problems[0].prompt[-300:], r.texts[0], r.problems[0].answer, r.rewards[0], r.finished[0])
+        reward_terms, reward_timeouts = r.reward_terms, r.reward_timeouts
         return StepRecord(
             step=st.step, samples=st.samples, batch_samples=len(samples), prompts=int(st.prompts),
             samples_per_prompt=batch.samples_per_prompt, lr=st.learning_rate, phases=phases, step_seconds=step_s,
@@ -329,7 +424,7 @@ class Driver:
             engine_generate_seconds=engine_s, train_compute_seconds=compute,
             overhead_seconds=None if compute is None or engine_s is None else max(0.0, step_s - compute - engine_s),
             target_metric=self.tracker.current, sample=shown, reward_terms=reward_terms,
-            reward_timeouts=reward_timeouts)
+            reward_timeouts=reward_timeouts, staleness=staleness, stale_samples=st.stale_samples)
 
     def _generating(self) -> int:
         """The replicas this step generates with: those running when it started (fewer than asked for
@@ -359,8 +454,9 @@ class Driver:
             return None
 
     def _eval_scores(self) -> dict[str, float]:
-        return evaluate_task(self.rollout, self.tok, list(self.task.eval), self.task.reward, self.task.max_new_tokens,
-                             self.state.version)
+        with self.rollout_lock:  # the weights as trained so far, not while a batch ahead is generated
+            return evaluate_task(self.rollout, self.tok, list(self.task.eval), self.task.reward,
+                                 self.task.max_new_tokens, self.state.version)
 
     def evaluate(self, rec: StepRecord) -> float:
         """The target metric on the held-out split, greedy, through the rollout replicas (the policy as it is now)."""
@@ -402,7 +498,8 @@ class Driver:
         new, st = change.plan, self.state
         scaled = change.why is not None and new.rollout_replicas != st.rollout_replicas
         if scaled:
-            self.rollout.scale(new.rollout_replicas)
+            with self.rollout_lock:
+                self.rollout.scale(new.rollout_replicas)
         if change.why is not None:
             st.prompts, st.rollout_replicas, st.learning_rate = new.prompts, new.rollout_replicas, new.learning_rate
         self.plan = new

@@ -119,15 +119,15 @@ def draw(driver: Any, encode: Callable[[Any, Any], list[int]], prompts: int, rou
     """One further generation round of the driver's step: `prompts` new problems, generated as the
     step's first round is (same sampling settings and weights version, a seed of its own), decoded
     and scored; returns it with its generation seconds."""
-    spec, st = driver.spec, driver.state
+    spec, at = driver.spec, driver.producing  # the batch's draw and weights version (trainer/pipeline.py)
     n = spec.batch.samples_per_prompt
     problems = driver.data.next_batch(prompts)
     prompt_ids = [encode(driver.tok, p) for p in problems]
     t0 = time.perf_counter()
     groups = driver.rollout.generate(prompt_ids, n, temperature=spec.rollout.temperature, top_p=spec.rollout.top_p,
                                      max_new_tokens=spec.task.max_new_tokens,
-                                     seed=st.step * 7919 + 17 + driver.seed * 1_000_003 + round_index * 104_729,
-                                     version=st.version)
+                                     seed=at.step * 7919 + 17 + driver.seed * 1_000_003 + round_index * 104_729,
+                                     version=at.version)
     seconds = time.perf_counter() - t0
     samples = [s for g in groups for s in g]
     texts = driver.tok.batch_decode([s.token_ids for s in samples], skip_special_tokens=True)
