@@ -12,7 +12,8 @@ class RolloutBatch:
     """Samples of one step, grouped prompt by prompt (samples_per_prompt consecutive samples each).
 
     response_ids include the EOS token when the sample finished; rollout_logprobs (optional)
-    are the sampler's per-token logprobs, used only to report the rollout/learner mismatch;
+    are the sampler's per-token logprobs as generated: the rollout/learner mismatch is reported from
+    them, and spec.algorithm.isCap's importance weights need them;
     truncated (optional) marks the samples cut at the response length limit (DAPO's overlong
     filtering leaves them out of the loss).
     """
@@ -84,6 +85,7 @@ class MicroBatch:
     old_values: torch.Tensor | None = None
     returns: torch.Tensor | None = None
     kl: torch.Tensor | None = None
+    old_logprobs: torch.Tensor | None = None  # [B, T] pi_old: the learner's, before the step's first update
 
 
 def micro_batches(indices: list[int], size: int, count: int) -> list[list[int]]:
@@ -92,6 +94,19 @@ def micro_batches(indices: list[int], size: int, count: int) -> list[list[int]]:
     if len(chunks) > count:
         raise ValueError(f"micro_batches: {len(indices)} samples need more than {count} micro-batches of {size}")
     return chunks + [[] for _ in range(count - len(chunks))]
+
+
+def mini_batch_groups(groups: list[list[int]], count: int) -> list[list[list[int]]]:
+    """The trained prompt groups, in order, in `count` mini-batches of whole groups, as even as possible
+    (the first len(groups) % count hold one group more); min(count, len(groups)) of them, so none is empty."""
+    count = max(1, min(count, len(groups)))
+    size, extra = divmod(len(groups), count)
+    out, start = [], 0
+    for m in range(count):
+        end = start + size + (1 if m < extra else 0)
+        out.append(groups[start:end])
+        start = end
+    return out
 
 
 @dataclass(frozen=True)

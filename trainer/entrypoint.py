@@ -232,7 +232,7 @@ def serve_follower_metrics(learner, probe) -> None:
     from rlscale.metrics_names import PREFIX
 
     reg = CollectorRegistry()
-    Gauge(f"{PREFIX}learner_rank_steps", "Optimiser steps this learner rank has applied.", ["rank"],
+    Gauge(f"{PREFIX}learner_rank_steps", "Learner steps (batches trained) this learner rank has applied.", ["rank"],
           registry=reg).labels(str(learner.rank)).set_function(lambda: learner.steps)
     probe.serve_registry(reg)
 

@@ -11,40 +11,26 @@ import logging
 import os
 import secrets
 import shutil
-import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
-from functools import partial
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
 
-from rlscale.trainer import advantages as V
-from rlscale.trainer import algorithms as A
 from rlscale.trainer import checkpoint
-from rlscale.trainer import losses as L
-from rlscale.trainer.batching import MicroPlan, RolloutBatch, pack, plan_micro_batches
+from rlscale.trainer.batching import RolloutBatch
 from rlscale.trainer.distributed import init_distributed
 from rlscale.trainer.learner_config import LearnerConfig, ValueModel, enable_gradient_checkpointing  # noqa: F401
 from rlscale.trainer.logprobs import response_logprobs
 from rlscale.trainer.noise import NoiseScale, boundary_pair, in_batch_samples, local_grad_sq, partition_grad_sq
 from rlscale.trainer.objectives import objective_for
+from rlscale.trainer.updates import Norm, Updates
 from rlscale.trainer.weights_export import BUCKET_BYTES, gather_weights
 
 log = logging.getLogger(__name__)
 
 
-@dataclass(frozen=True)
-class _Norm:
-    """The trained batch's token and sequence counts per rank (DeepSpeed averages the ranks' gradients):
-    micro-batch losses aggregated with these add up, over micro-batches and ranks, to the batch's loss."""
-
-    tokens: float
-    sequences: float
-
-
-class Learner:
+class Learner(Updates):
     """One DeepSpeed rank of the policy (and critic, for PPO); see the module docstring."""
 
     def __init__(self, config: LearnerConfig):
@@ -81,7 +67,8 @@ class Learner:
                                                    config=self._ds_config())
         self.reference = self._build_reference() if config.kl_coef > 0 else None
         self.lr = config.lr
-        self.steps = 0  # optimiser steps applied (the driver numbers the weights it publishes)
+        self.steps = 0  # learner steps taken (batches trained; the learning-rate warm-up counts these)
+        self.optimizer_steps = 0  # optimiser steps applied: epochs x mini-batches per learner step
         self.noise = NoiseScale(config.noise_ema)
         # Every rank is up: from here on a rank that dies takes the others down (trainer/gang.py).
         from rlscale.trainer.gang import GangWatch
@@ -172,8 +159,9 @@ class Learner:
         return getattr(self, "_" + name)(*args)
 
     def step(self, batch: RolloutBatch | dict, lr: float | None = None) -> dict[str, float | None]:
-        """One optimiser step over the whole batch (rank 0; followers join); returns stats, with
-        skipped=1.0 when no group had a reward signal (no step, the weights unchanged).
+        """Train on the batch (rank 0; followers join): spec.algorithm.epochs x miniBatches optimiser steps
+        (trainer/updates.py); returns stats, with skipped=1.0 when no group had a reward signal (no step, the
+        weights unchanged).
 
         `batch` is a RolloutBatch or a dict of its fields (see RolloutBatch.from_dict).
         """
@@ -278,178 +266,12 @@ class Learner:
             pass
         return iter(())
 
-    def _step(self, batch: RolloutBatch, lr: float | None) -> dict[str, float]:
-        start = time.perf_counter()
-        if lr is not None:
-            self.lr = lr
-        self._set_lr(self.lr)
-        spp = batch.samples_per_prompt
-        rewards, in_loss = self._training_rewards(batch)
-        advantages, kept_groups = self.objective.advantages(batch, rewards, in_loss)
-        # A group whose every sample left the loss (overlong filtering) has nothing to train.
-        groups = [[g * spp + j for j in range(spp) if in_loss[g * spp + j]] for g in kept_groups]
-        groups = [g for g in groups if g]
-        kept = [i for g in groups for i in g]
-        stats: dict[str, float] = {"reward_mean": sum(batch.rewards) / len(batch), "samples": float(len(batch)),
-                                   "samples_trained": float(len(kept)),
-                                   "mixed_group_fraction": A.mixed_group_fraction(rewards, spp)}
-        if not kept:
-            # Every group scored uniformly: nothing to learn, no step, the weights unchanged.
-            elapsed = time.perf_counter() - start
-            stats.update(skipped=1.0, train_seconds=elapsed, compute_seconds=elapsed, lr=self.lr,
-                         loss=None, grad_norm=None, noise_scale=self.noise.value)
-            return stats
-
-        # The loss aggregates over the whole batch, so each rank divides by the batch's totals.
-        total_tokens = sum(len(batch.response_ids[i]) for i in kept)
-        norm = _Norm(total_tokens / self.world_size, len(kept) / self.world_size)
-        plan = self._my_micro_batches(batch, groups)
-        packed = [pack(batch, idx, advantages, self.device, rewards=rewards, in_loss=in_loss) for idx in plan.chunks]
-        self.objective.prepare(packed, self._logprobs, self._critic_values if self.critic is not None else None,
-                               self.engine, self.reference, self._all_sum)
-        sums, small_sq = self._backward(packed, norm, plan.boundary, batch.rollout_logprobs is not None)
-        noise_scale, noise_g_sq, noise_trace = self._noise_estimates(small_sq, packed, plan.boundary, norm,
-                                                                     len(kept), len(batch))
-        self._grad_norm = None
-        self.engine.step()
-        if self.critic is not None:
-            self.critic.step()
-        self.steps += 1
-
-        stats.update(self._reduce(sums, total_tokens))
-        # Before clipping, over the whole batch's gradient (all ranks).
-        grad_norm = self.engine.get_global_grad_norm() if self._grad_norm is None else self._grad_norm
-        stats.update(
-            lr=self._current_lr(),
-            tokens=float(total_tokens),
-            grad_norm=float(grad_norm) if grad_norm is not None else None,
-            noise_scale=noise_scale,
-            # This step's raw estimates: a reader averaging them over many steps gets a far
-            # steadier B_simple than any one step's (see rlscale.plan.calibration).
-            noise_grad_sq=noise_g_sq,
-            noise_trace=noise_trace,
-            skipped=0.0,
-        )
-        stats["loss"] = self.objective.total_loss(stats)
-        stats["train_seconds"] = stats["compute_seconds"] = time.perf_counter() - start
-        return stats
-
-    def _training_rewards(self, batch: RolloutBatch) -> tuple[torch.Tensor, torch.Tensor]:
-        """The rewards the advantages come from (the task's, plus DAPO's overlong penalty when configured),
-        and per sample whether its tokens enter the loss (not when overlong filtering drops it)."""
-        c = self.config
-        lengths = torch.tensor([len(r) for r in batch.response_ids])
-        rewards = V.training_rewards(torch.tensor(batch.rewards, dtype=torch.float32), lengths,
-                                     max_length=c.max_response_length, buffer=c.overlong_buffer,
-                                     factor=c.overlong_penalty_factor)
-        in_loss = torch.ones(len(batch), dtype=torch.bool)
-        if c.mask_truncated:
-            if batch.truncated is None:
-                raise ValueError("learner: spec.algorithm.maskTruncatedCompletions needs the batch's truncated "
-                                 "flags (RolloutBatch.truncated); pass them, or turn it off")
-            in_loss = ~torch.tensor(batch.truncated, dtype=torch.bool)
-        return rewards, in_loss
-
-    def _all_sum(self, t: torch.Tensor) -> torch.Tensor:
-        """A CPU tensor summed over the ranks (the control group)."""
-        if self.world_size > 1:
-            t = t.clone()
-            dist.all_reduce(t, group=self._control)
-        return t
-
-    def _my_micro_batches(self, batch: RolloutBatch, groups: list[list[int]]) -> MicroPlan:
-        """This rank's share (every world_size-th trained group) in micro-batches of at most micro_batch
-        sequences and micro_batch_tokens padded tokens; when the step measures the noise scale, with a
-        group-aligned boundary (MicroPlan). Every rank gets the same count (see pack)."""
-        c = self.config
-        # ZeRO 0/1 compare each rank's part with its share, so each rank needs two groups; ZeRO 2/3
-        # compare the ranks' first parts together with the whole batch.
-        need = 2 * self.world_size if c.zero_stage < 2 else 2
-        measure = c.measure_noise and len(groups) >= need
-        lengths = [len(p) + len(r) for p, r in zip(batch.prompt_ids, batch.response_ids, strict=True)]
-        return plan_micro_batches(groups, self.rank, self.world_size, lengths, c.micro_batch, c.micro_batch_tokens,
-                                  split=measure)
-
-    def _backward(self, packed: list, norm: _Norm, boundary: int | None,
-                  has_rollout_logprobs: bool) -> tuple[dict[str, float], float | None]:
-        """Backward over every micro-batch; returns the summed token-weighted stats and, when measuring
-        (boundary set), this rank's |g|^2 term after the first `boundary` micro-batches (_grad_sq)."""
-        keys = ["policy_loss", "kl", "entropy", "clip_fraction", "value_loss"]
-        if self.reference is not None and self.objective.kl_in_loss:
-            keys.append("kl_loss")
-        if has_rollout_logprobs:  # absent, the mismatch is unknown, not 0
-            keys += ["logprob_diff", "logprob_abs_diff"]
-        sums = dict.fromkeys(keys, 0.0)
-        small_sq = None
-        for k, mb in enumerate(packed):
-            for key, value in self._micro_step(mb, norm).items():
-                sums[key] = sums.get(key, 0.0) + value
-            if boundary is not None and k + 1 == boundary:
-                small_sq = self._grad_sq()
-        return sums, small_sq
-
-    def _reduce(self, sums: dict[str, float], total_tokens: int) -> dict[str, float]:
-        """Per-rank sums of token-weighted stats, summed over ranks, per token of the batch."""
-        keys = sorted(sums)
-        reduced = torch.tensor([sums[k] for k in keys], dtype=torch.float64)
-        if self.world_size > 1:
-            dist.all_reduce(reduced, group=self._control)
-        return {k: v / total_tokens for k, v in zip(keys, reduced.tolist(), strict=True)}
-
     def _current_lr(self) -> float:
         return float(self.engine.optimizer.param_groups[0]["lr"])
 
     def _forward_logprobs(self, model, mb, entropy_grad: bool = False):
         """(log-probs, entropy) [B, T] of the response tokens, the float32 logits chunk by chunk."""
         return response_logprobs(model, mb, self.config.logprob_chunk, entropy_grad=entropy_grad)
-
-    def _micro_step(self, mb, norm: _Norm) -> dict[str, float]:
-        """Forward and backward of one micro-batch. Each loss is aggregated with the batch's totals
-        (norm), so the micro-batches' gradients add up to the batch's; the stats it returns are sums
-        that _reduce divides by the batch's token count (losses x norm.tokens, so they come out as
-        the batch's loss)."""
-        c, objective = self.config, self.objective
-        logprobs, entropy = self._forward_logprobs(self.engine, mb, entropy_grad=bool(c.entropy_coef))
-        # One optimiser step per batch: the parameters that sampled (up to engine
-        # numerics) are the current ones, so the old policy is the current one, detached.
-        old = logprobs.detach()
-        agg = partial(L.aggregate, mode=c.loss_aggregation, tokens=norm.tokens, sequences=norm.sequences,
-                      max_length=c.max_response_length)
-        per_token, _ = objective.policy_loss(logprobs, old, mb.advantages, mb.mask, clip_low=c.clip_ratio,
-                                             clip_high=c.clip_ratio_high)
-        loss = agg(per_token, mb.mask)
-        out = {"policy_loss": loss.item() * norm.tokens}
-        # The clip acts against the policy that sampled: vLLM's log-probs when the batch has them
-        # (the old policy here is the learner's own, so the loss's ratio is 1 and its clip idle).
-        behaviour = mb.rollout_logprobs if mb.rollout_logprobs is not None else old
-        clipped = objective.outside_clip(logprobs, behaviour, mb.mask, clip_low=c.clip_ratio,
-                                         clip_high=c.clip_ratio_high)
-        out["clip_fraction"] = A.masked_sum(clipped, mb.mask).item()
-        if c.entropy_coef:
-            loss = loss - c.entropy_coef * agg(entropy, mb.mask)
-        out["entropy"] = A.masked_sum(entropy.detach(), mb.mask).item()
-        if self.reference is not None and objective.kl_in_loss:
-            with torch.no_grad():
-                ref, _ = self._forward_logprobs(self.reference, mb)
-            kl = A.kl_divergence(logprobs, ref, c.kl_estimator)
-            kl_loss = agg(kl, mb.mask)
-            loss = loss + c.kl_coef * kl_loss
-            out["kl"] = A.masked_sum(kl.detach(), mb.mask).item()
-            out["kl_loss"] = kl_loss.item() * norm.tokens
-        elif mb.kl is not None:
-            out["kl"] = A.masked_sum(mb.kl, mb.mask).item()
-        if mb.rollout_logprobs is not None:
-            # Before any update: rollout engine minus learner, on the same tokens and weights.
-            diff = mb.rollout_logprobs - logprobs.detach()
-            out["logprob_diff"] = A.masked_sum(diff, mb.mask).item()
-            out["logprob_abs_diff"] = A.masked_sum(diff.abs(), mb.mask).item()
-        self.engine.backward(loss, scale_wrt_gas=False)
-        if self.critic is not None:
-            values = self._critic_values(mb)
-            vloss = agg(A.value_loss_tokens(values, mb.old_values, mb.returns, clip=c.value_clip), mb.mask)
-            self.critic.backward(c.value_coef * vloss, scale_wrt_gas=False)
-            out["value_loss"] = vloss.item() * norm.tokens
-        return out
 
     def _logprobs(self, model, mb) -> torch.Tensor:
         return self._forward_logprobs(model, mb)[0]
@@ -467,10 +289,12 @@ class Learner:
             return partition_grad_sq(self.engine)
         return local_grad_sq(self.engine.module)
 
-    def _noise_estimates(self, small_sq: float | None, packed: list, boundary: int | None, norm: _Norm,
+    def _noise_estimates(self, small_sq: float | None, packed: list, boundary: int | None, norm: Norm,
                          trained: int, batch: int):
         """(noise scale, this step's raw |G|^2, its tr(Sigma)), in samples of the whole batch (see
-        trainer/noise.py); the raw pair is None when not measured."""
+        trainer/noise.py); the raw pair is None when not measured. Measured in the step's first optimiser
+        step, at the weights the batch starts from: `packed` and `norm` are the first mini-batch's (the
+        whole batch's with one mini-batch)."""
         self.noise.last = None
         noise = None
         if small_sq is not None and boundary is not None:
@@ -478,7 +302,7 @@ class Learner:
         g_sq, trace = self.noise.last or (None, None)
         return (float(noise) if noise is not None else self.noise.value), g_sq, trace
 
-    def _update_noise(self, small_sq: float, packed: list, boundary: int, norm: _Norm, trained: int,
+    def _update_noise(self, small_sq: float, packed: list, boundary: int, norm: Norm, trained: int,
                       batch: int) -> float | None:
         """B_simple from the gradient at the group-aligned boundary (the first part of the groups) vs the
         whole: per rank at ZeRO 0/1 (each rank's pair, averaged over ranks), over all ranks at ZeRO 2/3
@@ -555,7 +379,8 @@ class Learner:
         self._barrier()  # every rank's shards are on disk before the rename makes them visible
         result = None
         if owner:
-            learner_state = {"steps": self.steps, "lr": self.lr, "noise": self.noise.state_dict()}
+            learner_state = {"steps": self.steps, "optimizer_steps": self.optimizer_steps, "lr": self.lr,
+                             "noise": self.noise.state_dict()}
             result = checkpoint.finish(tmp, final, {"run": state, "learner": learner_state}, keep)
         self._barrier()
         return result if self.rank == 0 else None
@@ -590,6 +415,7 @@ class Learner:
         saved = checkpoint.read_state(Path(path))
         ls = saved["learner"]
         self.steps, self.lr = ls["steps"], ls["lr"]
+        self.optimizer_steps = ls.get("optimizer_steps", self.steps)  # older checkpoints: one per step
         self.noise.load_state_dict(ls["noise"])
         return saved["run"]
 

@@ -48,6 +48,10 @@ class LearnerConfig:
     mask_truncated: bool = False  # DAPO's overlong filtering: truncated responses leave the loss
     overlong_buffer: int = 0  # DAPO's L_cache; 0: no overlong penalty
     overlong_penalty_factor: float = 1.0
+    # Truncated importance sampling: each token's policy loss times min(pi_old / pi_behaviour, is_cap); None: off.
+    is_cap: float | None = None
+    epochs: int = 1  # passes over each step's batch
+    mini_batches: int = 1  # optimiser steps per pass, each over whole prompt groups
     measure_noise: bool = True
     noise_ema: float = 0.9
     seed: int = 0
@@ -65,6 +69,11 @@ class LearnerConfig:
         if self.micro_batch < 1 or (self.micro_batch_tokens is not None and self.micro_batch_tokens < 1):
             raise ValueError(f"LearnerConfig: micro_batch {self.micro_batch} and micro_batch_tokens "
                              f"{self.micro_batch_tokens} must be at least 1 (spec.batch.microBatch, microBatchTokens)")
+        if self.is_cap is not None and not self.is_cap >= 1:
+            raise ValueError(f"spec.algorithm.isCap: {self.is_cap}; use at least 1 (e.g. 2), or leave it unset")
+        if self.epochs < 1 or self.mini_batches < 1:
+            raise ValueError(f"LearnerConfig: epochs {self.epochs} and mini_batches {self.mini_batches} must be at "
+                             "least 1 (spec.algorithm.epochs, miniBatches)")
         needs_length = self.loss_aggregation == "seq-mean-token-sum-norm" or self.overlong_buffer > 0
         if needs_length and not self.max_response_length:
             raise ValueError("LearnerConfig: seq-mean-token-sum-norm and the overlong penalty need "
@@ -104,6 +113,9 @@ class LearnerConfig:
             mask_truncated=a.mask_truncated_completions,
             overlong_buffer=a.overlong_buffer.length if a.overlong_buffer else 0,
             overlong_penalty_factor=a.overlong_buffer.penalty_factor if a.overlong_buffer else 1.0,
+            is_cap=a.is_cap,
+            epochs=a.epochs,
+            mini_batches=a.mini_batches,
         )
         kw.update(overrides)
         return cls(**kw)
