@@ -18,7 +18,8 @@ __all__ = ["CAMEL_FIELDS", "PHASES", "Calibration", "noise_from_steps"]
 CAMEL_FIELDS = {"prompts": "prompts", "samplesPerPrompt": "samples_per_prompt", "rolloutReplicas": "rollout_replicas",
                 "learnerReplicas": "learner_replicas", "promptTokens": "prompt_tokens",
                 "responseTokens": "response_tokens", "tokensPerSample": "tokens_per_sample",
-                "noiseScale": "noise_scale", "evalSeconds": "eval_s", "steps": "steps"}
+                "noiseScale": "noise_scale", "evalSeconds": "eval_s", "steps": "steps",
+                "stalenessPenalty": "staleness_penalty"}
 
 
 @dataclass(frozen=True)
@@ -39,6 +40,9 @@ class Calibration:
     noise_scale: float | None = None
     eval_s: float | None = None  # seconds of one held-out eval at rollout_replicas
     steps: int = 0  # how many step records went into it
+    # p of the samples penalty (1 + p)^K of staleness K, fitted by `rlscale sweep --staleness` (>= 0);
+    # None: the planner's default (rlscale.plan.staleness.DEFAULT_STALENESS_PENALTY).
+    staleness_penalty: float | None = None
 
     @property
     def has_phases(self) -> bool:
@@ -52,6 +56,11 @@ class Calibration:
     @property
     def calibrated(self) -> bool:
         return self.has_phases or self.has_noise_scale
+
+    @property
+    def has_staleness_penalty(self) -> bool:
+        v = self.staleness_penalty
+        return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v >= 0
 
     def measured(self, phase: str) -> float | None:
         v = getattr(self, f"{phase}_s")
@@ -81,7 +90,7 @@ class Calibration:
         kw = {attr: d[key] for key, attr in CAMEL_FIELDS.items() if d.get(key) is not None}
         kw.update({f"{p}_s": float(v) for p, v in (d.get("phases") or {}).items() if p in PHASES and _ok(v)})
         cal = cls(**kw)
-        return cal if cal.calibrated else None
+        return cal if cal.calibrated or cal.has_staleness_penalty else None
 
     @classmethod
     def from_steps(cls, records: Sequence[StepRecord], last: int = 10,

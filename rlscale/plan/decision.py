@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -18,6 +17,7 @@ from rlscale.plan.placement import (
     weight_sync_for,
 )
 from rlscale.plan.profiles import accelerator_profile
+from rlscale.plan.reason import explain, staleness_reason
 from rlscale.plan.samples import (
     DEFAULT_NOISE_MULTIPLE,
     lr_mismatch,
@@ -28,6 +28,7 @@ from rlscale.plan.samples import (
     scaled_lr,
 )
 from rlscale.plan.shapes import model_shape_for
+from rlscale.plan.staleness import penalty_for, staleness_options, staleness_penalty
 from rlscale.plan.throughput import PLUGIN_REWARD_SECONDS, Phases, SystemModel
 from rlscale.progress import fmt_lr
 
@@ -48,6 +49,8 @@ class Prediction:
     # Held-out evals, every target.evalEvery steps, spread over the steps: the run's clock
     # (time-to-target) counts them, and they cost the same whatever the batch.
     eval_seconds_per_step: float = 0.0
+    # Steps the rollout runs ahead of the learner: from 1 on, the step overlaps generation and training.
+    staleness: int = 0
 
     @property
     def generate(self) -> float:
@@ -68,14 +71,16 @@ class Prediction:
     def to_dict(self) -> dict[str, Any]:
         return {"samplesPerSecond": self.samples_per_second, "stepSeconds": self.step_seconds,
                 "timeToTargetSeconds": self.time_to_target_seconds, "samplesToTarget": self.samples_to_target,
-                "phases": self.phases.to_dict(), "evalSecondsPerStep": self.eval_seconds_per_step}
+                "phases": self.phases.to_dict(), "evalSecondsPerStep": self.eval_seconds_per_step,
+                "staleness": self.staleness}
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Prediction:
         return cls(samples_per_second=float(d["samplesPerSecond"]), step_seconds=float(d["stepSeconds"]),
                    time_to_target_seconds=float(d["timeToTargetSeconds"]),
                    samples_to_target=float(d["samplesToTarget"]), phases=Phases.from_dict(d["phases"]),
-                   eval_seconds_per_step=float(d.get("evalSecondsPerStep") or 0.0))
+                   eval_seconds_per_step=float(d.get("evalSecondsPerStep") or 0.0),
+                   staleness=int(d.get("staleness") or 0))
 
 
 @dataclass(frozen=True)
@@ -96,6 +101,7 @@ class Candidate:
     placement: str = "disaggregated"  # or "colocated": one engine per learner pod, on its GPUs
     tensor_parallel: int = 1  # GPUs per engine
     memory_utilization: float = 0.0  # the engine's share of device memory (0: not recorded)
+    staleness: int = 0  # steps the rollout runs ahead of the learner (0: the synchronous loop)
 
     @property
     def batch(self) -> int:
@@ -106,6 +112,11 @@ class Candidate:
         """(prompts, rollout replicas): what a re-plan may change while the learner ranks stay."""
         return self.prompts, self.rollout_replicas
 
+    @property
+    def replan_key(self) -> tuple[int, ...]:
+        """What a re-plan compares: the key, and the staleness when it is not 0."""
+        return replan_key(self)
+
     def to_dict(self) -> dict[str, Any]:
         return {"prompts": self.prompts, "samplesPerPrompt": self.samples_per_prompt,
                 "batch": batch_label(self.prompts, self.samples_per_prompt), "batchSamples": self.batch,
@@ -114,7 +125,7 @@ class Candidate:
                 "samplesPenalty": self.noise_penalty * self.lr_penalty, "noisePenalty": self.noise_penalty,
                 "lrPenalty": self.lr_penalty, "decodeConcurrency": self.concurrency, "generationBound": self.bound,
                 "placement": self.placement, "tensorParallel": self.tensor_parallel,
-                "rolloutMemoryUtilization": self.memory_utilization}
+                "rolloutMemoryUtilization": self.memory_utilization, "staleness": self.staleness}
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Candidate:
@@ -128,7 +139,8 @@ class Candidate:
                    lr_penalty=lr_pen, concurrency=int(d.get("decodeConcurrency") or 0),
                    bound=str(d.get("generationBound") or ""), placement=str(d.get("placement") or "disaggregated"),
                    tensor_parallel=int(d.get("tensorParallel") or 1),
-                   memory_utilization=float(d.get("rolloutMemoryUtilization") or 0.0))
+                   memory_utilization=float(d.get("rolloutMemoryUtilization") or 0.0),
+                   staleness=int(d.get("staleness") or 0))
 
 
 @dataclass(frozen=True)
@@ -168,6 +180,12 @@ class Plan:
         """(prompts, rollout replicas): what a re-plan may change while the learner ranks stay."""
         return self.prompts, self.rollout_replicas
 
+    @property
+    def replan_key(self) -> tuple[int, ...]:
+        """What a re-plan compares: the key, and the staleness when it is not 0 (a change of staleness
+        alone is a change of plan)."""
+        return replan_key(self)
+
     def summary(self) -> str:
         return (f"{self.prompts}x{self.samples_per_prompt} lr={fmt_lr(self.learning_rate)} "
                 f"rollout={self.rollout_replicas} learner={self.learner_replicas}")
@@ -178,7 +196,8 @@ class Plan:
                        learning_rate=c.learning_rate, rollout_replicas=c.rollout_replicas,
                        learner_replicas=c.learner_replicas, predicted=c.predicted, gpus=c.gpus, reason=reason,
                        placement=c.placement, tensor_parallel=c.tensor_parallel,
-                       rollout_memory_utilization=c.memory_utilization or self.rollout_memory_utilization)
+                       rollout_memory_utilization=c.memory_utilization or self.rollout_memory_utilization,
+                       staleness=c.staleness)
 
     def with_prediction(self, predicted: Prediction) -> Plan:
         """The same choice, predicted anew by a calibrated model (so predicted-vs-measured stays honest)."""
@@ -216,6 +235,12 @@ class Plan:
                    rollout_memory_utilization=float(d.get("rolloutMemoryUtilization") or 0.9),
                    tensor_parallel=int(d.get("tensorParallel") or 1), ranks_per_pod=int(d.get("ranksPerPod") or 1),
                    staleness=int(d.get("staleness") or 0))
+
+
+def replan_key(c: Candidate | Plan) -> tuple[int, ...]:
+    """(prompts, rollout replicas), with the staleness appended when it is not 0: the form a re-plan's
+    proposal takes (status.replan keeps it), unchanged for plans without staleness."""
+    return (c.prompts, c.rollout_replicas, c.staleness) if c.staleness else (c.prompts, c.rollout_replicas)
 
 
 def batch_label(prompts: int, samples_per_prompt: int) -> str:
@@ -321,12 +346,16 @@ def replica_splits(spec: Any, placement: str = "disaggregated") -> list[tuple[in
 # --------------------------------------------------------------------------- the plan
 
 
-def make_plan(spec: Any, calibration: Calibration | None = None, placement: str | None = None) -> Plan:
-    """Choose placement, batch, lr and replica split minimising predicted time-to-target T = E(N) / X(N).
+def make_plan(spec: Any, calibration: Calibration | None = None, placement: str | None = None,
+              staleness: int | None = None) -> Plan:
+    """Choose placement, batch, lr, replica split and staleness minimising predicted time-to-target
+    T = E(N, K) / X(N, K).
 
     `placement`: predict only this one (a re-plan keeps the running placement); else spec.placement,
-    whose auto predicts both on GPUs and keeps the faster."""
+    whose auto predicts both on GPUs and keeps the faster. `staleness`: plan only this one (capped at
+    spec.algorithm.maxStaleness; else every one up to it)."""
     cal = calibration or Calibration()
+    pin = staleness
     base = system_model(spec, cal)
     n_noise, noise_from = noise_scale_for(spec, cal)
     if getattr(spec.target, "expected_samples", None):
@@ -344,7 +373,7 @@ def make_plan(spec: Any, calibration: Calibration | None = None, placement: str 
             refused[where] = str(exc)
             continue
         models[where] = model
-        cands += candidates(spec, model, cal, feasible, n_noise, e_ref, where)
+        cands += candidates(spec, model, cal, feasible, n_noise, e_ref, where, pin)
     if not cands:
         raise PlanError(_refusal(refused))
     win = pick(cands)
@@ -352,13 +381,16 @@ def make_plan(spec: Any, calibration: Calibration | None = None, placement: str 
     best = {w: min((c for c in cands if c.placement == w), key=lambda c: c.predicted.time_to_target_seconds)
             for w in models}
     shown = _shown_candidates(cands, win, cal)
-    # the batch rule against the winner's own placement; the placement's sentence against the other one
-    reason = explain(spec, win, _best_per_batch([c for c in cands if c.placement == win.placement], win), cal,
-                     e_known and noise_from != "default")
+    # the batch rule against the winner's own placement and staleness; the placement's sentence against
+    # the other placement
+    own = [c for c in cands if (c.placement, c.staleness) == (win.placement, win.staleness)]
+    reason = explain(spec, win, _best_per_batch(own, win), cal, e_known and noise_from != "default")
     same = [c for c in cands if c.placement != win.placement and c.prompts == win.prompts]
     same_batch = min(same, key=lambda c: c.predicted.time_to_target_seconds) if same else None
     why = placement_reason(spec, win, best, {w: _bare(m) for w, m in refused.items()}, same_batch)
     reason += f" Placement {why}."
+    lag = staleness_reason(spec, win, cands, *penalty_for(cal), model.profile.shared_host, pin)
+    reason += f" {lag}" if lag else ""
     return Plan(
         prompts=win.prompts, samples_per_prompt=win.samples_per_prompt, learning_rate=win.learning_rate,
         rollout_replicas=win.rollout_replicas, learner_replicas=win.learner_replicas, predicted=win.predicted,
@@ -366,7 +398,7 @@ def make_plan(spec: Any, calibration: Calibration | None = None, placement: str 
         samples_to_target_ref=e_ref, notes=_notes(spec, model, cal, win, n_noise, noise_from, e_ref, e_known),
         placement=win.placement, weight_sync=model.weight_sync,
         rollout_memory_utilization=model.rollout_utilization, tensor_parallel=model.rollout_gpus,
-        ranks_per_pod=ranks_per_pod(spec),
+        ranks_per_pod=ranks_per_pod(spec), staleness=win.staleness,
     )
 
 
@@ -416,9 +448,13 @@ def feasible_splits(spec: Any, model: SystemModel, placement: str = "disaggregat
 
 
 def candidates(spec: Any, model: SystemModel, cal: Calibration, feasible: list[tuple[int, int]],
-               n_noise: float, e_ref: float, placement: str = "disaggregated") -> list[Candidate]:
-    """Every (prompts, rollout, learner) choice with its predicted phases, E(N), X(N) and T(N)."""
+               n_noise: float, e_ref: float, placement: str = "disaggregated",
+               staleness: int | None = None) -> list[Candidate]:
+    """Every (prompts, rollout, learner, staleness) choice with its predicted phases, E, X and T.
+
+    Staleness K multiplies E by (1 + p)^K and overlaps the step (SystemModel.step_seconds)."""
     opt, spp = spec.optimizer, spec.batch.samples_per_prompt
+    ks, (p, _) = staleness_options(spec, placement, staleness), penalty_for(cal)
     n_ref = float(opt.reference_batch)
     cands: list[Candidate] = []
     gens: dict[tuple[int, int], Any] = {}  # generation depends on (prompts, rollout) only
@@ -436,23 +472,25 @@ def candidates(spec: Any, model: SystemModel, cal: Calibration, feasible: list[t
             gen = gens.get((prompts, r)) or gens.setdefault((prompts, r), model.generation(prompts, spp, r))
             train = trains.get((n, k)) or trains.setdefault((n, k), model.train_seconds(n, k) * model.scale.train)
             ph = Phases(gen.seconds * model.scale.generate, n * reward, train, syncs[(r, k)])
-            x = n / ph.total
-            steps = e / n
-            pred = Prediction(x, ph.total, steps * (ph.total + evals[r]), e, ph, evals[r])
-            cands.append(Candidate(prompts, spp, r, k, lr, gpus_for(spec, placement, r, k), pred, noise, lr_pen,
-                                   gen.concurrency, gen.bound, placement, model.rollout_gpus,
-                                   model.rollout_utilization))
+            for lag in ks:
+                step, e_k = model.step_seconds(ph, lag), e * staleness_penalty(lag, p)
+                pred = Prediction(n / step, step, e_k / n * (step + evals[r]), e_k, ph, evals[r], lag)
+                cands.append(Candidate(prompts, spp, r, k, lr, gpus_for(spec, placement, r, k), pred, noise,
+                                       lr_pen, gen.concurrency, gen.bound, placement, model.rollout_gpus,
+                                       model.rollout_utilization, lag))
     return cands
 
 
 def _shown_candidates(cands: list[Candidate], win: Candidate, cal: Calibration) -> list[Candidate]:
-    """The best split per batch, plus the configuration running now when calibrated (callers compare)."""
+    """The best split per batch and staleness, plus the configuration running now (at every staleness)
+    when calibrated (callers compare)."""
     shown = _best_per_batch(cands, win)
     if cal.has_phases:
-        now = next((c for c in cands if (c.prompts, c.samples_per_prompt, c.rollout_replicas, c.learner_replicas)
-                    == (cal.prompts, cal.samples_per_prompt, cal.rollout_replicas, cal.learner_replicas)), None)
-        if now is not None and now not in shown:
-            shown = sorted([*shown, now], key=lambda c: (c.predicted.time_to_target_seconds, c is not win))
+        now = [c for c in cands if (c.prompts, c.samples_per_prompt, c.rollout_replicas, c.learner_replicas)
+               == (cal.prompts, cal.samples_per_prompt, cal.rollout_replicas, cal.learner_replicas)]
+        new = [c for c in dict.fromkeys(now) if c not in shown]
+        if new:
+            shown = sorted([*shown, *new], key=lambda c: (c.predicted.time_to_target_seconds, c is not win))
     return shown
 
 
@@ -477,100 +515,27 @@ def _notes(spec: Any, model: SystemModel, cal: Calibration, win: Candidate, n_no
         notes.append(activations)
     if model.profile.shared_host:
         notes.append("cpu: rollout and learner replicas share one machine's cores, so more replicas add no throughput")
+    if getattr(spec.task, "reward_model", None) is not None:
+        notes.append(spec.task.reward_model.plan_note())
     return tuple(notes)
 
 
 def pick(cands: list[Candidate]) -> Candidate:
-    """Least predicted time-to-target; near-ties (within TIE) go to fewer GPUs, then the smaller batch."""
+    """Least predicted time-to-target; near-ties (within TIE) go to fewer GPUs, then the lesser staleness,
+    then the smaller batch."""
     best_t = min(c.predicted.time_to_target_seconds for c in cands)
     tied = [c for c in cands if c.predicted.time_to_target_seconds <= best_t * (1 + TIE)]
-    return min(tied, key=lambda c: (c.gpus or c.rollout_replicas + c.learner_replicas, c.batch,
+    return min(tied, key=lambda c: (c.gpus or c.rollout_replicas + c.learner_replicas, c.staleness, c.batch,
                                     c.predicted.time_to_target_seconds))
 
 
 def _best_per_batch(cands: list[Candidate], win: Candidate) -> list[Candidate]:
-    """The fastest split for each batch size (the winner's own row for its batch), sorted by time-to-target."""
-    best: dict[int, Candidate] = {}
+    """The fastest split for each batch size and staleness (the winner's own row for its own), sorted by
+    time-to-target."""
+    best: dict[tuple[int, int], Candidate] = {}
     for c in cands:
-        cur = best.get(c.prompts)
+        cur = best.get((c.prompts, c.staleness))
         if cur is None or c.predicted.time_to_target_seconds < cur.predicted.time_to_target_seconds:
-            best[c.prompts] = c
-    best[win.prompts] = win
+            best[(c.prompts, c.staleness)] = c
+    best[(win.prompts, win.staleness)] = win
     return sorted(best.values(), key=lambda c: (c.predicted.time_to_target_seconds, c is not win))
-
-
-def _x(a: float, digits: int = 2) -> str:
-    return f"x{a:.{digits}f}" if a < 10 else f"x{a:.1f}"
-
-
-def _digits(a: float, b: float) -> int:
-    """Enough decimals that two ratios the rule compares do not print as equal."""
-    d = 2
-    while d < 4 and f"{a:.{d}f}" == f"{b:.{d}f}":
-        d += 1
-    return d
-
-
-def _penalty(big: Candidate, small: Candidate) -> float:
-    return big.predicted.samples_to_target / small.predicted.samples_to_target
-
-
-def _penalty_text(big: Candidate, small: Candidate, scaling: str, digits: int = 2) -> str:
-    """'samples penalty x1.3', with the share of an untuned lr when there is one."""
-    text = f"samples penalty {_x(_penalty(big, small), digits)}"
-    lr_share = big.lr_penalty / small.lr_penalty
-    if abs(lr_share - 1) > 0.005:
-        why = ("from no lr retune, scaling: none" if scaling == "none"
-               else f"from the {scaling} rule's lr off the sqrt rule")
-        text += f" ({_x(lr_share)} of it {why})"
-    return text
-
-
-def _effective_throughput(c: Candidate) -> float:
-    """Samples per second of the run's clock: steps and their share of the evals."""
-    return c.batch / (c.predicted.step_seconds + c.predicted.eval_seconds_per_step)
-
-
-def explain(spec: Any, win: Candidate, per_batch: list[Candidate], cal: Calibration | None = None,
-            absolute_e: bool = False) -> str:
-    """One sentence: the decision rule X(N2)/X(N1) > E(N2)/E(N1) applied to the winner and its rival."""
-    cal = cal or Calibration()
-    scaling, n_ref = spec.optimizer.scaling, spec.optimizer.reference_batch
-    others = [c for c in per_batch if c.batch != win.batch]
-    if spec.batch.prompts != "auto":
-        head = f"N={win.batch} fixed by spec.batch.prompts ({win.prompts} x {win.samples_per_prompt})"
-    elif not others:
-        head = f"N={win.batch} is the only batch within [minPrompts, maxPrompts]"
-    else:
-        ref = min(per_batch, key=lambda c: (abs(math.log(c.batch / n_ref)), c.batch))
-        rival = ref if ref.batch != win.batch else others[0]
-        # Throughput as the run's clock sees it, evals included, so that T = E / X holds exactly.
-        speed = _effective_throughput(win) / _effective_throughput(rival)
-        verb = "beats" if rival is ref else "kept over"
-        if win.batch > rival.batch:
-            d = _digits(speed, _penalty(win, rival))
-            head = (f"N={win.batch} {verb} N={rival.batch}: throughput {_x(speed, d)} > "
-                    f"{_penalty_text(win, rival, scaling, d)}")
-        else:
-            d = _digits(1 / speed, _penalty(rival, win))
-            head = (f"N={win.batch} {verb} N={rival.batch}: throughput gain {_x(1 / speed, d)} < "
-                    f"{_penalty_text(rival, win, scaling, d)}")
-    if win.placement == "colocated":
-        where = "on one cpu host" if spec.hardware.accelerator == "cpu" else (
-            f"on {win.gpus} of {spec.budget.gpus} GPUs")
-        split = f"{win.learner_replicas} learner replica(s) with one colocated engine each {where}"
-    elif spec.hardware.accelerator == "cpu":
-        split = f"{win.rollout_replicas} rollout + {win.learner_replicas} learner on one cpu host"
-    else:
-        split = (f"{win.rollout_replicas} rollout + {win.learner_replicas} learner replicas "
-                 f"on {win.gpus} of {spec.budget.gpus} GPUs")
-    lr = f"lr {fmt_lr(win.learning_rate)} " + (f"by the {scaling} rule" if scaling != "none" else "(scaling: none)")
-    share = win.predicted.generate / win.predicted.step_seconds
-    gen = f"generation {share:.0%} of the step, {win.bound}-bound at {win.concurrency} sequences/replica"
-    if cal.has_phases:
-        basis = f"calibrated from {cal.steps or 1} measured step(s)"
-    else:
-        basis = "uncalibrated profile"
-    if not absolute_e:
-        basis += "; only ratios of E decide, so E_ref cancels"
-    return f"{head}; {lr}; {split}; {gen} ({basis})."

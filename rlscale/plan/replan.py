@@ -26,6 +26,8 @@ NOISE_WINDOW = 100  # steps whose noise estimates are averaged: one step's are v
 THROUGHPUT_MIN_STEPS = 10  # steps a configuration must have run before its measured rate counts
 
 Key = tuple[int, int]  # (prompts, rollout replicas)
+# What a re-plan proposes: the key, with the staleness appended when it is not 0 (decision.replan_key).
+Choice = tuple[int, ...]
 
 
 def keep_learners(spec: Any, learners: int | None) -> Any:
@@ -81,10 +83,10 @@ class ReplanState:
     that agreed on it (a change goes through at REPLAN_CONFIRM of them). Kept in status on Kubernetes."""
 
     last_step: int = 0
-    proposal: Key | None = None
+    proposal: Choice | None = None
     count: int = 0
 
-    def propose(self, key: Key | None, step: int) -> tuple[ReplanState, bool]:
+    def propose(self, key: Choice | None, step: int) -> tuple[ReplanState, bool]:
         """This re-plan's proposal (None: keep the current configuration); True to apply it now."""
         if key is None:
             return ReplanState(step), False
@@ -101,7 +103,7 @@ class ReplanState:
     def from_dict(cls, d: dict[str, Any] | None) -> ReplanState:
         d = d or {}
         prop = d.get("proposal")
-        return cls(int(d.get("lastStep") or 0), (int(prop[0]), int(prop[1])) if prop else None,
+        return cls(int(d.get("lastStep") or 0), tuple(int(x) for x in prop) if prop else None,
                    int(d.get("count") or 0))
 
 
@@ -120,25 +122,42 @@ class Decision:
     state: ReplanState
 
 
-def seconds_to_target(c: Candidate, measured: dict[Key, float]) -> float:
-    """Measured samples/s where the configuration has run, the calibrated model elsewhere; the run's
-    clock also counts its evals (the same seconds per step at any batch)."""
+def seconds_to_target(c: Candidate, measured: dict[Key, float], ratio: float = 1.0) -> float:
+    """Measured samples/s (times `ratio`) where the configuration has run, the calibrated model elsewhere;
+    the run's clock also counts its evals (the same seconds per step at any batch)."""
     sps = measured.get(c.key)
     if not sps:
         return c.predicted.time_to_target_seconds
     e = c.predicted.samples_to_target
-    return e / sps + e / c.batch * c.predicted.eval_seconds_per_step
+    return e / (sps * ratio) + e / c.batch * c.predicted.eval_seconds_per_step
 
 
-def choose(cands: Sequence[Candidate], measured: dict[Key, float], current: Key) -> tuple[Candidate, float, float]:
-    """(best candidate, its seconds to target, the current configuration's).
+def staleness_ratio(c: Candidate, cands: Sequence[Candidate], staleness: int) -> float | None:
+    """The model's samples/s of `c` over its configuration's at `staleness`, the staleness the measured
+    rates ran at (1 when `c` has it; None when the candidates lack that configuration there)."""
+    if c.staleness == staleness:
+        return 1.0
+    at = next((o for o in cands if o.staleness == staleness and (o.key, o.learner_replicas, o.placement)
+               == (c.key, c.learner_replicas, c.placement)), None)
+    return c.predicted.samples_per_second / at.predicted.samples_per_second if at is not None else None
+
+
+def choose(cands: Sequence[Candidate], measured: dict[Key, float], current: Key,
+           staleness: int = 0) -> tuple[Candidate, float, float]:
+    """(best candidate, its seconds to target, the current configuration's), the current one at `staleness`.
 
     A model calibrated at one point is least trustworthy far from it; judging tried
-    configurations by what they did keeps the batch from going back and forth.
+    configurations by what they did keeps the batch from going back and forth. The measured rates
+    ran at `staleness`; at another staleness the same configuration's rate is the measured one times
+    the model's ratio between the two.
     """
-    best = min(cands, key=lambda c: seconds_to_target(c, measured))
-    cur = next((c for c in cands if c.key == current), None)
-    return best, seconds_to_target(best, measured), seconds_to_target(cur, measured) if cur else float("inf")
+    def seconds(c: Candidate) -> float:
+        ratio = staleness_ratio(c, cands, staleness)
+        return seconds_to_target(c, measured if ratio is not None else {}, ratio or 1.0)
+
+    best = min(cands, key=seconds)
+    cur = next((c for c in cands if c.key == current and c.staleness == staleness), None)
+    return best, seconds(best), seconds(cur) if cur else float("inf")
 
 
 @dataclass(frozen=True)
@@ -190,15 +209,15 @@ def replan(spec: Any, current: Plan, m: Measurements, state: ReplanState,
         return Decision(current, False, f"re-plan at step {m.step}: no candidate keeps "
                         f"{current.learner_replicas} learner replicas{within}; plan kept", ReplanState(m.step))
     over = not lim.allow(current)
-    best, best_t, cur_t = choose(cands, m.throughput, current.key)
-    better = best.key != current.key and (over or best_t < (1 - REPLAN_MIN_GAIN) * cur_t)
-    state, confirmed = state.propose(best.key if better else None, m.step)
+    best, best_t, cur_t = choose(cands, m.throughput, current.key, current.staleness)
+    better = best.replan_key != current.replan_key and (over or best_t < (1 - REPLAN_MIN_GAIN) * cur_t)
+    state, confirmed = state.propose(best.replan_key if better else None, m.step)
     if confirmed or over:
         return _switch(new, best, best_t, cur_t, current, m, lim if over else None)
-    cur = next((c for c in cands if c.key == current.key), None)
+    cur = next((c for c in cands if (c.key, c.staleness) == (current.key, current.staleness)), None)
     plan = current.with_prediction(cur.predicted) if cur is not None else current
     if better:
-        msg = (f"re-plan: {best.prompts}x{best.samples_per_prompt} looks {100 * (1 - best_t / cur_t):.0f}% faster at "
+        msg = (f"re-plan: {_label(best, current)} looks {100 * (1 - best_t / cur_t):.0f}% faster at "
                f"step {m.step}; applied if the next re-plan agrees")
     else:
         msg = f"re-plan at step {m.step}: {current.summary()} kept"
@@ -211,13 +230,19 @@ def _switch(new: Plan, best: Candidate, best_t: float, cur_t: float, current: Pl
     current plan asks for more than `over` allows."""
     basis = "measured" if best.key in m.throughput else "predicted"
     noise = m.calibration.noise_scale
-    head = (f"calibrated at step {m.step}: {best.prompts}x{best.samples_per_prompt} with "
+    head = (f"calibrated at step {m.step}: {_label(best, current)} with "
             f"{best.rollout_replicas} rollout {basis} at {best_t:.0f}s to target")
     if over is not None:
         why = (f"{head}, the fastest within the {over}; {current.rollout_replicas} rollout and "
                f"{current.learner_replicas} learner replicas were planned")
     else:
-        why = (f"{head} vs {cur_t:.0f}s for {current.prompts}x{current.samples_per_prompt}, in {REPLAN_CONFIRM} "
+        why = (f"{head} vs {cur_t:.0f}s for {_label(current, best)}, in {REPLAN_CONFIRM} "
                f"re-plans in a row; noise scale {noise or 0:.0f} samples over the last "
                f"{min(NOISE_WINDOW, m.step)} steps")
     return Decision(new.with_choice(best, why), True, why, ReplanState(m.step))
+
+
+def _label(c: Candidate | Plan, other: Candidate | Plan) -> str:
+    """'16x8', with ' at staleness K' when either side runs ahead of the learner."""
+    lag = f" at staleness {c.staleness}" if c.staleness or other.staleness else ""
+    return f"{c.prompts}x{c.samples_per_prompt}{lag}"

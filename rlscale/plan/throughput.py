@@ -14,6 +14,7 @@ from rlscale.plan.placement import (
 )
 from rlscale.plan.profiles import AcceleratorProfile
 from rlscale.plan.shapes import DTYPE_BYTES, ModelShape
+from rlscale.plan.staleness import overlapped_step
 
 # Adam update traffic per parameter: read weight, grad, m, v, fp32 master; write them back
 # (mixed precision: 2 + 2 + 8 + 8 + 8 bytes; fp32: 8 + 4 + 8 + 8).
@@ -52,7 +53,8 @@ def crossover_concurrency(flops: float, bandwidth: float, dtype_bytes: float) ->
 
 @dataclass(frozen=True)
 class Phases:
-    """Seconds of one training step per phase (no overlap in this version, so the step is their sum)."""
+    """Seconds of one training step per phase. At staleness 0 the step is their sum (`total`); from
+    staleness 1 on generation and reward overlap training (`step`)."""
 
     generate: float
     reward: float
@@ -62,6 +64,10 @@ class Phases:
     @property
     def total(self) -> float:
         return self.generate + self.reward + self.train + self.sync
+
+    def step(self, staleness: int = 0) -> float:
+        """The step's seconds: the sum at staleness 0, max(generate + reward, train) + sync above."""
+        return overlapped_step(self.generate, self.reward, self.train, self.sync, staleness)
 
     def times(self, other: Phases) -> Phases:
         return Phases(self.generate * other.generate, self.reward * other.reward,
@@ -191,6 +197,17 @@ class SystemModel:
         optimizer_bytes = OPTIMIZER_BYTES_PER_PARAM * self.shape.params * models
         optimizer = optimizer_bytes / (p.memory_bandwidth * p.bandwidth_efficiency * shards)
         return compute + micro + allreduce + optimizer + self.sleep_seconds()
+
+    @property
+    def overlaps(self) -> bool:
+        """Whether generation can run beside training: disaggregated on accelerators of their own. Colocated
+        engines sleep while the learner trains; on a cpu host both share the same cores, which the model
+        counts as no overlap."""
+        return self.placement != "colocated" and not self.profile.shared_host
+
+    def step_seconds(self, phases: Phases, staleness: int = 0) -> float:
+        """One step at this staleness: overlapped where the placement and hardware allow, else the sum."""
+        return phases.step(staleness if self.overlaps else 0)
 
     def sleep_seconds(self) -> float:
         """Colocated on GPUs: the engine's sleep before training, which the driver times in the train phase."""

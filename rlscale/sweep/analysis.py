@@ -44,6 +44,7 @@ class RunData:
     startup_seconds: float | None = None  # launch to the first step record, measured by the runner
     predicted: dict[str, Any] = field(default_factory=dict)  # the planner's prediction for this run's spec
     source: str = ""  # the run it was read from (one run serves every rule where their lr is the same)
+    staleness: int = 0  # the plan's staleness, pinned by the sweep (0: the synchronous loop)
 
     @property
     def batch(self) -> int:
@@ -214,6 +215,11 @@ class BatchStats:
     predicted_throughput_cal: float | None = None  # planner calibrated at the reference batch
     predicted_throughput_fit: float | None = None  # planner with per-phase factors fitted to every batch
     predicted_penalty: float | None = None  # planner's E(N)/E(N_ref) for this rule
+    staleness: int = 0
+    # per seed: samples and step-clock seconds to the level (seeds that reached it), median samples/s
+    seed_samples: dict[int, float] = field(default_factory=dict)
+    seed_seconds: dict[int, float] = field(default_factory=dict)
+    seed_throughput: dict[int, float] = field(default_factory=dict)
 
     @property
     def e_mean(self) -> float | None:
@@ -236,12 +242,12 @@ class BatchStats:
 
 
 def batch_stats(runs: list[RunData], level: float | None) -> list[BatchStats]:
-    """Group runs by (rule, prompts) and measure each cell at `level`."""
-    cells: dict[tuple[str, int], list[RunData]] = {}
+    """Group runs by (rule, prompts, staleness) and measure each cell at `level`."""
+    cells: dict[tuple[str, int, int], list[RunData]] = {}
     for r in runs:
-        cells.setdefault((r.rule, r.prompts), []).append(r)
+        cells.setdefault((r.rule, r.prompts, r.staleness), []).append(r)
     out = []
-    for (rule, prompts), rs in sorted(cells.items()):
+    for (rule, prompts, staleness), rs in sorted(cells.items()):
         hits = [crossing(r.smoothed(), level) for r in rs] if level is not None else []
         xs = [x for x in (r.throughput() for r in rs) if x is not None]
         phases = {p: median(v) for p in PHASES
@@ -254,6 +260,9 @@ def batch_stats(runs: list[RunData], level: float | None) -> list[BatchStats]:
             seconds_to_level=[h.seconds for h in hits if h is not None],
             throughput=median(xs) if xs else None, phases=phases,
             noise_scale=median(noise) if noise else None,
-            startup_seconds=median(starts) if starts else None,
+            startup_seconds=median(starts) if starts else None, staleness=staleness,
+            seed_samples={r.seed: h.samples for r, h in zip(rs, hits, strict=False) if h is not None},
+            seed_seconds={r.seed: h.seconds for r, h in zip(rs, hits, strict=False) if h is not None},
+            seed_throughput={r.seed: x for r in rs if (x := r.throughput()) is not None},
         ))
     return out

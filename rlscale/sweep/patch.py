@@ -2,7 +2,8 @@
 
 A patch is YAML: `spec:` is an RLRun spec fragment merged over the spec being planned
 (optimizer.noiseScale from the sweep's fit), and `calibration:` the step phases the planner's
-throughput model is scaled to, as if measured at that configuration.
+throughput model is scaled to, as if measured at that configuration, and the staleness penalty p
+(stalenessPenalty) when the sweep ran --staleness.
 """
 
 from __future__ import annotations
@@ -19,8 +20,10 @@ from rlscale.plan.calibration import CAMEL_FIELDS
 from rlscale.spec import FULL_API_VERSION, MISSING, FieldError, SpecError, parse_rlrun
 
 PATCH_KIND = "RLRunCalibration"
-# The noise scale goes into the spec (optimizer.noiseScale), not the calibration.
-_FIELDS = {k: v for k, v in CAMEL_FIELDS.items() if k != "noiseScale"}
+# The noise scale goes into the spec (optimizer.noiseScale), not the calibration; the staleness penalty
+# may be 0, so it is checked apart from the positive figures.
+PENALTY_KEY = "stalenessPenalty"
+_FIELDS = {k: v for k, v in CAMEL_FIELDS.items() if k not in ("noiseScale", PENALTY_KEY)}
 
 
 def patch_dict(res: Any, source: str) -> dict[str, Any]:
@@ -35,11 +38,17 @@ def patch_dict(res: Any, source: str) -> dict[str, Any]:
         c = {k: v for k, v in cal.to_dict().items() if k in _FIELDS or k == "phases"}
         c["phases"] = {p: round(float(v), 6) for p, v in c["phases"].items()}
         out["calibration"] = {k: round(float(v), 6) if isinstance(v, float) else v for k, v in c.items()}
+    fit = getattr(res, "staleness", None)
+    if fit is not None and fit.for_patch is not None:
+        out.setdefault("calibration", {})[PENALTY_KEY] = fit.for_patch
     out["measured"] = {  # for the reader; rlscale plan ignores it
         "level": res.level, "referencePrompts": res.ref_prompts,
         "samplesToLevel": {f"{c.rule}/{c.prompts}": round(c.e_mean) for c in res.cells if c.e_mean},
         "samplesPerSecond": {f"{c.rule}/{c.prompts}": round(c.throughput, 2) for c in res.cells if c.throughput},
     }
+    if fit is not None and fit.p is not None:
+        out["measured"]["stalenessFit"] = {"p": round(fit.p, 4), "ciLow": fit.ci and round(fit.ci[0], 4),
+                                           "ciHigh": fit.ci and round(fit.ci[1], 4), "points": fit.points}
     if res.noise is not None:
         out["measured"]["noiseFit"] = {"eMin": round(res.noise.e_min), "bNoise": res.noise.b_noise and
                                        round(res.noise.b_noise), "bNoiseLow": res.noise.b_noise_low and
@@ -110,6 +119,12 @@ def calibration_from(c: dict[str, Any], path: Path) -> Calibration:
                 raise _err(f"{path}: calibration.{key}", v, "is not a positive number", "rewrite it with rlscale sweep")
             kw[attr] = int(v) if attr in ("prompts", "samples_per_prompt", "rollout_replicas", "learner_replicas",
                                            "steps") else float(v)
+    if c.get(PENALTY_KEY) is not None:
+        v = c[PENALTY_KEY]
+        if not isinstance(v, (int, float)) or isinstance(v, bool) or not 0 <= v <= 10:
+            raise _err(f"{path}: calibration.{PENALTY_KEY}", v, "is not a penalty from 0 to 10 per step of staleness",
+                       "rewrite it with rlscale sweep --staleness")
+        kw["staleness_penalty"] = float(v)
     phases = c.get("phases") or {}
     if not isinstance(phases, dict):
         raise _err(f"{path}: calibration.phases", phases, "is not a mapping", "give seconds per phase")

@@ -13,9 +13,11 @@ from rlscale.plan.decision import system_model
 from rlscale.sweep.analysis import WARMUP_STEPS, BatchStats, RunData
 
 
-def run_spec(spec: Any, prompts: int, rule: str, max_samples: int | None = None) -> Any:
-    """The spec one sweep run trains with: fixed prompts, the lr rule, the sweep's sample budget."""
+def run_spec(spec: Any, prompts: int, rule: str, max_samples: int | None = None, staleness: int = 0) -> Any:
+    """The spec one sweep run trains with: fixed prompts, the lr rule, the sweep's sample budget, and
+    algorithm.maxStaleness at the run's staleness (its plan is pinned there)."""
     s = spec.model_copy(deep=True)
+    s.algorithm.max_staleness = staleness
     s.batch.prompts = prompts
     s.batch.min_prompts = min(s.batch.min_prompts, prompts)
     s.batch.max_prompts = max(s.batch.max_prompts, prompts)
@@ -42,8 +44,9 @@ class Predicted:
         return self.samples_to_target / self.samples_per_second
 
 
-def predict(spec: Any, prompts: int, rule: str, cal: Calibration | None = None) -> Predicted:
-    p = make_plan(run_spec(spec, prompts, rule), cal)
+def predict(spec: Any, prompts: int, rule: str, cal: Calibration | None = None, staleness: int = 0) -> Predicted:
+    """The plan of one sweep run's spec, at its staleness."""
+    p = make_plan(run_spec(spec, prompts, rule, staleness=staleness), cal, staleness=staleness)
     return Predicted(prompts, rule, p.learning_rate, p.predicted.samples_per_second, p.predicted.samples_to_target,
                      p.predicted.phases.to_dict())
 

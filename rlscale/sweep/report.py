@@ -17,12 +17,15 @@ from rlscale.sweep.analysis import (
     measurement_level,
 )
 from rlscale.sweep.analysis import curve_gap as _gap
+from rlscale.sweep.power import Power, power, power_lines
 from rlscale.sweep.predict import (
     calibration_for_spec,
     fill_predictions,
     fitted_calibration,
     planner_choice,
+    predict,
 )
+from rlscale.sweep.staleness import StalenessFit, staleness_fit, staleness_lines, staleness_verdict
 from rlscale.sweep.verdict import (
     Verdict,
     claim_decision,
@@ -50,6 +53,9 @@ class SweepResult:
     chosen: int | None = None
     chosen_cal: int | None = None
     gaps: dict[tuple[str, int], float | None] = field(default_factory=dict)
+    stale_runs: list[RunData] = field(default_factory=list)  # runs at staleness above 0 (not in `runs`)
+    staleness: StalenessFit | None = None
+    power: Power | None = None
 
     def by_rule(self) -> dict[str, list[BatchStats]]:
         out: dict[str, list[BatchStats]] = {}
@@ -80,8 +86,12 @@ def reference_prompts(spec: Any, prompts: list[int]) -> int:
 
 
 def analyse(name: str, spec: Any, runs: list[RunData]) -> SweepResult:
+    """The sweep's numbers and verdicts. Runs at staleness above 0 share the level (the one every run
+    reaches) and go to the staleness section only; the rest of the report reads the synchronous runs."""
     target = spec.target.value
     level = measurement_level(runs, target)
+    stale = [r for r in runs if r.staleness > 0]
+    runs = [r for r in runs if r.staleness == 0]
     cells = batch_stats(runs, level)
     prompts = sorted({c.prompts for c in cells})
     ref = reference_prompts(spec, prompts)
@@ -101,16 +111,31 @@ def analyse(name: str, spec: Any, runs: list[RunData]) -> SweepResult:
         refc = [c for c in cs if c.prompts == ref]
         for c in cs:
             res.gaps[(r, c.prompts)] = _gap(c.runs, refc[0].runs) if refc and c.prompts != ref else None
-    measured = {c.prompts: c.t_mean for c in by[rule] if c.t_mean is not None and c.reached_all}
-    res.verdicts = [claim_invariance(by, ref, tol), claim_throughput(cells),
-                    claim_decision(by[rule], ref, tol), planner_verdict(res.chosen, measured, res.chosen_cal)]
+    timed = [c for c in by[rule] if c.t_mean is not None and c.reached_all]
+    measured = {c.prompts: c.t_mean for c in timed}
+    res.verdicts = [claim_invariance(by, ref, tol), claim_throughput(cells), claim_decision(by[rule], ref, tol),
+                    planner_verdict(res.chosen, measured, res.chosen_cal, {c.prompts: c.seed_seconds for c in timed})]
+    res.power = power(spec, runs + stale, cells, level)
+    if stale:
+        _add_staleness(res, stale, rule)
     return res
 
 
+def _add_staleness(res: SweepResult, stale: list[RunData], rule: str) -> None:
+    """Staleness cells beside the synchronous ones of `rule`, the fitted penalty and verdict (d)."""
+    res.stale_runs = stale
+    both = batch_stats(stale, res.level) + [c for c in res.cells if c.rule == rule]
+    predicted = {(c.prompts, c.staleness): predict(res.spec, c.prompts, rule, staleness=c.staleness).samples_per_second
+                 for c in both}
+    res.staleness = staleness_fit(both, rule, predicted)
+    res.verdicts.append(staleness_verdict(res.staleness))
+
+
 def run_rows(res: SweepResult) -> list[dict[str, Any]]:
-    """Per run: what it reached, at the level and at the spec's target, its throughput and noise estimate."""
+    """Per run (the staleness runs after the others): what it reached, at the level and at the spec's
+    target, its throughput and noise estimate."""
     rows = []
-    for r in sorted(res.runs, key=lambda r: (r.rule, r.prompts, r.seed)):
+    for r in sorted(res.runs + res.stale_runs, key=lambda r: (r.staleness, r.rule, r.prompts, r.seed)):
         at_level = crossing(r.smoothed(), res.level) if res.level is not None else None
         at_target = crossing(r.smoothed(), res.spec.target.value)
         rows.append({"rule": r.rule, "prompts": r.prompts, "seed": r.seed, "lr": r.lr, "steps": len(r.steps()),
@@ -119,7 +144,7 @@ def run_rows(res: SweepResult) -> list[dict[str, Any]]:
                      "samplesToTarget": at_target and at_target.samples,
                      "secondsToTarget": at_target and at_target.seconds,
                      "samplesPerSecond": r.throughput(), "phases": r.phases(), "noiseScale": r.noise_scale(),
-                     "startupSeconds": r.startup_seconds, "evalSeconds": r.eval_seconds()})
+                     "startupSeconds": r.startup_seconds, "evalSeconds": r.eval_seconds(), "staleness": r.staleness})
     return rows
 
 
@@ -130,10 +155,11 @@ def _n(v: float | None, fmt: str = ",.0f", dash: str = "-") -> str:
 def markdown(res: SweepResult) -> str:
     """sweep.md: what was swept and at which level, the verdicts, a table per lr rule, every run,
     the phases and the noise-scale fit, then the plots."""
-    lines = _header(res) + _verdicts(res)
+    lines = _header(res) + _verdicts(res) + (power_lines(res.power, res.tol) if res.power else [])
     for rule, cells in sorted(res.by_rule().items()):
         lines += _rule_table(res, rule, cells)
     lines += _runs_table(res) + _phases_table(res) + _noise_section(res)
+    lines += staleness_lines(res.staleness, res.decision_rule, len({r.source or id(r) for r in res.stale_runs}))
     lines += ["", "![curves](curves.png)", "", "![throughput](throughput.png)", "", "![decision](decision.png)", ""]
     return "\n".join(lines)
 
@@ -165,13 +191,16 @@ def _header(res: SweepResult) -> list[str]:
     starts = [r.start_value() for r in res.runs if r.start_value() is not None]
     if starts:
         lines.append(f"Before training, {metric} was {min(starts):.3f}-{max(starts):.3f}.")
+    if res.power is not None and res.power.warning:
+        lines.append(f"\n**Warning: {res.power.warning}.**")
     return lines
 
 
 CLAIMS = {"a": "(a) sample curves batch-invariant with the sqrt retune, bounded range; untuned larger batches pay",
           "b": "(b) larger batches raise generation throughput",
           "c": "(c) a larger batch is faster only when throughput gain > samples penalty",
-          "planner": "the planner's choice was the measured fastest"}
+          "planner": "the planner's choice was the measured fastest",
+          "d": "(d) staleness is faster only when its throughput gain > its samples penalty"}
 
 
 def _verdicts(res: SweepResult) -> list[str]:
@@ -219,7 +248,8 @@ def _runs_table(res: SweepResult) -> list[str]:
               f"seconds to level | samples to target {target} | samples/s | B_simple | start-up (s) |",
               "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in run_rows(res):
-        lines.append(f"| {r['rule']} | {r['prompts']} | {r['seed']} | {r['steps']} | {r['samples']:,} | "
+        rule = r["rule"] + (f", staleness {r['staleness']}" if r["staleness"] else "")
+        lines.append(f"| {rule} | {r['prompts']} | {r['seed']} | {r['steps']} | {r['samples']:,} | "
                      f"{_n(r['best'], '.3f')} | {_n(r['samplesToLevel'])} | {_n(r['secondsToLevel'], '.0f')} | "
                      f"{_n(r['samplesToTarget'], ',.0f', 'not reached')} | {_n(r['samplesPerSecond'], '.1f')} | "
                      f"{_n(r['noiseScale'])} | {_n(r['startupSeconds'], '.0f')} |")

@@ -1,4 +1,5 @@
-"""`rlscale sweep`: one run per (batch, lr rule, seed) through the embedded runner, resumable; then the report.
+"""`rlscale sweep`: one run per (batch, lr rule, seed), and per (batch, seed) at each staleness above 0 (under
+one rule), through the embedded runner, resumable; then the report.
 
 State lives in runs/<name>-sweep/sweep.json; each run in runs/<name>-sweep/runs/<run>/ (its own
 metrics.jsonl and checkpoints), so a sweep stopped with Ctrl-C resumes: finished runs are kept,
@@ -23,6 +24,7 @@ from rlscale.progress import fmt_lr
 from rlscale.records import StepRecord, read_records
 from rlscale.roles import RunEnd
 from rlscale.spec import RLRUN_NAME_MAX, RLRUN_NAME_RE, SpecError, parse_rlrun
+from rlscale.spec.algorithm import MAX_STALENESS
 from rlscale.sweep.analysis import RunData
 from rlscale.sweep.predict import predict, run_spec
 
@@ -41,9 +43,11 @@ class Combo:
     prompts: int
     rule: str
     seed: int
+    staleness: int = 0  # the run's plan is pinned to it, with algorithm.maxStaleness set to it
 
     def run_name(self, base: str) -> str:
-        return f"{base}-p{self.prompts}-{self.rule}-s{self.seed}"
+        lag = f"-k{self.staleness}" if self.staleness else ""
+        return f"{base}-p{self.prompts}-{self.rule}-s{self.seed}{lag}"
 
 
 def parse_batches(text: str) -> list[int]:
@@ -65,20 +69,48 @@ def parse_rules(text: str) -> list[str]:
     return list(dict.fromkeys(out))
 
 
+def parse_staleness(text: str) -> list[int]:
+    """--staleness: steps of staleness to sweep; 0 (the synchronous runs every comparison is against)
+    is always in."""
+    try:
+        out = sorted({0} | {int(x) for x in text.split(",") if x.strip()})
+    except ValueError:
+        raise SweepError(f"--staleness: {text!r} is not a comma-separated list of integers; e.g. 0,1,2") from None
+    if out[0] < 0 or out[-1] > MAX_STALENESS:
+        raise SweepError(f"--staleness: {text!r} needs values from 0 to {MAX_STALENESS} "
+                         "(algorithm.maxStaleness's range); e.g. 0,1,2")
+    return out
+
+
+def staleness_rule(spec: Any, rules: list[str]) -> str:
+    """The rule the staleness runs use: the spec's when swept, else sqrt, else the first (the rule the
+    report checks the planner's choice under)."""
+    for r in (spec.optimizer.scaling, "sqrt"):
+        if r in rules:
+            return r
+    return rules[0]
+
+
 def eval_every_samples(batches: list[int], spp: int, wanted: int) -> int:
     """Eval spacing in samples: `wanted` rounded up to a multiple of every swept batch (so all evaluate alike)."""
     lcm = math.lcm(*(b * spp for b in batches))
     return max(1, math.ceil(wanted / lcm)) * lcm
 
 
-def settings(rlrun: Any, batches: list[int], rules: list[str], seeds: int, samples: int, eval_samples: int) -> dict:
+def settings(rlrun: Any, batches: list[int], rules: list[str], seeds: int, samples: int, eval_samples: int,
+             staleness: list[int] | None = None) -> dict:
     return {"spec": rlrun.to_dict(), "batches": batches, "rules": rules, "seeds": seeds, "samples": samples,
-            "evalSamples": eval_samples}
+            "evalSamples": eval_samples, "staleness": staleness or [0]}
 
 
-def combos(batches: list[int], rules: list[str], seeds: int) -> list[Combo]:
-    """Seed 0 of every (rule, batch) first, so a sweep cut short still covers every batch."""
-    return [Combo(p, r, s) for s in range(seeds) for r in rules for p in batches]
+def combos(batches: list[int], rules: list[str], seeds: int, staleness: list[int] | None = None,
+           stale_rule: str | None = None) -> list[Combo]:
+    """Seed 0 of every (rule, batch) first, so a sweep cut short still covers every batch; each staleness
+    above 0 runs every batch and seed under `stale_rule` (default the first rule), after its seed's others."""
+    lags = [k for k in (staleness or []) if k > 0]
+    rule = stale_rule or rules[0]
+    return [c for s in range(seeds) for c in [Combo(p, r, s) for r in rules for p in batches]
+            + [Combo(p, rule, s, k) for k in lags for p in batches]]
 
 
 def run_sources(spec: Any, cs: list[Combo]) -> dict[Combo, Combo]:
@@ -86,13 +118,14 @@ def run_sources(spec: Any, cs: list[Combo]) -> dict[Combo, Combo]:
     At the reference batch every rule gives the spec's own lr, so the runs would be the same run
     (the rule changes nothing else); one run serves them all (4 batches x 2 rules x 2 seeds: 14 runs)."""
     first: dict[tuple, Combo] = {}
-    return {c: first.setdefault((c.prompts, c.seed, f"{predict(spec, c.prompts, c.rule).lr:.12e}"), c) for c in cs}
+    lrs = {(c.prompts, c.rule): f"{predict(spec, c.prompts, c.rule).lr:.12e}" for c in cs}
+    return {c: first.setdefault((c.prompts, c.seed, lrs[(c.prompts, c.rule)], c.staleness), c) for c in cs}
 
 
 def run_rlrun(rlrun: Any, combo: Combo, samples: int, eval_samples: int) -> Any:
     """The RLRun of one sweep run: fixed prompts, the rule, the sample budget, evals every eval_samples."""
     d = rlrun.to_dict()
-    s = run_spec(rlrun.spec, combo.prompts, combo.rule, samples)
+    s = run_spec(rlrun.spec, combo.prompts, combo.rule, samples, combo.staleness)
     spec = s.model_dump(by_alias=True, exclude_none=True, mode="json")
     spec["target"]["evalEvery"] = max(1, eval_samples // (combo.prompts * s.batch.samples_per_prompt))
     d["spec"] = spec
@@ -104,8 +137,8 @@ def run_rlrun(rlrun: Any, combo: Combo, samples: int, eval_samples: int) -> Any:
                          + "; ".join(map(str, exc.errors))) from None
 
 
-def check_names(name: str, batches: list[int], rules: list[str], seeds: int) -> None:
-    longest = Combo(max(batches), max(rules, key=len), seeds - 1).run_name(name)
+def check_names(name: str, batches: list[int], rules: list[str], seeds: int, staleness: int = 0) -> None:
+    longest = Combo(max(batches), max(rules, key=len), seeds - 1, staleness).run_name(name)
     if len(longest) > RLRUN_NAME_MAX or not re.match(RLRUN_NAME_RE, longest):
         raise SweepError(f"metadata.name: {name!r} makes run names like {longest!r}, longer than {RLRUN_NAME_MAX} "
                          "characters; shorten the RLRun's name")
@@ -127,11 +160,14 @@ class SweepState:
         if path.exists():
             data = json.loads(path.read_text())
             for key, flag in (("batches", "--batches"), ("rules", "--lr-rules"), ("seeds", "--seeds"),
-                              ("samples", "--samples"), ("evalSamples", "--eval-samples"), ("spec", "FILE")):
-                if data["settings"].get(key) != wanted[key]:
+                              ("samples", "--samples"), ("evalSamples", "--eval-samples"), ("staleness", "--staleness"),
+                              ("spec", "FILE")):
+                # a sweep stored before --staleness existed ran the synchronous loop only
+                stored = data["settings"].get(key, [0] if key == "staleness" else None)
+                if stored != wanted[key]:
                     shown = "the spec" if key == "spec" else repr(wanted[key])
                     raise SweepError(f"{flag}: {shown} differs from the sweep stored in {sweep_dir} "
-                                     f"({'another spec' if key == 'spec' else repr(data['settings'].get(key))}); "
+                                     f"({'another spec' if key == 'spec' else repr(stored)}); "
                                      "pass the same flags to resume, or --fresh to start over")
             return cls(path, data)
         sweep_dir.mkdir(parents=True, exist_ok=True)
@@ -155,17 +191,19 @@ def load_runs(sweep_dir: Path, rlrun: Any, state: dict) -> list[RunData]:
     """Every run of the sweep that recorded steps, as RunData (with the planner's prediction for its spec)."""
     st = state["settings"]
     out = []
-    for c, src in run_sources(rlrun.spec, combos(st["batches"], st["rules"], st["seeds"])).items():
+    cs = combos(st["batches"], st["rules"], st["seeds"], st.get("staleness"), staleness_rule(rlrun.spec, st["rules"]))
+    for c, src in run_sources(rlrun.spec, cs).items():
         name = src.run_name(rlrun.name)
         recs = read_records(sweep_dir / "runs" / name / "metrics.jsonl")
         if not recs:
             continue
         info = state["runs"].get(name, {})
-        pred = predict(rlrun.spec, c.prompts, c.rule)
+        pred = predict(rlrun.spec, c.prompts, c.rule, staleness=c.staleness)
         out.append(RunData(c.prompts, rlrun.spec.batch.samples_per_prompt, c.rule, c.seed, pred.lr, recs,
                            metric=rlrun.spec.target.metric, window=rlrun.spec.target.window,
                            startup_seconds=info.get("startupSeconds"),
-                           predicted={"samplesPerSecond": pred.samples_per_second}, source=name))
+                           predicted={"samplesPerSecond": pred.samples_per_second}, source=name,
+                           staleness=c.staleness))
     return out
 
 
@@ -180,17 +218,20 @@ def check_placement(spec: Any) -> None:
 
 
 def run_sweep(rlrun: Any, sweep_dir: Path, batches: list[int], rules: list[str], seeds: int, samples: int,
-              eval_samples: int, fresh: bool = False) -> tuple[int, int]:
+              eval_samples: int, fresh: bool = False, staleness: list[int] | None = None) -> tuple[int, int]:
     """Run every combination not yet done; returns (finished runs, exit code: 0 done, 130 interrupted, 1 failed).
 
     The runs share one set of Ray nodes and one rollout app (rlscale.embedded.SharedNodes): each
-    run starts its own learners, which replace the replicas' weights with the run's starting ones."""
+    run starts its own learners, which replace the replicas' weights with the run's starting ones.
+    `staleness`: the values swept (0 always in), each run's plan pinned to its own."""
     from rlscale.embedded import SharedNodes
 
-    check_names(rlrun.name, batches, rules, seeds)
+    lags = staleness or [0]
+    check_names(rlrun.name, batches, rules, seeds, max(lags))
     check_placement(rlrun.spec)
-    state = SweepState.open(sweep_dir, settings(rlrun, batches, rules, seeds, samples, eval_samples), fresh)
-    todo = list(dict.fromkeys(run_sources(rlrun.spec, combos(batches, rules, seeds)).values()))
+    state = SweepState.open(sweep_dir, settings(rlrun, batches, rules, seeds, samples, eval_samples, lags), fresh)
+    cs = combos(batches, rules, seeds, lags, staleness_rule(rlrun.spec, rules))
+    todo = list(dict.fromkeys(run_sources(rlrun.spec, cs).values()))
     overall = Progress(TextColumn("[bold]sweep"), BarColumn(), MofNCompleteColumn(), TextColumn("runs"),
                        TextColumn("{task.fields[samples]}"), TimeElapsedColumn(), TimeRemainingColumn(),
                        console=console)
@@ -217,7 +258,8 @@ def _run_all(rlrun: Any, sweep_dir: Path, todo: list[Combo], state: SweepState, 
             continue
         run = run_rlrun(rlrun, c, samples, eval_samples)
         info = state.run(name)
-        info.update(status="running", prompts=c.prompts, rule=c.rule, seed=c.seed, starts=info.get("starts", 0) + 1)
+        info.update(status="running", prompts=c.prompts, rule=c.rule, seed=c.seed, staleness=c.staleness,
+                    starts=info.get("starts", 0) + 1)
         state.save()
         t0 = time.monotonic()
         seen: dict[str, float] = {}
@@ -232,8 +274,9 @@ def _run_all(rlrun: Any, sweep_dir: Path, todo: list[Combo], state: SweepState, 
             return Group(overall, current_line(i, len(todo), name, run, rec, samples))
 
         try:
+            # the run's plan is made at the combination's staleness (its prediction and reason too)
             code = run_embedded(run, metrics_port=0, runs_dir=sweep_dir / "runs", fresh=False,
-                                seed=c.seed, replan=False, render=render, shared=shared)
+                                seed=c.seed, replan=False, render=render, shared=shared, staleness=c.staleness)
         except KeyboardInterrupt:  # Ctrl-C before the run's processes started
             code = RunEnd.INTERRUPTED
         except Exception as exc:  # a role that never came up: this run failed, the sweep goes on
@@ -270,7 +313,9 @@ def _run_all(rlrun: Any, sweep_dir: Path, todo: list[Combo], state: SweepState, 
 
 def current_line(i: int, n: int, name: str, run: Any, rec: StepRecord | None, samples: int) -> str:
     s = run.spec
-    head = f"run {i}/{n} [bold]{name}[/]: {s.batch.prompts}x{s.batch.samples_per_prompt}"
+    lag = getattr(s.algorithm, "max_staleness", 0)
+    head = f"run {i}/{n} [bold]{name}[/]: {s.batch.prompts}x{s.batch.samples_per_prompt}" + (
+        f" at staleness {lag}" if lag else "")
     if rec is None:
         return head + " — starting (Ray head, rollout, learner, first eval)..."
     tm = rec.target_metric
