@@ -385,10 +385,11 @@ def check_workload(spec) -> list[FieldError]:
     usable, and the reward gives a finite float on a few of them. No model or tokenizer needed.
     A dataset on a cluster's volume, and plug-ins shipped in task.pluginVolume, are checked by
     the learner at start (the same checks, then); a tracker spec.logging asks for is installed."""
+    from rlscale.trainer.reward_model import check_reward_model
     from rlscale.trainer.trackers import check_trackers
 
-    if tracker_errors := check_trackers(spec.logging):
-        return tracker_errors
+    if early := check_trackers(spec.logging) or check_reward_model(spec):
+        return early
     t = spec.task
     reward = None
     if not plugins_on_cluster(spec):
@@ -404,8 +405,8 @@ def check_workload(spec) -> list[FieldError]:
     except SpecError as exc:
         return list(exc.errors)
     try:
-        if reward:
-            try_reward(reward, rows)
+        if reward and (local := reward.without_batched()):  # the reward model is tried by the driver, at start
+            try_reward(local, rows)
     except SpecError as exc:
         return list(exc.errors)
     return []

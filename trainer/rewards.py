@@ -6,6 +6,7 @@
     math                              1 when math-verify finds the answers equivalent (1/2 == 0.5)
     format                            1 when the completion matches task.formatPattern
     mypkg.rewards:score               a plug-in function
+    reward-model                      task.rewardModel's score of (prompt, completion) (trainer/reward_model.py)
     0.9*math + 0.1*format             a weighted sum
 
 A plug-in is called as `fn(prompt, completion, answer, extra)` and returns a float:
@@ -18,7 +19,8 @@ parameters is called without `extra`.
 
 In a run, plug-ins, `math` and a `format` pattern of the spec's are called in worker processes
 (trainer/reward_pool.py, Reward.start_pool), each call killed at task.rewardTimeout; exact-match and
-the default format pattern run in the driver's process. Each term's mean is logged on its own.
+the default format pattern run in the driver's process. The reward-model term is called once per batch
+with all its pairs, which go to its Ray Serve replicas. Each term's mean is logged on its own.
 """
 
 from __future__ import annotations
@@ -37,7 +39,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rlscale.spec import BUILTIN_REWARDS as BUILTIN_NAMES
-from rlscale.spec import PLUGIN_REWARD_RE, PLUGINS_ENV, REWARD_EXPRESSION_RE
+from rlscale.spec import PLUGIN_REWARD_RE, PLUGINS_ENV, REWARD_EXPRESSION_RE, REWARD_MODEL_TERM
+from rlscale.trainer.reward_errors import RewardError, RewardWorkerKilled  # noqa: F401  (re-exported)
 
 log = logging.getLogger(__name__)
 DEFAULT_FORMAT_PATTERN = "-?[0-9]+"  # the spec's default task.formatPattern
@@ -48,15 +51,6 @@ _HASHES = re.compile(r"####\s*([^\n]*)")
 
 
 RewardFn = Callable[..., float]  # fn(prompt, completion, answer, extra=None, *, finished=True) -> float
-
-
-class RewardWorkerKilled(RuntimeError):
-    """A reward worker killed by a signal mid-call (the OOM killer's SIGKILL, say): a fault of the run's
-    process, not of the reward's code, so the run restarts from its checkpoint rather than failing."""
-
-
-class RewardError(ValueError):
-    """A reward that cannot be computed: it names the reward, the prompt and the completion, and the fix."""
 
 
 # --------------------------------------------------------------------------- answer extraction
@@ -160,10 +154,10 @@ def parse_expression(expr: str) -> list[tuple[float, str]]:
     parts = expr.split("+") if re.match(REWARD_EXPRESSION_RE, expr) else [expr]
     for part in parts:
         m = _TERM.match(part)
-        if not m or (":" not in m.group(2) and m.group(2) not in BUILTIN_NAMES):
+        if not m or (":" not in m.group(2) and m.group(2) not in (*BUILTIN_NAMES, REWARD_MODEL_TERM)):
             raise ValueError(
                 f"spec.task.reward: {expr!r}: term {part.strip()!r} is neither a builtin reward "
-                f"({', '.join(BUILTIN_NAMES)}) nor module:function; write e.g. 'exact-match', "
+                f"({', '.join(BUILTIN_NAMES)}), {REWARD_MODEL_TERM} nor module:function; write e.g. 'exact-match', "
                 "'0.9*math + 0.1*format' or 'mypkg.rewards:score'"
             )
         terms.append((float(m.group(1)) if m.group(1) else 1.0, m.group(2)))
@@ -178,8 +172,12 @@ class Term:
     takes_extra: bool = True
     takes_finished: bool = True
     safe: bool = False  # known to end quickly (a builtin on fixed patterns): scored in the driver's process
+    # Scores a whole batch in one call, batch(prompts, completions) -> floats (the reward-model term); then fn is None.
+    batch: Any = None
 
     def __call__(self, prompt: str, completion: str, answer: str, extra: Mapping, finished: bool) -> Any:
+        if self.batch is not None:
+            return self.batch([prompt], [completion])[0]
         args = (prompt, completion, answer, extra) if self.takes_extra else (prompt, completion, answer)
         return self.fn(*args, finished=finished) if self.takes_finished else self.fn(*args)
 
@@ -236,7 +234,7 @@ class Reward:
         runs in the driver's process (exact-match: the quickstart) or the reward was not resolved."""
         if self.pool is not None:
             return True
-        unsafe = [i for i, t in enumerate(self.terms) if not t.safe]
+        unsafe = [i for i, t in enumerate(self.terms) if not t.safe and t.batch is None]
         if not unsafe or not self.resolved:
             return False
         from rlscale.trainer.reward_pool import RewardPool, default_workers
@@ -249,10 +247,21 @@ class Reward:
         return True
 
     def close(self) -> None:
-        """End the worker processes (the run's end)."""
+        """End the worker processes and the reward model's replicas (the run's end)."""
         if self.pool is not None:
             self.pool.close()
             self.pool = None
+        for t in self.terms:
+            if t.batch is not None and hasattr(t.batch, "close"):
+                t.batch.close()
+
+    def without_batched(self) -> Reward | None:
+        """The same reward without its batch terms (the reward-model term, which needs the run's Ray cluster), for
+        a check before the run starts; None when no other term is left."""
+        terms = [t for t in self.terms if t.batch is None]
+        if not terms:
+            return None
+        return Reward(self.expression, terms, self.timeout_s, format_pattern=self.format_pattern)
 
 
 @dataclass
@@ -321,11 +330,18 @@ def _plugin(name: str) -> Term:
     return Term(1.0, name, fn, takes_extra=len(positional) >= 4 or var_positional, takes_finished=takes_finished)
 
 
-def resolve_reward(expr: str, *, format_pattern: str | None = None, timeout_s: float = DEFAULT_TIMEOUT_S) -> Reward:
-    """The Reward for a `task.reward` expression; plug-ins are imported here (ValueError naming the fix)."""
+def resolve_reward(expr: str, *, format_pattern: str | None = None, timeout_s: float = DEFAULT_TIMEOUT_S,
+                   reward_model: Any = None) -> Reward:
+    """The Reward for a `task.reward` expression; plug-ins are imported here (ValueError naming the fix).
+    `reward_model`: the spec's task.rewardModel for a reward-model term (None: read from the run config when the
+    term is first called; trainer/reward_model.py)."""
     terms = []
     for weight, name in parse_expression(expr):
-        if name == "exact-match":
+        if name == REWARD_MODEL_TERM:
+            from rlscale.trainer.reward_model import ServedRewardModel
+
+            term = Term(weight, name, None, batch=ServedRewardModel(reward_model))
+        elif name == "exact-match":
             term = Term(weight, name, exact_match, safe=True)
         elif name == "math":
             try:
@@ -449,18 +465,34 @@ def _pooled(reward: Reward, rows: list[tuple]) -> list[list[float] | None]:
     return [o.values if o is not None and o.kind == OK else None for o in outcomes]
 
 
+def _batched(reward: Reward, term: Term, rows: list[tuple]) -> list[float]:
+    """A batch term's values for every row, in one call."""
+    if not rows:
+        return []
+    prompts, completions = [r[0] for r in rows], [r[1] for r in rows]
+    got = term.batch(prompts, completions)
+    if len(got) != len(rows):
+        raise RewardError(f"reward {reward.expression!r}: term {term.name!r} gave {len(got)} values for "
+                          f"{len(rows)} completions")
+    return [as_float(term, v, p, c) for v, p, c in zip(got, prompts, completions, strict=True)]
+
+
 def score_terms(reward: Reward | RewardFn, prompts: Sequence[str], completions: Sequence[str],
                 answers: Sequence[str], finished: Sequence[bool], extras: Sequence[Mapping] | None = None) -> Scored:
     """The rewards of a batch in order, with each term's values; a failure is a RewardError naming the sample.
 
     Known-safe terms run here; the others in the reward's pool (Reward.start_pool), each call killed at
-    reward.timeout_s, else in a thread whose timeout stops the run."""
+    reward.timeout_s, else in a thread whose timeout stops the run. A batch term (reward-model) is called once
+    with every pair."""
     reward = _as_reward(reward)
     extras = extras if extras is not None else [{}] * len(prompts)
     rows = list(zip(prompts, completions, answers, extras, finished, strict=True))
-    safe = [i for i, t in enumerate(reward.terms) if t.safe]
-    unsafe = [i for i, t in enumerate(reward.terms) if not t.safe]
+    safe = [i for i, t in enumerate(reward.terms) if t.safe and t.batch is None]
+    unsafe = [i for i, t in enumerate(reward.terms) if not t.safe and t.batch is None]
     values: list[list[float | None]] = [[None] * len(reward.terms) for _ in rows]
+    for i in [i for i, t in enumerate(reward.terms) if t.batch is not None]:
+        for r, v in enumerate(_batched(reward, reward.terms[i], rows)):
+            values[r][i] = v
     for r, vals in enumerate(_in_process(reward, safe, rows) if safe else []):
         for i, v in zip(safe, vals, strict=True):
             values[r][i] = v

@@ -19,6 +19,8 @@ KIND = "RLRun"
 BUILTIN_MODELS = ("builtin:tiny-arith", "builtin:smollm2-135m-instruct")
 BUILTIN_TASKS = ("builtin:arithmetic",)
 BUILTIN_REWARDS = ("exact-match", "math", "format")
+# The reward expression's term scored by task.rewardModel (served by Ray Serve beside the rollout).
+REWARD_MODEL_TERM = "reward-model"
 ACCELERATORS = ("cpu", "A100-80GB", "H100", "H200", "L4")
 # module:function, e.g. "mypkg.rewards:score"
 # task.pluginVolume: where the learner pods mount it, and the env naming it for the reward loader.
@@ -28,7 +30,7 @@ PLUGIN_REWARD_RE = r"^[A-Za-z_][A-Za-z0-9_.]*:[A-Za-z_][A-Za-z0-9_]*$"
 # task.reward: terms joined by "+", each a builtin reward or module:function, optionally
 # weighted ("0.9*math + 0.1*format"). No backslashes: the same pattern is CEL in the CRD.
 _REWARD_WEIGHT = "(?:[0-9]+(?:[.][0-9]+)?|[.][0-9]+)[ ]*[*][ ]*"
-_REWARD_NAME = "(?:" + "|".join(BUILTIN_REWARDS) + "|" + PLUGIN_REWARD_RE[1:-1] + ")"
+_REWARD_NAME = "(?:" + "|".join((*BUILTIN_REWARDS, REWARD_MODEL_TERM)) + "|" + PLUGIN_REWARD_RE[1:-1] + ")"
 _REWARD_TERM = f"(?:{_REWARD_WEIGHT})?{_REWARD_NAME}"
 REWARD_EXPRESSION_RE = f"^[ ]*{_REWARD_TERM}(?:[ ]*[+][ ]*{_REWARD_TERM})*[ ]*$"
 DNS1123_RE = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
@@ -113,6 +115,33 @@ class ModelSpec(_Model):
     )
 
 
+class RewardModelSpec(_Model):
+    """A Hugging Face sequence-classification model that scores each (prompt, completion): the reward-model term of
+    task.reward, served by Ray Serve replicas of its own on the driver's node (docs/rewards.md)."""
+
+    path: str = Field(min_length=1, max_length=1024, description="A local directory in Hugging Face format (a "
+                      "config.json of a ...ForSequenceClassification model with num_labels 1 or 2, and its tokenizer), "
+                      "or a hub id resolved from the Hugging Face cache only (HF_HOME; on Kubernetes the model "
+                      "volume's /models/hf); nothing is downloaded. The score is the logit of a 1-label head, or "
+                      "logit[1] - logit[0] of a 2-label one.")
+    replicas: PosInt = Field(1, le=MAX_REPLICAS, description="Ray Serve replicas of the model; a step's samples are "
+                             "spread over them. They run on the driver's node (learner rank 0's pod, or this "
+                             "machine) and take no rollout slot.")
+    gpus_per_replica: int = Field(0, ge=0, description="GPUs per replica. Only 0 is carried out: the replicas run on "
+                                  "CPUs, and a reward model is refused on GPU accelerators until pods offer GPUs "
+                                  "for it.")
+    batch_size: PosInt = Field(32, le=4096, description="Sequences per forward pass: a step's samples go to the "
+                               "replicas in chunks of this many.")
+    max_length: PosInt | None = Field(None, description="Most tokens of one (prompt, completion) pair; a longer pair "
+                                      "loses tokens from the start of the longer of the two. Unset: the model's "
+                                      "position limit (max_position_embeddings).")
+
+    def plan_note(self) -> str:
+        """What `rlscale plan` says of the reward model (its notes)."""
+        return (f"reward model {self.path}: {self.replicas} Ray Serve replica(s) on the driver's node, "
+                f"{self.replicas * self.gpus_per_replica} GPUs (CPUs only), beside the rollout and learner replicas")
+
+
 class TaskSpec(_Model):
     """Prompts and the verifiable reward."""
 
@@ -151,8 +180,12 @@ class TaskSpec(_Model):
     reward: str = Field("exact-match", min_length=1, max_length=256,
                         description="exact-match (answer extracted after ####, from \\boxed{}, else the last number), "
                         "math (math-verify: 1/2 equals 0.5), format (task.formatPattern), a plug-in module:function "
-                        "called as fn(prompt, completion, answer, extra) -> float, or a weighted sum such as 0.9*math "
-                        "+ 0.1*format.")
+                        "called as fn(prompt, completion, answer, extra) -> float, reward-model (task.rewardModel's "
+                        "score), or a weighted sum such as 0.9*math + 0.1*format or 0.5*reward-model + "
+                        "0.5*exact-match.")
+    reward_model: RewardModelSpec | None = Field(None, description="The sequence-classification model that scores "
+                                                 "task.reward's reward-model term, served by Ray Serve replicas of "
+                                                 "its own; required by that term, and set only with it.")
     format_pattern: str = Field("-?[0-9]+", min_length=1, max_length=1024,
                                 description="Regular expression the whole stripped completion must match for the "
                                 "format reward.")
@@ -421,11 +454,12 @@ class SchedulingSpec(_Model):
 class ExportSpec(_Model):
     """What the run leaves besides its checkpoints when it ends."""
 
-    hf: bool = Field(False, description="When the run ends (target, budget or a stop), write the learner's final "
-                     "weights as a Hugging Face model directory (config, safetensors, tokenizer; loadable by "
-                     "transformers and vLLM) next to the report: <checkpoint.path>/export/hf on Kubernetes, the "
-                     "run directory's export/hf with `rlscale run`; the status and the summary name it. "
-                     "`rlscale export RUN --hf OUT` does the same from any complete checkpoint.")
+    hf: bool = Field(False, description="When the run finishes (its target or its budget; a stopped or suspended "
+                     "run resumes and exports nothing), write the learner's final weights as a Hugging Face model "
+                     "directory (config, safetensors, tokenizer; loadable by transformers and vLLM) next to the "
+                     "report: <checkpoint.path>/export/hf on Kubernetes, the run directory's export/hf with "
+                     "`rlscale run`; the status and the summary name it. `rlscale export RUN --hf OUT` does the same "
+                     "from any complete checkpoint.")
 
 
 class FailurePolicySpec(_Model):

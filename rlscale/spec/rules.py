@@ -27,6 +27,7 @@ from rlscale.spec.models import (
     _RoleSpec,
 )
 from rlscale.spec.rule_base import Rule, _cel_list, _err
+from rlscale.spec.task_rules import task_rules
 
 
 def _rule_grpo_group(s: RLRunSpec):
@@ -191,7 +192,7 @@ def _rule_reward(s: RLRunSpec):
     if not re.match(REWARD_EXPRESSION_RE, r):
         return _err("task.reward", r, "is not a reward expression",
                     f"use {', '.join(BUILTIN_REWARDS)}, a plug-in module:function such as mypkg.rewards:score, "
-                    "or a weighted sum such as 0.9*math + 0.1*format")
+                    "reward-model (with task.rewardModel), or a weighted sum such as 0.9*math + 0.1*format")
 
 
 def _rule_plugin_volume(s: RLRunSpec):
@@ -472,10 +473,12 @@ RULES: list[Rule] = [
          "task.evalSplit needs task.dataset", _rule_eval_split_needs_dataset),
     Rule("task.reward",
          "self.task.reward.matches('" + REWARD_EXPRESSION_RE + "')",
-         "task.reward must be exact-match, math, format, module:function, or a weighted sum of them", _rule_reward),
+         "task.reward must be exact-match, math, format, module:function, reward-model, or a weighted sum of them",
+         _rule_reward),
     Rule("task.pluginVolume", "!has(self.task.pluginVolume) || self.task.reward.contains(':')",
          "task.pluginVolume needs a plug-in (module:function) in task.reward", _rule_plugin_volume),
     *algorithm_rules(),
+    *task_rules(),
     *_volume_rules(),
     *_pod_rules("rollout"),
     *_pod_rules("learner"),
