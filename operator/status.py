@@ -10,7 +10,7 @@ from typing import Any
 
 from rlscale.plan.calibration import Calibration
 from rlscale.progress import fmt_duration  # one formatter for the CLI, the runner and status
-from rlscale.progress_report import ProgressReport
+from rlscale.progress_report import ProgressReport, export_words
 
 from . import builders as B
 from . import constants as C
@@ -125,6 +125,9 @@ def outcome_conditions(conditions: list[dict[str, Any]] | None, progress: dict[s
                f"{progress.get('targetMetric')} (target {target})")
     if progress.get("report"):
         msg += f"; report in {progress['report']}"
+    exported = export_words(progress.get("export"))  # spec.export.hf: where the model is, or why it is not
+    if exported:
+        msg += f"; {exported}"
     return set_condition(conditions, outcome, True, outcome, msg + "; workloads scaled to zero", generation, now)
 
 

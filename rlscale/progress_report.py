@@ -60,6 +60,9 @@ class ProgressReport:
     outcome: Outcome | None = None
     message: str | None = None  # why the driver stopped, on a failure report
     report: str | None = None  # where the run report lives, on the last report
+    # spec.export.hf, on the last report: {"path", "pod"?, "step"?, "seconds"?} of the Hugging Face
+    # directory written, or {"path", "error"} when writing it failed (see export_words).
+    export: dict[str, Any] | None = None
 
     @classmethod
     def keys(cls) -> tuple[str, ...]:
@@ -69,8 +72,9 @@ class ProgressReport:
     @classmethod
     def from_record(cls, rec: StepRecord, *, target_reached: bool, failed: bool = False,
                     outcome: Outcome | None = None, report: str | None = None,
-                    measurements: dict[str, Any] | None = None, serving: Any = None) -> ProgressReport:
-        """The report of one step record; `outcome` and `report` on the last one. `serving`: the
+                    measurements: dict[str, Any] | None = None, serving: Any = None,
+                    export: dict[str, Any] | None = None) -> ProgressReport:
+        """The report of one step record; `outcome`, `report` and `export` on the last one. `serving`: the
         rollout as the driver sees it now (rlscale.rollout.placement.ServingState, or any object with
         its `target`, `running` and `pods`)."""
         sps = rec.samples_per_second_recent
@@ -83,7 +87,7 @@ class ProgressReport:
             time_to_target_seconds=rec.time_to_target_seconds, samples_to_target=rec.samples_to_target,
             prompts=rec.prompts, samples_per_prompt=rec.samples_per_prompt, rollout_replicas=rec.rollout_replicas,
             learner_replicas=rec.learner_replicas, learning_rate=rec.lr, checkpoint_seconds=rec.checkpoint_seconds,
-            measurements=measurements, outcome=outcome, report=report)
+            measurements=measurements, outcome=outcome, report=report, export=export)
         if serving is not None:
             out.rollout_target, out.rollout_serving = int(serving.target), int(serving.running)
             out.rollout_pods = sorted(serving.pods)
@@ -121,6 +125,18 @@ class ProgressReport:
                 kw["outcome"] = Outcome(kw["outcome"])
             except ValueError:
                 kw["outcome"] = None
-        if not isinstance(kw.get("phase_seconds"), dict):
-            kw.pop("phase_seconds", None)
+        for name in ("phase_seconds", "export"):
+            if not isinstance(kw.get(name), dict):
+                kw.pop(name, None)
         return cls(**kw)
+
+
+def export_words(export: dict[str, Any] | None) -> str | None:
+    """The end-of-run export (ProgressReport.export, the report's export.json) in words: "exported to
+    /checkpoints/export/hf on r-learner-0 (step 40)", or "the export to ... failed: ..."; None without one."""
+    if not isinstance(export, dict) or not export.get("path"):
+        return None
+    where = str(export["path"]) + (f" on {export['pod']}" if export.get("pod") else "")
+    if export.get("error"):
+        return f"the export to {where} failed: {export['error']}"
+    return f"exported to {where}" + (f" (step {export['step']})" if export.get("step") is not None else "")

@@ -9,7 +9,27 @@ from typing import Any
 from rlscale.metrics_names import PHASES
 from rlscale.plan.calibration import median_present
 from rlscale.progress import DIAGNOSTIC_FORMATS
+from rlscale.progress_report import export_words
 from rlscale.records import StepRecord, read_records
+
+# spec.export.hf: what the run's end exported (ProgressReport.export's object), beside summary.md.
+EXPORT_NOTE = "export.json"
+
+
+def read_export_note(run_dir: str | Path) -> dict[str, Any] | None:
+    """The report directory's export.json, or None (none, or unreadable)."""
+    try:
+        note = json.loads((Path(run_dir) / EXPORT_NOTE).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return note if isinstance(note, dict) else None
+
+
+def export_suffix(run_dir: str | Path) -> str:
+    """What a console line adds when the report directory has an export note (" — exported to ..."), else
+    the empty string."""
+    words = export_words(read_export_note(run_dir))
+    return f" — {words}" if words else ""
 
 
 def read_plans(path: Path) -> list[dict[str, Any]]:
@@ -147,8 +167,10 @@ def _num(v: Any) -> float | None:
     return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
 
 
-def summarize(records: list[StepRecord], plans: list[dict[str, Any]], target: float, metric: str, name: str) -> str:
-    """summary.md: time- and samples-to-target, throughput, and the plan's predicted vs measured step time."""
+def summarize(records: list[StepRecord], plans: list[dict[str, Any]], target: float, metric: str, name: str,
+              export: dict[str, Any] | None = None) -> str:
+    """summary.md: time- and samples-to-target, throughput, the plan's predicted vs measured step time, and
+    the Hugging Face export (spec.export.hf) when the run's end wrote one (`export`: its note)."""
     lines = [f"# RLRun {name}", ""]
     if not records:
         return "\n".join(lines + ["No steps were recorded."])
@@ -162,6 +184,10 @@ def summarize(records: list[StepRecord], plans: list[dict[str, Any]], target: fl
         best = max((r.target_metric or 0.0) for r in records)
         lines.append(f"- target {metric} >= {target} **not reached**; best moving average {best:.3f}")
     lines.append(f"- steps: {last.step}, samples: {last.samples:,}, wall time: {last.wall_seconds:.1f} s")
+    exported = export_words(export)
+    if exported:
+        lines.append(f"- model: {exported}" + ("" if export and export.get("error") else
+                                               " (a Hugging Face directory: transformers and vLLM load it)"))
     start = records[0].eval_at_start or {}
     evals = [r for r in records if r.eval is not None]
     if metric in start and evals:
@@ -217,5 +243,5 @@ def write_report(run_dir: str | Path, target: float, metric: str, name: str) -> 
     plot_curves(records, target, metric, d / "curves.png")
     plot_diagnostics(records, d / "diagnostics.png")
     out = d / "summary.md"
-    out.write_text(summarize(records, plans, target, metric, name), encoding="utf-8")
+    out.write_text(summarize(records, plans, target, metric, name, read_export_note(d)), encoding="utf-8")
     return out

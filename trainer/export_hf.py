@@ -15,10 +15,14 @@ directory the run trained), loadable by transformers and vLLM.
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import tempfile
+from collections.abc import Iterable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from rlscale.trainer import checkpoint
 
@@ -138,32 +142,88 @@ def export_hf(run: Path, out: Path, *, model_dir: str | Path | None = None, rank
         raise ExportError(f"--hf: {out} exists and is not an earlier export; give an empty or new directory")
     with tempfile.TemporaryDirectory(prefix="rlscale-export-") as scratch:
         sd, stage = consolidated_state_dict(_shard_dir(step_dir, list(rank_dirs or []), Path(scratch)))
-    save_hf(sd, model_dir, out, dtype, source=str(step_dir))
     done = Exported(out, checkpoint.step_of(step_dir), stage, dtype, sum(v.numel() for v in sd.values()))
-    (out / MARKER).write_text(json.dumps({"checkpoint": str(step_dir), "step": done.step, "zeroStage": stage,
-                                          "dtype": dtype, "parameters": done.parameters}, indent=1) + "\n")
+    with atomic_dir(out) as tmp:
+        save_hf(sd, model_dir, tmp, dtype, source=str(step_dir))
+        write_marker(tmp, {"checkpoint": str(step_dir), "step": done.step, "zeroStage": stage, "dtype": dtype,
+                           "parameters": done.parameters})
     return done
 
 
-def save_hf(state_dict: dict, model_dir: str | Path, out: str | Path, dtype: str, source: str = "") -> Path:
-    """Write `state_dict` (parameter name -> tensor, as the learner's module names them) as a Hugging Face
-    model directory: the model class of `model_dir`'s config, save_pretrained, and its tokenizer files."""
+def write_marker(out: Path, about: dict) -> None:
+    """What an export directory was written from (MARKER): how a later export knows it may replace it."""
+    (Path(out) / MARKER).write_text(json.dumps(about, indent=1) + "\n")
+
+
+@contextmanager
+def atomic_dir(out: str | Path) -> Iterator[Path]:
+    """A new directory beside `out` to write the export into. When the block completes it takes `out`'s
+    place (an earlier directory there moves aside, then is deleted); when it raises it is deleted and `out`
+    stays as it was. So `out` is never a half-written directory, also after a crash: what a crashed
+    writer left beside it (`.NAME.tmp-*`, `.NAME.old-*`) is deleted by the next export."""
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    for stale in [*out.parent.glob(f".{out.name}.tmp-*"), *out.parent.glob(f".{out.name}.old-*")]:
+        shutil.rmtree(stale, ignore_errors=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
+    try:
+        os.chmod(tmp, 0o755)  # mkdtemp's 0700 would hide the model from other users of the volume
+        yield tmp
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    old = None
+    if out.exists() or out.is_symlink():
+        old = Path(tempfile.mkdtemp(prefix=f".{out.name}.old-", dir=out.parent))
+        os.replace(out, old / out.name)
+    os.replace(tmp, out)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def save_hf(state_dict: Mapping[str, Any] | Iterable[tuple[str, Any]], model_dir: str | Path, out: str | Path,
+            dtype: str, source: str = "") -> Path:
+    """Write the weights (a mapping or (name, tensor) pairs, under the names the learner's module gives
+    its parameters) as a Hugging Face model directory: the model class of `model_dir`'s config,
+    save_pretrained, and its tokenizer files. Pairs are consumed one at a time into the model (the
+    learner's iter_weights streams them), so the whole model is held once, in `dtype`; the model is
+    built before the first pair is asked for."""
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
     model_dir, out = Path(model_dir), Path(out)
-    target = getattr(torch, dtype)
     config = AutoConfig.from_pretrained(model_dir, local_files_only=True)
-    model = AutoModelForCausalLM.from_config(config, dtype=target)
-    missing, unexpected = model.load_state_dict({k: v.to(target) for k, v in state_dict.items()}, strict=False)
-    tied = {k for k in missing if k.endswith("lm_head.weight") and getattr(config, "tie_word_embeddings", False)}
-    if set(missing) - tied or unexpected:
-        raise ExportError(f"{source or 'the weights'}: do not match {model_dir}'s model (missing "
-                          f"{sorted(set(missing) - tied)[:5]}, unexpected {sorted(unexpected)[:5]}); pass the model "
-                          "directory this run trained with --model")
+    model = AutoModelForCausalLM.from_config(config, dtype=getattr(torch, dtype))
+    pairs = state_dict.items() if isinstance(state_dict, Mapping) else state_dict
+    _load_weights(model, pairs, f"{source or 'the weights'}: do not match {model_dir}'s model")
     out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out, safe_serialization=True)
     for name in _TOKENIZER_FILES:
         if (model_dir / name).is_file():
             shutil.copy2(model_dir / name, out / name)
     return out
+
+
+def _load_weights(model: Any, pairs: Iterable[tuple[str, Any]], mismatch: str) -> None:
+    """Copy each (name, tensor) into the model's parameter (or buffer) of that name, cast to its dtype;
+    every parameter must be given (a tied one once, under either name)."""
+    import torch
+
+    targets = model.state_dict(keep_vars=True)
+    given: set[int] = set()
+    unexpected: list[str] = []
+    with torch.no_grad():
+        for name, tensor in pairs:
+            target = targets.get(name)
+            if target is None:
+                unexpected.append(name)
+                continue
+            if tuple(target.shape) != tuple(tensor.shape):
+                raise ExportError(f"{mismatch} ({name}: {tuple(tensor.shape)}, the model's {tuple(target.shape)}); "
+                                  "pass the model directory this run trained with --model")
+            target.copy_(tensor)
+            given.add(id(target))
+    missing = [n for n, p in model.named_parameters() if id(p) not in given]
+    if missing or unexpected:
+        raise ExportError(f"{mismatch} (missing {missing[:5]}, unexpected {unexpected[:5]}); pass the model "
+                          "directory this run trained with --model")

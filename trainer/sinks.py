@@ -16,7 +16,7 @@ from rlscale.plan import Plan
 from rlscale.plan.replan import Measurements
 from rlscale.progress_report import ProgressReport
 from rlscale.records import StepRecord, append_record, read_records, write_records
-from rlscale.report import write_report
+from rlscale.report import EXPORT_NOTE, write_report
 from rlscale.roles import RunEnd
 from rlscale.run_metrics import RunMetrics
 
@@ -54,8 +54,10 @@ class RunLog:
         return self.dir / "metrics.jsonl"
 
     def start_fresh(self, plan: Plan) -> None:
-        """A run without a checkpoint starts its log afresh; an old one is kept beside it."""
+        """A run without a checkpoint starts its log afresh; an old one is kept beside it (an earlier
+        run's export note goes: this run's summary names only what this run exports)."""
         self._write_plans([{**plan.to_dict(), "atStep": 0}])
+        (self.dir / EXPORT_NOTE).unlink(missing_ok=True)
         if self.metrics.exists():
             os.replace(self.metrics, self.dir / f"metrics.{time.strftime('%Y%m%dT%H%M%S')}.jsonl")
 
@@ -147,6 +149,11 @@ class KubeSink:
         self.report_location = report_location
         self.serving: Any = None
         self._last: tuple[StepRecord, Sequence[StepRecord]] | None = None
+        self.export: dict[str, Any] | None = None  # spec.export.hf's outcome, for the last report
+
+    def exported(self, export: dict[str, Any]) -> None:
+        """The end-of-run export's note (trainer.export_sink), told before end()."""
+        self.export = export
 
     def start(self, plan: Plan, state: Any, resumed: bool) -> None:
         pass
@@ -167,8 +174,9 @@ class KubeSink:
 
     def end(self, end: RunEnd, history: Sequence[StepRecord], target_reached: bool) -> None:
         if history:
-            self.reporter.report(self._report(history[-1], history, target_reached, end.outcome, self.report_location),
-                                 force=True)
+            last = self._report(history[-1], history, target_reached, end.outcome, self.report_location)
+            last.export = self.export
+            self.reporter.report(last, force=True)
 
     def _report(self, rec: StepRecord, history: Sequence[StepRecord], reached: bool, outcome=None,
                 location: str | None = None) -> ProgressReport:
