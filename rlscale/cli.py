@@ -142,6 +142,7 @@ def _plan_table(rlrun, d: dict) -> Table:
                                f"at {opt.reference_batch} samples)")
     t.add_row("replicas", f"rollout {d['rolloutReplicas']}, learner {d['learnerReplicas']}")
     t.add_row("placement", _placement_text(d))
+    t.add_row("staleness", _staleness_text(d, rlrun.spec))
     t.add_row("throughput", f"{pred['samplesPerSecond']:.1f} samples/s")
     t.add_row("step time", fmt_duration(pred["stepSeconds"]))
     t.add_row("time to target", fmt_duration(pred["timeToTargetSeconds"]))
@@ -165,16 +166,27 @@ def _placement_text(d: dict) -> str:
             f"learner {ranks} rank(s) per pod; weight sync {sync}")
 
 
+def _staleness_text(d: dict, spec) -> str:
+    """The staleness the plan chose, within spec.algorithm.maxStaleness (plans written before it read 0)."""
+    k, top = int(d.get("staleness") or 0), int(getattr(spec.algorithm, "max_staleness", 0) or 0)
+    what = ("synchronous: generate, train, publish in turn" if k == 0 else
+            f"the rollout generates up to {k} step(s) ahead of the learner, overlapping training")
+    return f"{k} ({what}; maxStaleness {top})"
+
+
 def _candidates_table(cands: list[dict]) -> Table:
     coloc = any(row.get("placement") == "colocated" for row in cands)
+    lag = any(row.get("staleness") for row in cands)
     c = Table(title="Candidates, best first (P prompts, N samples per step, E samples to target, T time to target"
+              + ("; K staleness" if lag else "")
               + ("; roll*: colocated, the engines on the learner GPUs" if coloc else "") + ")", title_justify="left")
-    for col in ("P", "N", "lr", "roll", "learn", "smp/s", "step", "E (samples)", "T"):
+    for col in ("P", "N", *(("K",) if lag else ()), "lr", "roll", "learn", "smp/s", "step", "E (samples)", "T"):
         c.add_column(col, justify="right", no_wrap=True)
     for row in cands:
         pr = row.get("predicted", row)
         roll = f"{row['rolloutReplicas']}{'*' if row.get('placement') == 'colocated' else ''}"
-        c.add_row(str(row["prompts"]), str(row["prompts"] * row["samplesPerPrompt"]), fmt_lr(row["learningRate"]),
+        k = (str(row.get("staleness") or 0),) if lag else ()
+        c.add_row(str(row["prompts"]), str(row["prompts"] * row["samplesPerPrompt"]), *k, fmt_lr(row["learningRate"]),
                   roll, str(row["learnerReplicas"]), f"{pr['samplesPerSecond']:.1f}",
                   fmt_duration(pr["stepSeconds"]), f"{pr.get('samplesToTarget', 0) / 1000:,.0f}k",
                   fmt_duration(pr["timeToTargetSeconds"]))
@@ -198,6 +210,8 @@ def run(
     fresh: bool = typer.Option(False, "--fresh", help="Start over instead of resuming from the last checkpoint."),
     linger: float = typer.Option(0.0, "--linger",
                                  help="Keep /metrics up this many seconds after the run ends (for a last scrape)."),
+    staleness: int | None = typer.Option(None, "--staleness", min=0, help="Generate this many steps ahead of the "
+                                         "learner whatever the plan chooses (at most spec.algorithm.maxStaleness)."),
 ) -> None:
     """Run an RLRun on this machine (CPU or one GPU): plan, roll out, learn, report."""
     rlrun = _load(file)
@@ -208,7 +222,10 @@ def run(
     from rlscale.plan import PlanError
 
     try:
-        code = run_embedded(rlrun, metrics_port=metrics_port, runs_dir=runs_dir, fresh=fresh, linger=linger)
+        code = run_embedded(rlrun, metrics_port=metrics_port, runs_dir=runs_dir, fresh=fresh, linger=linger,
+                            staleness=staleness)
+    except ValueError as exc:  # --staleness above spec.algorithm.maxStaleness
+        _fail(str(exc))
     except SpecError as exc:  # the dataset, the reward or the model's template, found before any process started
         _fail([str(e) for e in exc.errors])
     except PlanError as exc:  # a spec only the planner can judge (no candidate fits the budget)
@@ -224,6 +241,10 @@ def sweep(
     lr_rules: str = typer.Option("sqrt,none", "--lr-rules", help="Learning-rate rules applied to the spec's "
                                  "optimizer.lr at optimizer.referenceBatch: sqrt, linear, none (the lr unchanged)."),
     seeds: int = typer.Option(2, "--seeds", min=1, help="Seeds per (batch, rule)."),
+    staleness: str = typer.Option("0", "--staleness", help="Staleness values to sweep, comma-separated (0 is always "
+                                  "in): each value above 0 runs every batch and seed under one rule with "
+                                  "algorithm.maxStaleness and the plan pinned there; the report fits the samples "
+                                  "penalty (1 + p)^K and the patch carries p."),
     samples: int = typer.Option(DEFAULT_SWEEP_SAMPLES, "--samples", min=1,
                                 help="Sample budget of every run (the default sweep of the quickstart took 66 min "
                                 "on a 2-core AVX2 machine; its 0.8 target needs 30k-46k samples at 32x8)."),
@@ -238,16 +259,24 @@ def sweep(
         help="Also write the fitted noise scale and throughput model as a patch for "
         "`rlscale plan FILE --calibration PATCH`."),
 ) -> None:
-    """The batch-size study: one run per (batch, lr rule, seed), then sweep.md and plots checking the planner.
+    """The batch-size study: one run per (batch, lr rule, seed) (and staleness), then sweep.md and plots checking
+    the planner.
 
     Runs go through the same runner as `rlscale run`, with re-planning off (fixed prompts, lr by the
     rule). Ctrl-C stops the sweep; the same command resumes it (finished runs are kept)."""
     rlrun = _load(file)
-    from rlscale.sweep.runner import SweepError, eval_every_samples, parse_batches, parse_rules, run_sweep
+    from rlscale.sweep.runner import (
+        SweepError,
+        eval_every_samples,
+        parse_batches,
+        parse_rules,
+        parse_staleness,
+        run_sweep,
+    )
     from rlscale.sweep.runner import write_sweep_report as write_report
 
     try:
-        ps, rules = parse_batches(batches), parse_rules(lr_rules)
+        ps, rules, lags = parse_batches(batches), parse_rules(lr_rules), parse_staleness(staleness)
         spp = rlrun.spec.batch.samples_per_prompt
         if samples < max(ps) * spp:
             raise SweepError(f"--samples: {samples} is less than one step of the largest batch "
@@ -260,9 +289,9 @@ def sweep(
                 from rlscale.embedded import run_embedded  # noqa: F401  (the train extra is there)
             except ImportError as exc:
                 _fail(f"the sweep runs need the train extra ({exc}); run `make venv` or pip install 'rlscale[train]'")
-            _, code = run_sweep(rlrun, sweep_dir, ps, rules, seeds, samples, every, fresh)
+            _, code = run_sweep(rlrun, sweep_dir, ps, rules, seeds, samples, every, fresh, lags)
         try:
-            out, _ = write_report(rlrun, sweep_dir, write_calibration)
+            out, res = write_report(rlrun, sweep_dir, write_calibration)
         except SweepError as exc:
             if code == 0:
                 raise
@@ -271,6 +300,8 @@ def sweep(
     except SweepError as exc:
         _fail(str(exc))
     out_note = f" and {write_calibration}" if write_calibration else ""
+    if res.power is not None and res.power.warning:
+        err.print(f"[bold yellow]warning:[/] {res.power.warning}", highlight=False, soft_wrap=True)
     err.print(f"report: {out}{out_note}", highlight=False)
     raise typer.Exit(code)
 

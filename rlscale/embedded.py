@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 import signal
 import socket
@@ -16,16 +15,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from rich.console import Console, Group
+from rich.console import Console
 from rich.live import Live
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
-from rich.table import Table
 
+from rlscale.cpu_split import CoreSplit, available_cpus, split_cores
 from rlscale.learner_launch import colocated, learner_launches, local_gpus
+from rlscale.local_view import JsonlTail, progress_view
 from rlscale.metrics_names import DEFAULT_METRICS_PORT
 from rlscale.plan import Plan, make_plan
-from rlscale.progress import fmt_diagnostics, fmt_duration, fmt_lr
 from rlscale.records import StepRecord
+from rlscale.report import export_suffix
 from rlscale.roles import Role, RunEnd, free_port
 from rlscale.runconfig import ENV_CONFIG, LocalOptions, RunConfig
 from rlscale.spec import RLRun
@@ -45,6 +45,16 @@ def _die_with_parent() -> None:
         pass
 
 
+def _child_setup(cpus: list[int] | None) -> Callable[[], None]:
+    """What a role's process does before it runs: die with the runner; keep to `cpus` when given (every
+    process it starts, Ray's workers included, inherits them)."""
+    def setup() -> None:
+        _die_with_parent()
+        if cpus:
+            os.sched_setaffinity(0, cpus)
+    return setup
+
+
 @dataclass
 class RoleProcess:
     """One local process running a role entrypoint (named `<role>` or `<role>-<index>`), in its own process group."""
@@ -55,12 +65,14 @@ class RoleProcess:
     log: Path
     proc: subprocess.Popen | None = None
     restarts: int = 0
+    cpus: list[int] | None = None  # the CPU ids it keeps to (generating ahead); None: all
 
     def start(self) -> None:
         self.log.parent.mkdir(parents=True, exist_ok=True)
         fh = open(self.log, "ab")
         self.proc = subprocess.Popen(self.argv, env=self.env, stdout=fh, stderr=subprocess.STDOUT,
-                                     stdin=subprocess.DEVNULL, start_new_session=True, preexec_fn=_die_with_parent)
+                                     stdin=subprocess.DEVNULL, start_new_session=True,
+                                     preexec_fn=_child_setup(self.cpus))
         fh.close()
 
     @property
@@ -203,14 +215,15 @@ def _start_nodes(local: LocalRun, address: str, replicas: int, poll: Callable[[]
     """The Ray head at `address` (unless `local` has one running) and rollout processes up to `replicas`."""
     exe = [sys.executable, "-m", "rlscale.cli"]
     logs = local.run_dir / "logs"
+    cpus = local.cfg.local.rollout_cpus if local.cfg.local else None
     if local.head is None or not local.head.alive():
         host, _, port = address.rpartition(":")
         _start_head(local, RoleProcess(Role.RAY_HEAD, exe + [Role.RAY_HEAD], local.role_env(),
-                                       logs / f"{Role.RAY_HEAD}.log"),
+                                       logs / f"{Role.RAY_HEAD}.log", cpus=cpus),
                     host, int(port), poll=poll)
     for i in range(len(local.rollouts), replicas):
         local.start(RoleProcess(f"{Role.ROLLOUT}-{i}", exe + [Role.ROLLOUT], local.role_env(),
-                                 logs / f"{Role.ROLLOUT}-{i}.log"))
+                                 logs / f"{Role.ROLLOUT}-{i}.log", cpus=cpus))
 
 
 def _start_learners(local: LocalRun, plan: Plan) -> list[RoleProcess]:
@@ -221,8 +234,11 @@ def _start_learners(local: LocalRun, plan: Plan) -> list[RoleProcess]:
     ranks = int(getattr(spec, "learner_ranks_per_pod", 1) or 1)
     replicas = int(plan.learner_replicas)
     envs = learner_launches(replicas, ranks, str(free_port()), colocated(plan), local_gpus(spec, replicas * ranks))
+    cpus = local.cfg.local.learner_cpus if local.cfg.local else None
+    if cpus and "OMP_NUM_THREADS" not in os.environ:  # torch's threads: the learner's cores over its processes
+        envs = [{"OMP_NUM_THREADS": str(max(1, len(cpus) // (replicas * ranks))), **env} for env in envs]
     return [local.start(RoleProcess(f"{Role.LEARNER}-{i}", exe, local.role_env(**env),
-                                    local.run_dir / f"logs/{Role.LEARNER}-{i}.log"))
+                                    local.run_dir / f"logs/{Role.LEARNER}-{i}.log", cpus=cpus))
             for i, env in enumerate(envs)]
 
 
@@ -340,64 +356,6 @@ def resolve_model_dir(path: str) -> str:
     return path
 
 
-@dataclass
-class JsonlTail:
-    """Follows metrics.jsonl as the driver appends to it; a rewrite (resume) starts it over."""
-
-    path: Path
-    offset: int = 0
-    inode: int | None = None
-
-    def skip_existing(self) -> None:
-        if self.path.exists():
-            st = self.path.stat()
-            self.offset, self.inode = st.st_size, st.st_ino
-
-    def read(self) -> list[StepRecord]:
-        try:
-            st = self.path.stat()
-        except FileNotFoundError:
-            return []
-        if st.st_ino != self.inode or st.st_size < self.offset:
-            self.offset, self.inode = 0, st.st_ino  # replaced atomically on resume: read it anew
-        with open(self.path, "rb") as f:
-            f.seek(self.offset)
-            chunk = f.read()
-        end = chunk.rfind(b"\n") + 1  # only whole lines; a half-written one waits
-        self.offset += end
-        out = []
-        for line in chunk[:end].splitlines():
-            try:
-                out.append(StepRecord.from_dict(json.loads(line)))
-            except (json.JSONDecodeError, TypeError, AttributeError):
-                continue
-        return out
-
-
-def progress_view(rec: StepRecord | None, target: float, metric: str, budget_samples: int, bar: Progress) -> Group:
-    t = Table(show_header=False, box=None, pad_edge=False)
-    t.add_column(style="bold cyan")
-    t.add_column()
-    if rec is None:
-        t.add_row("status", "starting roles (Ray head, rollout, learner)...")
-        return Group(bar, t)
-    split = "  ".join(f"{k} {v:.2f}s" for k, v in rec.phases.items())
-    tm = rec.target_metric
-    t.add_row("step", f"{rec.step}  (batch {rec.prompts}x{rec.samples_per_prompt}, lr {fmt_lr(rec.lr)})")
-    t.add_row("samples", f"{rec.samples:,} of at most {budget_samples:,}")
-    t.add_row("reward", f"{rec.reward_mean:.3f}")
-    t.add_row(metric, f"{tm:.3f} / {target}" if tm is not None else f"- / {target}")
-    t.add_row("samples/s", f"{rec.samples_per_second:.1f}")
-    t.add_row("last step", f"{rec.step_seconds:.2f}s = {split}")
-    t.add_row("diagnostics", "  ".join(f"{label} {value}" for label, value in fmt_diagnostics(rec)))
-    if rec.time_to_target_seconds is not None:
-        t.add_row("time to target", f"[bold green]{fmt_duration(rec.time_to_target_seconds)}[/]  "
-                  f"({rec.samples_to_target:,} samples)")
-    else:
-        t.add_row("ETA to target", fmt_duration(rec.eta_seconds))
-    return Group(bar, t)
-
-
 def check_task(spec, model_dir: str) -> None:
     """The workload's checks (a bad row, reward or template stops the run here, before any learner
     has started), and one line on what the task holds."""
@@ -411,13 +369,25 @@ def check_task(spec, model_dir: str) -> None:
                   highlight=False)
 
 
+def _core_split(spec, plan: Plan) -> CoreSplit | None:
+    """Disjoint cores for the rollout and the learner when the run may generate ahead (cpu_split.py)."""
+    if spec.algorithm.max_staleness == 0 or plan.placement == "colocated" or spec.hardware.accelerator != "cpu":
+        return None
+    p = plan.predicted
+    return split_cores(available_cpus(), p.generate + p.reward, p.train)
+
+
 def prepare_run(rlrun: RLRun, runs_dir: Path, metrics_port: int, fresh: bool, options: LocalOptions | None = None,
                 seed: int = 0, ray_address: str | None = None) -> tuple[RunConfig, Path, Plan]:
     """Plan, resolve the model and write run.json into runs/<name>/ (`ray_address`: an existing
     cluster's, else a free port for the run's own head). `options`: head_cpus and rollout_cpu_threads
     are filled in from this machine's cores."""
     spec = rlrun.spec
-    plan = make_plan(spec)
+    k = options.staleness if options else None
+    if k is not None and k > spec.algorithm.max_staleness:
+        raise ValueError(f"staleness {k} is above spec.algorithm.maxStaleness ({spec.algorithm.max_staleness}); "
+                         f"raise maxStaleness to {k}, or pin at most {spec.algorithm.max_staleness}")
+    plan = make_plan(spec, staleness=k)  # k pinned (--staleness, a sweep's run): predicted and explained at k
     run_dir = (runs_dir / rlrun.name).resolve()
     if fresh and run_dir.exists():
         import shutil
@@ -431,11 +401,15 @@ def prepare_run(rlrun: RLRun, runs_dir: Path, metrics_port: int, fresh: bool, op
     cores = max(1, os.cpu_count() or 1)
     # Generation and training take turns on this host, so a replica may use every core its
     # share allows; the most replicas a re-plan may choose sets that share, so adding
-    # replicas never oversubscribes the cores.
+    # replicas never oversubscribes the cores. Generating ahead, they run at once: each gets its own.
     r = spec.rollout.replicas
     most_replicas = max(plan.rollout_replicas, spec.rollout.max_replicas if r == "auto" else r)
+    split = _core_split(spec, plan)
+    rollout_cores = len(split.rollout) if split else cores
     local = dataclasses.replace(options or LocalOptions(), head_cpus=cores,
-                                rollout_cpu_threads=max(1, cores // most_replicas))
+                                rollout_cpu_threads=max(1, rollout_cores // most_replicas),
+                                rollout_cpus=split.rollout if split else None,
+                                learner_cpus=split.learner if split else None)
     cfg = RunConfig.from_rlrun(
         rlrun, plan, ray_address=ray_address or f"127.0.0.1:{free_port()}", metrics_port=port,
         checkpoint_dir=str(ckpt_dir), report_dir=str(run_dir), model_dir=model_dir,
@@ -447,26 +421,26 @@ def prepare_run(rlrun: RLRun, runs_dir: Path, metrics_port: int, fresh: bool, op
 def run_embedded(rlrun: RLRun, *, metrics_port: int = DEFAULT_METRICS_PORT, runs_dir: Path = Path("runs"),
                  fresh: bool = False, linger: float = 0.0, seed: int = 0, replan: bool = True,
                  render: Callable[[StepRecord | None], Any] | None = None,
-                 shared: SharedNodes | None = None) -> int:
+                 shared: SharedNodes | None = None, staleness: int | None = None) -> int:
     """Run the RLRun on this machine; returns the driver's exit code.
 
     `seed` and `replan`: see RunConfig.seed and LocalOptions.replan; `render(last_record)` replaces the
     progress view, and the console lines around the run, for a caller that shows its own (rlscale sweep);
-    `shared`: Ray nodes and a rollout app kept across runs, which the run joins (started if not up).
+    `shared`: Ray nodes and a rollout app kept across runs, which the run joins (started if not up);
+    `staleness`: pins the plan's staleness (LocalOptions.staleness).
     """
     spec = rlrun.spec
     quiet = render is not None
     if not quiet:
         console.rule(f"[bold]rlscale run[/] {rlrun.name}")
     address = None
-    options = LocalOptions(linger_seconds=linger, replan=replan)
+    options = LocalOptions(linger_seconds=linger, replan=replan, staleness=staleness)
     if shared is not None:
         address = shared.claim_address()
         options.rollout_app = shared.app
     cfg, run_dir, plan = prepare_run(rlrun, runs_dir, metrics_port, fresh, options, seed, address)
     if not quiet:
-        console.print(f"plan: {plan.summary()}  [dim]({plan.reason})[/]", highlight=False)
-        console.print(f"metrics: http://127.0.0.1:{cfg.metrics_port}/metrics   report: {run_dir}", highlight=False)
+        _print_start(cfg, plan, run_dir)
 
     local = LocalRun(cfg, run_dir, token_dir=shared.dir if shared is not None else None)
     interrupted = {"n": 0}
@@ -505,13 +479,27 @@ def run_embedded(rlrun: RLRun, *, metrics_port: int = DEFAULT_METRICS_PORT, runs
         local.stop_all()
         for s, h in old.items():
             signal.signal(s, h)
-    if quiet:
-        return code
+    if not quiet:
+        _print_end(code, run_dir, spec)
+    return code
+
+
+def _print_start(cfg: RunConfig, plan: Plan, run_dir: Path) -> None:
+    console.print(f"plan: {plan.summary()}  [dim]({plan.reason})[/]", highlight=False)
+    if cfg.local and cfg.local.learner_cpus:
+        p = plan.predicted
+        split = CoreSplit(cfg.local.rollout_cpus or [], cfg.local.learner_cpus)
+        console.print(split.describe(p.generate + p.reward, p.train), highlight=False)
+    console.print(f"metrics: http://127.0.0.1:{cfg.metrics_port}/metrics   report: {run_dir}", highlight=False)
+
+
+def _print_end(code: int, run_dir: Path, spec) -> None:
     summary = run_dir / "summary.md"
+    exported = export_suffix(run_dir) if spec.export.hf else ""  # " — exported to runs/<name>/export/hf (step N)"
     if code == RunEnd.TARGET:
-        console.print(f"[bold green]target reached[/] — report: {summary}", highlight=False)
+        console.print(f"[bold green]target reached[/] — report: {summary}{exported}", highlight=False)
     elif code == RunEnd.BUDGET:
-        console.print(f"[yellow]budget spent before the target[/] — report: {summary}", highlight=False)
+        console.print(f"[yellow]budget spent before the target[/] — report: {summary}{exported}", highlight=False)
     elif code == RunEnd.INTERRUPTED:
         console.print(f"[yellow]stopped; checkpoint kept[/] — run the same command again to resume. Report: {summary}",
                       highlight=False)
@@ -519,7 +507,6 @@ def run_embedded(rlrun: RLRun, *, metrics_port: int = DEFAULT_METRICS_PORT, runs
         console.print(f"[red]the driver failed (exit {code})[/]; see {run_dir / 'logs'}", highlight=False)
     if summary.exists() and code in (RunEnd.TARGET, RunEnd.BUDGET):
         console.print(summary.read_text(), highlight=False)
-    return code
 
 
 def _watch(local: LocalRun, driver: RoleProcess, rollouts: list[RoleProcess], head: RoleProcess | None,

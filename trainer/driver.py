@@ -33,6 +33,7 @@ from rlscale.trainer import checkpoint
 from rlscale.trainer.batching import RolloutBatch
 from rlscale.trainer.data import build_task, try_reward
 from rlscale.trainer.dynamic_sampling import Round, dynamic_sampling_for
+from rlscale.trainer.export_sink import export_sinks
 from rlscale.trainer.pipeline import Pipeline, Producing, Rollouts
 from rlscale.trainer.plan_source import PlanChange, PlanSource
 from rlscale.trainer.ports import Learner, Rollout
@@ -132,7 +133,8 @@ class Driver:
         model's chat template); a bad row or a reward that fails on the first rows stops the run here."""
         spec = cfg.spec
         t = spec.task
-        reward = resolve_reward(t.reward, format_pattern=t.format_pattern, timeout_s=t.reward_timeout)
+        reward = resolve_reward(t.reward, format_pattern=t.format_pattern, timeout_s=t.reward_timeout,
+                                reward_model=t.reward_model)
         built = build_task(spec, tokenizer, model=spec.model.path)
         try_reward(reward, built.train)
         run_dir = Path(cfg.report_dir or ".")  # in pods: report/ on the checkpoint volume
@@ -144,7 +146,9 @@ class Driver:
         run_id = f"{cfg.namespace}/{cfg.run}" if cfg.namespace else str(cfg.run or "")
         return cls(spec=spec, plan=cfg.the_plan(), task=Task(built.train, built.eval, reward, t.max_new_tokens),
                    tokenizer=tokenizer, learner=learner, rollout=rollout, run_log=run_log,
-                   sinks=[run_log, PrometheusSink(metrics, spec.target.value), *trackers, ClosesRewardPool(reward),
+                   # spec.export.hf first: its directory is written before the summary and the last report name it
+                   sinks=[*export_sinks(cfg, learner, run_dir, notify=extra_sinks), run_log,
+                          PrometheusSink(metrics, spec.target.value), *trackers, ClosesRewardPool(reward),
                           *extra_sinks], plan_source=plan_source,
                    ckpt_dir=Path(cfg.checkpoint_dir or run_dir / "checkpoints"), run_id=run_id, seed=cfg.seed,
                    metrics=metrics)
@@ -421,6 +425,8 @@ class Driver:
             mixed_group_fraction=stats.get("mixed_group_fraction"), entropy=stats.get("entropy"),
             clip_fraction=stats.get("clip_fraction"), grad_norm=stats.get("grad_norm"),
             logprob_diff=stats.get("logprob_diff"), logprob_abs_diff=stats.get("logprob_abs_diff"),
+            optimizer_steps=stats.get("optimizer_steps"), is_weight_mean=stats.get("is_weight_mean"),
+            is_truncated_fraction=stats.get("is_truncated_fraction"),
             engine_generate_seconds=engine_s, train_compute_seconds=compute,
             overhead_seconds=None if compute is None or engine_s is None else max(0.0, step_s - compute - engine_s),
             target_metric=self.tracker.current, sample=shown, reward_terms=reward_terms,

@@ -6,7 +6,7 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
 from rlscale.plan import Plan
@@ -39,9 +39,10 @@ class FixedPlan:
 class Replanner:
     """The driver re-plans itself (rlscale run), with the one re-planner the operator also runs."""
 
-    def __init__(self, spec: Any, resumed_step: int = 0):
+    def __init__(self, spec: Any, resumed_step: int = 0, staleness: int | None = None):
         self.spec = spec
         self.state = ReplanState(last_step=resumed_step)
+        self.staleness = staleness  # pinned by the caller (LocalOptions.staleness): every re-plan keeps it
 
     def after_step(self, plan: Plan, history: Sequence[StepRecord]) -> PlanChange | None:
         if not history:
@@ -51,7 +52,8 @@ class Replanner:
             return None
         self.state = d.state
         log.info("%s", d.message)
-        return PlanChange(d.plan, d.message if d.switched else None)
+        new = d.plan if self.staleness is None else replace(d.plan, staleness=self.staleness)
+        return PlanChange(new, d.message if d.switched else None)
 
 
 class FollowOperator:
@@ -83,7 +85,7 @@ class FollowOperator:
             return None
         if new is None:
             return None
-        if (new.key, new.learning_rate) == (plan.key, plan.learning_rate):
+        if (new.replan_key, new.learning_rate) == (plan.replan_key, plan.learning_rate):
             return PlanChange(new) if new.predicted != plan.predicted else None
         log.info("following the operator's plan: %s", new.reason)
         return PlanChange(new, "the operator re-planned")

@@ -36,7 +36,7 @@ class LocalEnvironment:
         return None  # locally no replica serves /metrics of its own
 
     def plan_source(self, cfg: RunConfig) -> PlanSource:
-        return Replanner(cfg.spec) if self.options.replan else FixedPlan()
+        return Replanner(cfg.spec, staleness=self.options.staleness) if self.options.replan else FixedPlan()
 
     def sinks(self, cfg: RunConfig, report_location: str) -> list[Sink]:
         return []
