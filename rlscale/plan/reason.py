@@ -130,14 +130,11 @@ def staleness_reason(spec: Any, win: Candidate, cands: list[Candidate], p: float
             return f"{head}: {penalty}."
         speed, cost = _compare(win, sync)
         a, b = win.predicted, sync.predicted
-        return (f"{head}: throughput {speed} > samples penalty {cost} against the synchronous loop "
+        cores = " (on a cpu host each on its own cores)" if shared_host else ""
+        return (f"{head}: throughput {speed} > samples penalty {cost} against the synchronous loop{cores} "
                 f"(step {a.step_seconds:.2f} s vs {b.step_seconds:.2f} s: generate + reward "
                 f"{a.generate + a.reward:.2f} s overlaps train {a.train:.2f} s, sync {a.sync:.2f} s does not; "
                 f"{penalty}).")
-    if shared_host:
-        return (f"{head}: on one cpu host generation and training share the cores (running ahead, each gets its "
-                "share of them), so the model gives overlapping them no throughput and staleness would only cost "
-                "samples.")
     if not others:
         return f"{head}."
     best = min(others, key=lambda c: c.predicted.time_to_target_seconds)

@@ -200,10 +200,13 @@ class SystemModel:
 
     @property
     def overlaps(self) -> bool:
-        """Whether generation can run beside training: disaggregated on accelerators of their own. Colocated
-        engines sleep while the learner trains; on a cpu host both share the same cores, which the model
-        counts as no overlap."""
-        return self.placement != "colocated" and not self.profile.shared_host
+        """Whether generation can run beside training: disaggregated, on accelerators of their own or, on a
+        cpu host, on cores of their own (`rlscale run` splits them, rlscale/cpu_split.py). Colocated engines
+        sleep while the learner trains. On a cpu host the model keeps each phase's seconds on its share of
+        the cores: the quickstart's generation and training took as long on one of this 2-core machine's
+        cores as on both (generate 0.51 vs 0.53 s, train 0.81 vs 0.88 s: `.venv/bin/python
+        bench/staleness.py`); a larger model would lose more to the split."""
+        return self.placement != "colocated"
 
     def step_seconds(self, phases: Phases, staleness: int = 0) -> float:
         """One step at this staleness: overlapped where the placement and hardware allow, else the sum."""

@@ -90,13 +90,17 @@ def test_colocated_engines_never_run_ahead():
     assert {c.staleness for c in plan.candidates} == {0}
 
 
-def test_a_cpu_host_gains_nothing_from_overlap():
+def test_a_cpu_host_overlaps_on_cores_of_its_own():
     spec = load_rlrun(EXAMPLES / "quickstart.yaml").spec.model_copy(deep=True)
     before = make_plan(spec)
     spec.algorithm.max_staleness = 2
     plan = make_plan(spec)
-    assert plan.staleness == 0 and plan.summary() == before.summary()
-    assert "share the cores" in plan.reason
+    # running ahead hides generation behind training: more throughput than (1 + 0.05)^1 costs in samples
+    assert plan.staleness == 1 and plan.predicted.step_seconds < before.predicted.step_seconds / 1.05
+    assert "each on its own cores" in plan.reason
+    spec.placement = "colocated"
+    spec.rollout.replicas = "auto"
+    assert make_plan(spec).staleness == 0
 
 
 def test_a_pin_plans_that_staleness_only():
