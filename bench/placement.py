@@ -18,48 +18,19 @@ frees the rollout GPUs (docs/planner.md, "Placement").
 from __future__ import annotations
 
 import argparse
-import json
-import statistics
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
-import yaml
-
-REPO = Path(__file__).resolve().parents[1]
+from quickstart_runs import run_quickstart, summary
 
 
 def run(work: Path, placement: str, steps: int, to_target: bool) -> list[dict]:
-    spec = yaml.safe_load((REPO / "examples" / "quickstart.yaml").read_text())
-    spec["metadata"] = {"name": f"bench-{placement}"}
-    spec["spec"]["placement"] = placement
-    if placement == "colocated":
-        spec["spec"]["rollout"]["replicas"] = "auto"  # an engine per learner replica
-    if not to_target:
-        spec["spec"]["target"]["value"] = 0.999
-        spec["spec"]["budget"]["maxSteps"] = steps
-    f = work / f"{placement}.yaml"
-    f.write_text(yaml.safe_dump(spec))
-    log = work / f"{placement}.log"
-    with open(log, "wb") as out:
-        rc = subprocess.run([sys.executable, "-m", "rlscale.cli", "run", str(f), "--runs-dir", str(work / "runs"),
-                             "--metrics-port", "0"], cwd=REPO, stdout=out, stderr=subprocess.STDOUT).returncode
-    records = work / "runs" / spec["metadata"]["name"] / "metrics.jsonl"
-    if rc != 0 or not records.is_file():
-        sys.exit(f"{placement}: rlscale run exited {rc}; see {log}:\n{log.read_text()[-3000:]}")
-    return [json.loads(line) for line in records.read_text().splitlines() if line.strip()]
-
-
-def summary(recs: list[dict]) -> dict:
-    late = recs[len(recs) // 2:]
-    med = lambda key: statistics.median(r[key] for r in late)  # noqa: E731
-    phase = lambda name: statistics.median(r["phases"].get(name, 0.0) for r in late)  # noqa: E731
-    reached = [r for r in recs if r.get("samples_to_target") is not None]
-    return {"samples_per_second": med("samples_per_second"), "step_seconds": med("step_seconds"),
-            "generate_seconds": phase("generate"), "train_seconds": phase("train"), "sync_seconds": phase("sync"),
-            "steps": len(recs), "samples_to_target": reached[0]["samples_to_target"] if reached else None,
-            "time_to_target_seconds": reached[0]["time_to_target_seconds"] if reached else None}
+    def change(s: dict) -> None:
+        s["placement"] = placement
+        if placement == "colocated":
+            s["rollout"]["replicas"] = "auto"  # an engine per learner replica
+    return run_quickstart(work, f"bench-{placement}", change, steps, to_target)
 
 
 def main(argv=None) -> int:

@@ -16,51 +16,18 @@ instead and prints samples- and time-to-target too (one seed: seed-to-seed sprea
 from __future__ import annotations
 
 import argparse
-import json
-import statistics
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
-import yaml
-
-REPO = Path(__file__).resolve().parents[1]
+from quickstart_runs import run_quickstart, summary
 
 
 def run(work: Path, k: int, top: int, steps: int, to_target: bool) -> list[dict]:
-    spec = yaml.safe_load((REPO / "examples" / "quickstart.yaml").read_text())
-    name = f"bench-k{k}"
-    spec["metadata"] = {"name": name}
-    s = spec["spec"]
-    s["placement"] = "disaggregated"
-    s["algorithm"]["maxStaleness"] = top
-    if not to_target:
-        s["target"]["value"] = 0.999
-        s["budget"]["maxSteps"] = steps
-    f = work / f"{name}.yaml"
-    f.write_text(yaml.safe_dump(spec))
-    log = work / f"{name}.log"
-    cmd = [sys.executable, "-m", "rlscale.cli", "run", str(f), "--runs-dir", str(work / "runs"), "--metrics-port",
-           "0", "--staleness", str(k)]
-    with open(log, "wb") as out:
-        rc = subprocess.run(cmd, cwd=REPO, stdout=out, stderr=subprocess.STDOUT).returncode
-    records = work / "runs" / name / "metrics.jsonl"
-    if rc not in (0, 3) or not records.is_file():
-        sys.exit(f"K={k}: rlscale run exited {rc}; see {log}:\n{log.read_text()[-3000:]}")
-    return [json.loads(line) for line in records.read_text().splitlines() if line.strip()]
-
-
-def summary(recs: list[dict]) -> dict:
-    late = recs[len(recs) // 2:]
-    med = lambda key: statistics.median(r[key] for r in late)  # noqa: E731
-    phase = lambda name: statistics.median(r["phases"].get(name, 0.0) for r in late)  # noqa: E731
-    reached = [r for r in recs if r.get("samples_to_target") is not None]
-    return {"samples_per_second": med("samples_per_second"), "step_seconds": med("step_seconds"),
-            "generate_seconds": phase("generate"), "train_seconds": phase("train"), "sync_seconds": phase("sync"),
-            "wait_seconds": phase("wait"), "steps": len(recs),
-            "samples_to_target": reached[0]["samples_to_target"] if reached else None,
-            "time_to_target_seconds": reached[0]["time_to_target_seconds"] if reached else None}
+    def change(s: dict) -> None:
+        s["placement"] = "disaggregated"
+        s["algorithm"]["maxStaleness"] = top
+    return run_quickstart(work, f"bench-k{k}", change, steps, to_target, ("--staleness", str(k)))
 
 
 def main(argv=None) -> int:

@@ -23,12 +23,12 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from rlscale.plan import Plan
 from rlscale.progress_report import MESSAGE_MAX, export_words
 from rlscale.records import StepRecord
 from rlscale.report import EXPORT_NOTE
 from rlscale.roles import RunEnd
 from rlscale.trainer.export_hf import atomic_dir, save_hf, write_marker
+from rlscale.trainer.sinks import EndSink
 
 log = logging.getLogger("rlscale.driver")
 
@@ -42,7 +42,7 @@ def export_dir(report_dir: str | Path, in_pod: bool) -> Path:
     return (report_dir.parent if in_pod else report_dir) / EXPORT_DIR
 
 
-class HfExportSink:
+class HfExportSink(EndSink):
     """At a finished run's end (after the final checkpoint, before the sinks that report the end), write
     `out` from the learner's weights and tell `notify`'s sinks that have an `exported(export)` method."""
 
@@ -51,18 +51,6 @@ class HfExportSink:
         self.learner, self.model_dir, self.out, self.dtype = learner, Path(model_dir), Path(out), dtype
         self.report_dir, self.pod, self.notify = Path(report_dir), pod, list(notify)
         self.result: dict[str, Any] | None = None  # the last export's note (ProgressReport.export)
-
-    def start(self, plan: Plan, state: Any, resumed: bool) -> None:
-        pass
-
-    def plan_changed(self, plan: Plan, at_step: int, why: str | None) -> None:
-        pass
-
-    def rollout_changed(self, serving: Any, scaled: bool) -> None:
-        pass
-
-    def record(self, rec: StepRecord, history: Sequence[StepRecord]) -> None:
-        pass
 
     def end(self, end: RunEnd, history: Sequence[StepRecord], target_reached: bool) -> None:
         if end.outcome is None:

@@ -41,6 +41,25 @@ class Sink(Protocol):
     def end(self, end: RunEnd, history: Sequence[StepRecord], target_reached: bool) -> None: ...
 
 
+class EndSink:
+    """A sink that acts only at the run's end (`end`); every other event passes it by."""
+
+    def start(self, plan: Plan, state: Any, resumed: bool) -> None:
+        pass
+
+    def plan_changed(self, plan: Plan, at_step: int, why: str | None) -> None:
+        pass
+
+    def rollout_changed(self, serving: Any, scaled: bool) -> None:
+        pass
+
+    def record(self, rec: StepRecord, history: Sequence[StepRecord]) -> None:
+        pass
+
+    def end(self, end: RunEnd, history: Sequence[StepRecord], target_reached: bool) -> None:
+        pass
+
+
 class RunLog:
     """runs/<name>/ (or report/ on the checkpoint volume): metrics.jsonl, plan.json and, at the end, the report."""
 
@@ -186,23 +205,11 @@ class KubeSink:
                                           serving=self.serving)
 
 
-class ClosesRewardPool:
+class ClosesRewardPool(EndSink):
     """Ends the reward's worker processes (trainer.reward_pool) when the run ends."""
 
     def __init__(self, reward: Any):
         self.reward = reward
-
-    def start(self, plan: Plan, state: Any, resumed: bool) -> None:
-        pass
-
-    def plan_changed(self, plan: Plan, at_step: int, why: str | None) -> None:
-        pass
-
-    def rollout_changed(self, serving: Any, scaled: bool) -> None:
-        pass
-
-    def record(self, rec: StepRecord, history: Sequence[StepRecord]) -> None:
-        pass
 
     def end(self, end: RunEnd, history: Sequence[StepRecord], target_reached: bool) -> None:
         self.reward.close()

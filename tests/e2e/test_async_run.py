@@ -1,7 +1,9 @@
 """`rlscale run` generating ahead of the learner (spec.algorithm.maxStaleness, pinned with --staleness):
 real Ray, vLLM and DeepSpeed; the rollout and the learner on disjoint cores; Ctrl-C mid-run and the
 same command again. The batches generated ahead go into the checkpoint, the resumed run trains them
-first, and no batch trains more than the staleness versions after the weights that generated it."""
+first, and no batch trains more than the staleness versions after the weights that generated it.
+The run scores with a reward model beside a verifier (task.rewardModel: a tiny sequence-classification
+model built in the test, served by Ray Serve next to the driver), each term logged on its own."""
 
 from __future__ import annotations
 
@@ -25,6 +27,9 @@ K = 2  # steps ahead: with 2 the checkpoint at Ctrl-C holds up to two batches
 
 
 def async_spec(tmp_path: Path) -> Path:
+    from tests.trainer.test_reward_model import save_tiny_reward_model
+
+    rm = save_tiny_reward_model(tmp_path / "rm")
     spec = yaml.safe_load((EXAMPLES / "quickstart.yaml").read_text())
     spec["metadata"]["name"] = "ahead"
     s = spec["spec"]
@@ -32,6 +37,7 @@ def async_spec(tmp_path: Path) -> Path:
     s["algorithm"]["maxStaleness"] = K
     s["target"].update(value=0.999, evalEvery=5)  # out of reach: the run ends at its step budget
     s["batch"].update(prompts=8)
+    s["task"].update(reward="0.5*reward-model + 0.5*exact-match", rewardModel={"path": str(rm)})
     s["checkpoint"] = {"every": 5}
     s["budget"].update(maxSteps=14)
     f = tmp_path / "ahead.yaml"
@@ -82,6 +88,10 @@ def test_an_interrupted_run_generating_ahead_resumes_with_its_batches_and_keeps_
     resumed = recs[stopped_at]  # the first step after the resume trained the oldest batch kept
     assert resumed["staleness"] == state_version(state) - pending[0]["version"]
     assert recs[-1]["samples"] == sum(r["batch_samples"] for r in recs)  # every sample counted once
+    for r in recs:  # the weighted sum's mean, and each term's unweighted mean on its own
+        terms = r["reward_terms"]
+        assert set(terms) == {"reward-model", "exact-match"}, terms
+        assert r["reward_mean"] == pytest.approx(0.5 * terms["reward-model"] + 0.5 * terms["exact-match"], abs=1e-3)
     learner_log = (run_dir / "logs" / "learner-0.log").read_text()
     assert f"{len(pending)} batches generated ahead" in learner_log
     config = json.loads((run_dir / "run.json").read_text())

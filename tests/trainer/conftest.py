@@ -26,21 +26,27 @@ def small_model(tmp_path_factory) -> Path:
                              head_dim=64, intermediate_size=256, seed=0)
 
 
-def _run_ranks(mode: str, args: dict, workdir: Path, world_size: int = 1, timeout: float = 600,
-              expect_kill: bool = False, worker: Path = WORKER) -> list[subprocess.CompletedProcess]:
-    """Start `world_size` learner ranks (`worker MODE ARGS_JSON`) on loopback and wait for all of them."""
+def start_ranks(mode: str, args: dict, workdir: Path, world_size: int = 1, worker: Path = WORKER,
+                threads: int | None = None) -> list:
+    """Start `world_size` learner ranks (`worker MODE ARGS_JSON`) on loopback; not waited for (finish_ranks).
+    `threads`: each rank's torch threads (default: 1 with several ranks, else 2)."""
     workdir.mkdir(parents=True, exist_ok=True)
     args_path = workdir / f"args-{mode}-{args.get('tag', '')}.json"
     args_path.write_text(json.dumps(args))
     port = free_port()
+    threads = threads if threads is not None else (1 if world_size > 1 else 2)
     procs = []
     for rank in range(world_size):
         env = dict(os.environ, RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world_size),
-                   MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
-                   WORKER_THREADS="1" if world_size > 1 else "2", PYTHONUNBUFFERED="1")
+                   MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORKER_THREADS=str(threads), PYTHONUNBUFFERED="1")
         log = open(workdir / f"{mode}-{args.get('tag', '')}-rank{rank}.log", "w")
         procs.append((subprocess.Popen([sys.executable, str(worker), mode, str(args_path)], env=env,
                                        stdout=log, stderr=subprocess.STDOUT), log))
+    return procs
+
+
+def finish_ranks(procs: list, timeout: float = 600, expect_kill: bool = False) -> list[subprocess.CompletedProcess]:
+    """Wait for the ranks start_ranks started; a rank that exits non-zero fails the test unless `expect_kill`."""
     results = []
     try:
         for proc, log in procs:
@@ -56,6 +62,12 @@ def _run_ranks(mode: str, args: dict, workdir: Path, world_size: int = 1, timeou
         if r.returncode != 0 and not expect_kill:
             raise AssertionError(f"learner rank exited {r.returncode}:\n{r.stdout[-4000:]}")
     return results
+
+
+def _run_ranks(mode: str, args: dict, workdir: Path, world_size: int = 1, timeout: float = 600,
+               expect_kill: bool = False, worker: Path = WORKER) -> list[subprocess.CompletedProcess]:
+    """Start `world_size` learner ranks (`worker MODE ARGS_JSON`) on loopback and wait for all of them."""
+    return finish_ranks(start_ranks(mode, args, workdir, world_size, worker), timeout, expect_kill)
 
 
 @pytest.fixture

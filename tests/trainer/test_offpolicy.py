@@ -7,19 +7,16 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import random
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 
-from rlscale.roles import free_port
 from rlscale.trainer import algorithms as A
 from rlscale.trainer.batching import mini_batch_groups
 from rlscale.trainer.losses import truncated_is_weight
+from tests.trainer.conftest import finish_ranks, start_ranks
 
 WORKER = Path(__file__).with_name("offpolicy_worker.py")
 CAP = 2.0
@@ -82,35 +79,12 @@ def is_cap_reference(model_path: Path, batch: dict) -> dict:
 
 def start(mode: str, args: dict, workdir: Path, world_size: int, threads: int) -> list:
     """`world_size` ranks of the worker on loopback (not waited for)."""
-    path = workdir / f"args-{mode}.json"
-    path.write_text(json.dumps(args))
-    port = free_port()
-    procs = []
-    for rank in range(world_size):
-        env = dict(os.environ, RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world_size),
-                   MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORKER_THREADS=str(threads),
-                   PYTHONUNBUFFERED="1")
-        log = open(workdir / f"{mode}-rank{rank}.log", "w")
-        procs.append((subprocess.Popen([sys.executable, str(WORKER), mode, str(path)], env=env, stdout=log,
-                                       stderr=subprocess.STDOUT), log))
-    return procs
+    return start_ranks(mode, args, workdir, world_size, WORKER, threads)
 
 
 def finish(procs: list, timeout: float = 240) -> list[str]:
     """Each rank's output; a rank that fails fails the test."""
-    outs = []
-    try:
-        for proc, log in procs:
-            proc.wait(timeout=timeout)
-            log.close()
-            outs.append(Path(log.name).read_text())
-            assert proc.returncode == 0, f"rank exited {proc.returncode}:\n{outs[-1][-4000:]}"
-    finally:
-        for proc, _ in procs:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
-    return outs
+    return [r.stdout for r in finish_ranks(procs, timeout)]
 
 
 def lines(out: str, tag: str) -> list[dict]:

@@ -3,7 +3,6 @@ in a weighted sum with verifiers; validate refuses a term without a model and a 
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -169,32 +168,14 @@ def test_served_weighted_sum_equals_transformers_and_logs_each_term(rm_dir, ray_
     wait_for("the reward model's app to go", lambda: app not in serve.status().applications, timeout=60)
 
 
-@pytest.mark.slow
-@pytest.mark.timeout(900)
-def test_quickstart_run_logs_the_reward_model_term(rm_dir, tmp_path):
-    """`rlscale run` of the builtin quickstart for 2 steps with 0.5*reward-model + 0.5*exact-match."""
+def test_plan_names_the_reward_model(rm_dir, tmp_path):
+    """`rlscale plan` of the quickstart with 0.5*reward-model + 0.5*exact-match says where the model runs
+    (the run itself: tests/e2e/test_async_run.py, whose run scores with this sum)."""
     doc = yaml.safe_load((EXAMPLES / "quickstart.yaml").read_text())
     doc["metadata"]["name"] = "rm-run"
-    s = doc["spec"]
-    s["task"].update(reward="0.5*reward-model + 0.5*exact-match", rewardModel={"path": str(rm_dir)})
-    s["batch"].update(prompts=8)
-    s["target"].update(evalEvery=2, window=1)
-    s["budget"].update(maxSteps=2)
+    doc["spec"]["task"].update(reward="0.5*reward-model + 0.5*exact-match", rewardModel={"path": str(rm_dir)})
     f = tmp_path / "rm.yaml"
     f.write_text(yaml.safe_dump(doc))
     plan = subprocess.run([sys.executable, "-m", "rlscale.cli", "plan", str(f)], cwd=ROOT, capture_output=True,
                           text=True, env={**os.environ, "COLUMNS": "200"}, timeout=120)
     assert plan.returncode == 0 and "reward model" in plan.stdout, plan.stdout + plan.stderr
-    done = subprocess.run([sys.executable, "-m", "rlscale.cli", "run", str(f), "--runs-dir", str(tmp_path / "runs"),
-                           "--metrics-port", "0"], cwd=ROOT, capture_output=True, text=True, timeout=840,
-                          env={**os.environ, "PYTHONUNBUFFERED": "1", "COLUMNS": "100"})
-    run_dir = tmp_path / "runs" / "rm-run"
-    assert done.returncode == 3, done.stdout[-3000:] + "".join(
-        p.read_text()[-3000:] for p in sorted((run_dir / "logs").glob("learner*.log")))  # the budget's end
-    recs = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
-    assert [r["step"] for r in recs] == [1, 2]
-    for r in recs:
-        assert set(r["reward_terms"]) == {"reward-model", "exact-match"}, r["reward_terms"]
-        terms = r["reward_terms"]
-        # reward_mean is the weighted sum's mean; the terms' means are unweighted.
-        assert r["reward_mean"] == pytest.approx(0.5 * terms["reward-model"] + 0.5 * terms["exact-match"], abs=1e-3)
