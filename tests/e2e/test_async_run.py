@@ -34,7 +34,7 @@ def async_spec(tmp_path: Path) -> Path:
     spec["metadata"]["name"] = "ahead"
     s = spec["spec"]
     s["placement"] = "disaggregated"
-    s["algorithm"]["maxStaleness"] = K
+    s["algorithm"].update(maxStaleness=K, isCap=2.0)  # stale batches weighted by min(pi_old / pi_behaviour, 2)
     s["target"].update(value=0.999, evalEvery=5)  # out of reach: the run ends at its step budget
     s["batch"].update(prompts=8)
     s["task"].update(reward="0.5*reward-model + 0.5*exact-match", rewardModel={"path": str(rm)})
@@ -85,6 +85,8 @@ def test_an_interrupted_run_generating_ahead_resumes_with_its_batches_and_keeps_
     assert all(0 <= r["staleness"] <= K for r in recs)
     assert max(r["staleness"] for r in recs) >= 1, [r["staleness"] for r in recs]  # it did generate ahead
     assert recs[-1]["stale_samples"] == 0  # nothing too old: nothing dropped
+    weighted = [r for r in recs if not r["skipped"]]  # the engines' log-probs reached the learner's weights
+    assert weighted and all(0 < r["is_weight_mean"] <= 2.0 for r in weighted), [r["is_weight_mean"] for r in recs]
     resumed = recs[stopped_at]  # the first step after the resume trained the oldest batch kept
     assert resumed["staleness"] == state_version(state) - pending[0]["version"]
     assert recs[-1]["samples"] == sum(r["batch_samples"] for r in recs)  # every sample counted once
