@@ -6,16 +6,18 @@ Against it: staleness 1 and 2 (`rlscale run --staleness K`), where the rollout g
 while the learner trains, each on its own cores (rlscale/cpu_split.py). `--steps` steps each (the target
 set out of reach); it prints the median samples/s, step and phase seconds over the second half of the
 steps and each K's samples/s over K = 0's as a ratio. `--to-target` runs each to the quickstart's target
-instead and prints samples- and time-to-target too (one seed: seed-to-seed spread is the sweep's job,
-`rlscale sweep --staleness 0,1 --seeds 0,1,2`).
+instead and prints samples- and time-to-target too, per seed (`--seeds 0,1,2`, `rlscale run --seed`)
+and their median. `--is-cap C` sets algorithm.isCap for the runs ahead (K > 0), which train on samples
+a version old.
 
     .venv/bin/python bench/staleness.py                      # 40 steps at K = 0, 1
-    .venv/bin/python bench/staleness.py --staleness 0,1,2 --to-target
+    .venv/bin/python bench/staleness.py --staleness 0,1 --to-target --seeds 0,1,2 --is-cap 2
 """
 
 from __future__ import annotations
 
 import argparse
+import statistics
 import sys
 import tempfile
 from pathlib import Path
@@ -23,11 +25,24 @@ from pathlib import Path
 from quickstart_runs import run_quickstart, summary
 
 
-def run(work: Path, k: int, top: int, steps: int, to_target: bool) -> list[dict]:
+def run(work: Path, k: int, top: int, steps: int, to_target: bool, seed: int = 0,
+        is_cap: float | None = None) -> list[dict]:
     def change(s: dict) -> None:
         s["placement"] = "disaggregated"
         s["algorithm"]["maxStaleness"] = top
-    return run_quickstart(work, f"bench-k{k}", change, steps, to_target, ("--staleness", str(k)))
+        if is_cap is not None and k > 0:
+            s["algorithm"]["isCap"] = is_cap
+    return run_quickstart(work, f"bench-k{k}-s{seed}", change, steps, to_target,
+                          ("--staleness", str(k), "--seed", str(seed)))
+
+
+def _cell(x) -> str:
+    return f"{'-' if x is None else round(x, 3):>10}"
+
+
+def _median(xs: list) -> float | None:
+    got = [x for x in xs if x is not None]
+    return statistics.median(got) if len(got) == len(xs) and got else None  # a seed that missed: no median
 
 
 def main(argv=None) -> int:
@@ -35,17 +50,32 @@ def main(argv=None) -> int:
     ap.add_argument("--steps", type=int, default=40)
     ap.add_argument("--staleness", default="0,1", help="comma-separated K values; 0 is the baseline")
     ap.add_argument("--to-target", action="store_true", help="run each to the quickstart's target")
+    ap.add_argument("--seeds", default="0", help="comma-separated seeds (rlscale run --seed)")
+    ap.add_argument("--is-cap", type=float, default=None, help="algorithm.isCap of the runs with K > 0")
     a = ap.parse_args(argv)
     ks = sorted({0, *(int(x) for x in a.staleness.split(","))})
+    seeds = [int(x) for x in a.seeds.split(",")]
+    res: dict[tuple[int, int], dict] = {}
     with tempfile.TemporaryDirectory(prefix="rlscale-staleness-") as d:
-        res = {k: summary(run(Path(d), k, max(ks), a.steps, a.to_target)) for k in ks}
-    print(f"{'':24}" + "".join(f"{'K=' + str(k):>10}" for k in ks))
-    for key in ("samples_per_second", "step_seconds", "generate_seconds", "train_seconds", "sync_seconds",
-                "wait_seconds", "steps", "samples_to_target", "time_to_target_seconds"):
-        print(f"{key:24}" + "".join(f"{'-' if res[k][key] is None else round(res[k][key], 3):>10}" for k in ks))
+        for seed in seeds:  # seed by seed, the K values side by side: a drift in the machine hits them alike
+            for k in ks:
+                res[k, seed] = summary(run(Path(d), k, max(ks), a.steps, a.to_target, seed, a.is_cap))
+    for seed in seeds:
+        print(f"seed {seed:<19}" + "".join(f"{'K=' + str(k):>10}" for k in ks))
+        for key in ("samples_per_second", "step_seconds", "generate_seconds", "train_seconds", "sync_seconds",
+                    "wait_seconds", "steps", "samples_to_target", "time_to_target_seconds"):
+            print(f"{key:24}" + "".join(_cell(res[k, seed][key]) for k in ks))
+    if len(seeds) > 1:
+        print(f"median of {len(seeds)} seeds" + " " * 8 + "".join(f"{'K=' + str(k):>10}" for k in ks))
+        for key in ("samples_per_second", "samples_to_target", "time_to_target_seconds"):
+            print(f"{key:24}" + "".join(_cell(_median([res[k, s][key] for s in seeds])) for k in ks))
     for k in ks[1:]:
-        ratio = res[k]["samples_per_second"] / res[0]["samples_per_second"]
-        print(f"K={k} / K=0, samples per second: x{ratio:.2f} (median of the second half of the steps)")
+        ratio = statistics.median(res[k, s]["samples_per_second"] / res[0, s]["samples_per_second"] for s in seeds)
+        print(f"K={k} / K=0, samples per second: x{ratio:.2f} (median of the second half of the steps"
+              f"{', median over seeds' if len(seeds) > 1 else ''})")
+        t0, tk = (_median([res[j, s]["time_to_target_seconds"] for s in seeds]) for j in (0, k))
+        if t0 and tk:
+            print(f"K={k} / K=0, median time to target: x{tk / t0:.2f} ({tk:.0f} s vs {t0:.0f} s)")
     return 0
 
 

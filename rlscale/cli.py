@@ -212,6 +212,8 @@ def run(
                                  help="Keep /metrics up this many seconds after the run ends (for a last scrape)."),
     staleness: int | None = typer.Option(None, "--staleness", min=0, help="Generate this many steps ahead of the "
                                          "learner whatever the plan chooses (at most spec.algorithm.maxStaleness)."),
+    seed: int = typer.Option(0, "--seed", min=0, help="Seed of the prompt order and the sampling (the held-out "
+                             "split keeps task.seed): repeat a run with other seeds to see its spread."),
 ) -> None:
     """Run an RLRun on this machine (CPU or one GPU): plan, roll out, learn, report."""
     rlrun = _load(file)
@@ -223,7 +225,7 @@ def run(
 
     try:
         code = run_embedded(rlrun, metrics_port=metrics_port, runs_dir=runs_dir, fresh=fresh, linger=linger,
-                            staleness=staleness)
+                            staleness=staleness, seed=seed)
     except ValueError as exc:  # --staleness above spec.algorithm.maxStaleness
         _fail(str(exc))
     except SpecError as exc:  # the dataset, the reward or the model's template, found before any process started

@@ -45,8 +45,15 @@ def digests(client, n: int, version: int, timeout_s: float = 120.0) -> dict[str,
     return {k: d["digest"] for k, d in seen.items() if d["version"] == version}
 
 
-def sources(client, version: int) -> dict[str, str]:
-    return {r: s for r, v, s, _ in ray_get(client._store.loads.remote()) if v == version}
+def sources(client, version: int, n: int = 0, timeout_s: float = 60.0) -> dict[str, str]:
+    """Replica id -> how it loaded `version` (waiting until `n` replicas recorded theirs: a replica records
+    its load after the broadcast's last bucket, which can be after the learner's send returned)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        out = {r: s for r, v, s, _ in ray_get(client._store.loads.remote()) if v == version}
+        if len(out) >= n or time.monotonic() > deadline:
+            return out
+        time.sleep(0.05)
 
 
 def ray_get(ref):
@@ -98,7 +105,7 @@ def test_a_replica_added_later_catches_up_then_joins_the_next_group(client, mode
     res = client.publish_weights(4, decisive_state_dict(model_dirs[0], seed=0))
     assert (res.method, res.replicas) == ("broadcast", 3), res
     assert client._publisher.sender.epoch == epoch + 1  # the serving set changed: a new group
-    assert sources(client, 4) == dict.fromkeys([*before, late], "broadcast")
+    assert sources(client, 4, n=3) == dict.fromkeys([*before, late], "broadcast")
     assert len(set(digests(client, 3, 4).values())) == 1
 
 
