@@ -7,7 +7,9 @@ while the learner trains, each on its own cores (rlscale/cpu_split.py). `--steps
 set out of reach); it prints the median samples/s, step and phase seconds over the second half of the
 steps and each K's samples/s over K = 0's as a ratio. `--to-target` runs each to the quickstart's target
 instead and prints samples- and time-to-target too, per seed (`--seeds 0,1,2`, `rlscale run --seed`)
-and their median. `--is-cap C` sets algorithm.isCap for the runs ahead (K > 0), which train on samples
+and their median. Each run's step records carry the plan's predicted step (printed next to the measured
+one), and the K that `rlscale plan` chooses when it may (maxStaleness the largest K, not pinned) is printed
+next to the K that measured faster. `--is-cap C` sets algorithm.isCap for the runs ahead (K > 0), which train on samples
 a version old.
 
     .venv/bin/python bench/staleness.py                      # 40 steps at K = 0, 1
@@ -22,18 +24,38 @@ import sys
 import tempfile
 from pathlib import Path
 
-from quickstart_runs import run_quickstart, summary
+from quickstart_runs import planned, run_quickstart, summary
+
+
+def _change(top: int, is_cap: float | None):
+    def change(s: dict) -> None:
+        s["placement"] = "disaggregated"
+        s["algorithm"]["maxStaleness"] = top
+        if is_cap is not None:
+            s["algorithm"]["isCap"] = is_cap
+    return change
 
 
 def run(work: Path, k: int, top: int, steps: int, to_target: bool, seed: int = 0,
         is_cap: float | None = None) -> list[dict]:
-    def change(s: dict) -> None:
-        s["placement"] = "disaggregated"
-        s["algorithm"]["maxStaleness"] = top
-        if is_cap is not None and k > 0:
-            s["algorithm"]["isCap"] = is_cap
-    return run_quickstart(work, f"bench-k{k}-s{seed}", change, steps, to_target,
+    return run_quickstart(work, f"bench-k{k}-s{seed}", _change(top, is_cap if k > 0 else None), steps, to_target,
                           ("--staleness", str(k), "--seed", str(seed)))
+
+
+def planner_verdict(plan: dict, res: dict, ks: list[int], seeds: list[int], to_target: bool) -> None:
+    """The staleness `rlscale plan` chose with maxStaleness max(ks) (unpinned) and its reason, next to the
+    K that measured faster: by median time-to-target when the runs reached it, else by samples/s."""
+    sentence = next((p.strip() for p in plan["reason"].split(". ") if p.strip().startswith("Staleness")),
+                    f"staleness {plan['staleness']}")
+    key = "time_to_target_seconds" if to_target else "samples_per_second"
+    got = {k: _median([res[k, s][key] for s in seeds]) for k in ks}
+    if any(v is None for v in got.values()):
+        print(f"planner: {sentence}\nmeasured: a run missed the target, no faster side to compare")
+        return
+    best = (min if to_target else max)(got, key=got.get)
+    print(f"planner (uncalibrated, rlscale plan): {sentence}")
+    print(f"measured faster by median {key}: K={best}; the planner's choice "
+          f"{'matches' if best == plan['staleness'] else 'differs'}")
 
 
 def _cell(x) -> str:
@@ -57,13 +79,15 @@ def main(argv=None) -> int:
     seeds = [int(x) for x in a.seeds.split(",")]
     res: dict[tuple[int, int], dict] = {}
     with tempfile.TemporaryDirectory(prefix="rlscale-staleness-") as d:
+        plan = planned(Path(d), "bench-plan", _change(max(ks), None))
         for seed in seeds:  # seed by seed, the K values side by side: a drift in the machine hits them alike
             for k in ks:
                 res[k, seed] = summary(run(Path(d), k, max(ks), a.steps, a.to_target, seed, a.is_cap))
     for seed in seeds:
         print(f"seed {seed:<19}" + "".join(f"{'K=' + str(k):>10}" for k in ks))
-        for key in ("samples_per_second", "step_seconds", "generate_seconds", "train_seconds", "sync_seconds",
-                    "wait_seconds", "steps", "samples_to_target", "time_to_target_seconds"):
+        for key in ("samples_per_second", "step_seconds", "predicted_step_seconds", "generate_seconds",
+                    "train_seconds", "sync_seconds", "wait_seconds", "steps", "samples_to_target",
+                    "time_to_target_seconds"):
             print(f"{key:24}" + "".join(_cell(res[k, seed][key]) for k in ks))
     if len(seeds) > 1:
         print(f"median of {len(seeds)} seeds" + " " * 8 + "".join(f"{'K=' + str(k):>10}" for k in ks))
@@ -76,6 +100,7 @@ def main(argv=None) -> int:
         t0, tk = (_median([res[j, s]["time_to_target_seconds"] for s in seeds]) for j in (0, k))
         if t0 and tk:
             print(f"K={k} / K=0, median time to target: x{tk / t0:.2f} ({tk:.0f} s vs {t0:.0f} s)")
+    planner_verdict(plan, res, ks, seeds, a.to_target)
     return 0
 
 

@@ -109,7 +109,8 @@ def test_a_queued_run_starts_only_when_kueue_admits_all_of_it(kube, operator, ku
     assert idle(kube, "qa", ns) and running(kube, "qb", ns)
     kube.run("delete", "rlrun", "qb", "-n", ns, "--wait=false")
     wait_for("qa readmitted and running", lambda: running(kube, "qa", ns), 120)
-    assert admitted(status(kube, "qa", ns))["status"] == "True", (status(kube, "qa", ns), operator.log_tail())
+    # The pass that scales the pods up writes the status after them: the condition follows.
+    wait_for("qa's Admitted condition True", lambda: admitted(status(kube, "qa", ns)).get("status") == "True", 30)
 
 
 def test_a_pod_group_holds_every_pod_of_the_run_or_the_run_says_what_is_missing(kube, operator, ns):
