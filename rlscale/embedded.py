@@ -83,14 +83,22 @@ class RoleProcess:
         return self.proc is not None and self.proc.poll() is None
 
     def send(self, sig: int) -> None:
+        """SIGKILL to the whole group; any other signal to the role's own process, which stops what it
+        runs itself, as a container's first process does: a launcher passes it to its ranks, and a
+        learner finishes its step and checkpoints while the Ray node it started (a colocated run's
+        engine on it) and its reward workers still serve it. Sent to the group, the node died with
+        the step in flight: the colocated e2e run's Ctrl-C then waited on a lost replica."""
         if self.alive():
             try:
-                os.killpg(self.proc.pid, sig)
+                if sig == signal.SIGKILL:
+                    os.killpg(self.proc.pid, sig)
+                else:
+                    self.proc.send_signal(sig)
             except ProcessLookupError:
                 pass
 
     def stop(self, sig: int = signal.SIGTERM, timeout: float = 20.0) -> None:
-        """Ask the group to stop, then make sure nothing of it is left."""
+        """Ask the role to stop, then make sure nothing of its group is left."""
         if self.proc is None:
             return
         self.send(sig)
