@@ -9,8 +9,8 @@ steps and each K's samples/s over K = 0's as a ratio. `--to-target` runs each to
 instead and prints samples- and time-to-target too, per seed (`--seeds 0,1,2`, `rlscale run --seed`)
 and their median. Each run's step records carry the plan's predicted step (printed next to the measured
 one), and the K that `rlscale plan` chooses when it may (maxStaleness the largest K, not pinned) is printed
-next to the K that measured faster. `--is-cap C` sets algorithm.isCap for the runs ahead (K > 0), which train on samples
-a version old.
+next to the K that measured faster. `--is-cap C` sets algorithm.isCap for the runs ahead (K > 0), which
+train on samples a version old.
 
     .venv/bin/python bench/staleness.py                      # 40 steps at K = 0, 1
     .venv/bin/python bench/staleness.py --staleness 0,1 --to-target --seeds 0,1,2 --is-cap 2
@@ -47,13 +47,13 @@ def planner_verdict(plan: dict, res: dict, ks: list[int], seeds: list[int], to_t
     K that measured faster: by median time-to-target when the runs reached it, else by samples/s."""
     sentence = next((p.strip() for p in plan["reason"].split(". ") if p.strip().startswith("Staleness")),
                     f"staleness {plan['staleness']}")
+    print(f"planner (uncalibrated, rlscale plan): {sentence}")
     key = "time_to_target_seconds" if to_target else "samples_per_second"
     got = {k: _median([res[k, s][key] for s in seeds]) for k in ks}
     if any(v is None for v in got.values()):
-        print(f"planner: {sentence}\nmeasured: a run missed the target, no faster side to compare")
+        print("measured: a run missed the target, no faster side to compare")
         return
     best = (min if to_target else max)(got, key=got.get)
-    print(f"planner (uncalibrated, rlscale plan): {sentence}")
     print(f"measured faster by median {key}: K={best}; the planner's choice "
           f"{'matches' if best == plan['staleness'] else 'differs'}")
 
