@@ -6,7 +6,7 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 from rlscale.plan import Plan
@@ -47,13 +47,12 @@ class Replanner:
     def after_step(self, plan: Plan, history: Sequence[StepRecord]) -> PlanChange | None:
         if not history:
             return None
-        d = replan(self.spec, plan, Measurements.from_records(history), self.state)
+        d = replan(self.spec, plan, Measurements.from_records(history), self.state, staleness=self.staleness)
         if d is None:
             return None
         self.state = d.state
         log.info("%s", d.message)
-        new = d.plan if self.staleness is None else replace(d.plan, staleness=self.staleness)
-        return PlanChange(new, d.message if d.switched else None)
+        return PlanChange(d.plan, d.message if d.switched else None)
 
 
 class FollowOperator:

@@ -191,11 +191,13 @@ class Limits:
 
 
 def replan(spec: Any, current: Plan, m: Measurements, state: ReplanState,
-           limits: Limits | None = None) -> Decision | None:
+           limits: Limits | None = None, staleness: int | None = None) -> Decision | None:
     """Re-plan at measurement step m.step if one is due (None if not): recalibrate, and switch to the
     fastest candidate when it beats the current configuration by REPLAN_MIN_GAIN at REPLAN_CONFIRM
     re-plans in a row; else keep the current one with its recalibrated prediction. `limits`: no
-    candidate above them is chosen, and a current plan above them is left at once."""
+    candidate above them is chosen, and a current plan above them is left at once. `staleness`: pinned
+    (a sweep's run, `rlscale run --staleness`): only candidates at it are chosen, so the plan's
+    predicted step is the one at the staleness the run keeps."""
     if not due(m.step, state):
         return None
     lim = limits or Limits()
@@ -203,7 +205,8 @@ def replan(spec: Any, current: Plan, m: Measurements, state: ReplanState,
         lim = Limits(rollout=None, learners=lim.learners)
     # The placement stays too: moving the engines onto (or off) the learner GPUs is a new deployment.
     new = make_plan(lim.apply(keep_learners(spec, current.learner_replicas)), m.calibration, current.placement)
-    cands = [c for c in new.candidates if c.learner_replicas == current.learner_replicas and lim.allow(c)]
+    cands = [c for c in new.candidates if c.learner_replicas == current.learner_replicas and lim.allow(c)
+             and (staleness is None or c.staleness == staleness)]
     if not cands:
         within = f" within the {lim}" if limits else ""
         return Decision(current, False, f"re-plan at step {m.step}: no candidate keeps "

@@ -153,6 +153,23 @@ def test_the_replanner_may_change_the_staleness_alone():
     assert "at staleness 1" in second.message
 
 
+def test_a_pinned_replan_keeps_the_pin_and_predicts_the_step_at_it():
+    # Unpinned, this spec's re-planner moves to staleness 1 (the test above); pinned at 0 it never does,
+    # and the plan's predicted step stays the synchronous one the run measures, not the overlapped one.
+    spec = fixed(h100(max_staleness=1))
+    current = make_plan(spec, staleness=0)
+    state, plan = ReplanState(), current
+    for step in (25, 50, 75):
+        d = replan(spec, plan, Measurements(step=step, calibration=Calibration(), throughput={}), state,
+                   staleness=0)
+        assert d is not None and not d.switched and "staleness 1" not in d.message
+        state, plan = d.state, d.plan
+    assert plan.staleness == 0 and plan.predicted.staleness == 0
+    ahead = make_plan(spec, staleness=1).predicted.step_seconds
+    assert plan.predicted.step_seconds == pytest.approx(current.predicted.step_seconds)
+    assert plan.predicted.step_seconds > ahead * 1.05
+
+
 def test_the_calibration_carries_the_penalty():
     cal = Calibration(staleness_penalty=0.0)
     assert Calibration.from_dict(cal.to_dict()) == cal  # 0 is a measurement too
