@@ -62,7 +62,7 @@ def on_kubernetes(work: Path, spec: dict) -> tuple[dict, float]:
         qs.build_and_load_images(c.containerd_socket)
         qs.helm_install(cp.bin_dir() / "helm", c.kubeconfig)
         ns = "bench"
-        kube.run("create", "namespace", ns)
+        kube.apply(qs.namespace(ns))
         kube.apply(qs.claims(ns, qs.model_cache(), work / "checkpoints"))
         t0 = time.monotonic()
         kube.apply(spec, ns)

@@ -46,6 +46,13 @@ def helm_install(helm: Path, kubeconfig: Path) -> None:
         raise RuntimeError(f"helm install failed:\n{out.stdout}\n{out.stderr}")
 
 
+def namespace(name: str) -> dict:
+    """A namespace whose pods the restricted Pod Security Standard checks: the operator refuses to run
+    an RLRun in a namespace that enforces none (or one weaker than its chart's policy asks for)."""
+    return {"apiVersion": "v1", "kind": "Namespace",
+            "metadata": {"name": name, "labels": {"pod-security.kubernetes.io/enforce": "restricted"}}}
+
+
 def claims(namespace: str, models: Path, checkpoints: Path) -> list[dict]:
     """PersistentVolumes (hostPath) bound to the claims rlscale-models and rlscale-checkpoints."""
     out = []
