@@ -1,4 +1,5 @@
-"""The sweep's figures: curves.png, throughput.png, decision.png (matplotlib, Agg)."""
+"""The sweep's figures: curves.png, throughput.png, decision.png, and staleness.png when runs went ahead
+(matplotlib, Agg)."""
 
 from __future__ import annotations
 
@@ -117,7 +118,54 @@ def plot_decision(res: SweepResult, out: Path) -> Path:
     return _save(plt, fig, out, [ax], "lower right")
 
 
+def plot_staleness(res: SweepResult, out: Path) -> Path | None:
+    """Left: the metric vs samples at each staleness (seed mean of the moving average, the decision rule,
+    each batch). Right: throughput gain vs samples penalty against staleness 0 with their 95% intervals,
+    the planner's gain beside it; above the diagonal running ahead is faster."""
+    fit = res.staleness
+    if fit is None or not res.stale_runs:
+        return None
+    plt = _plt()
+    fig, (left, right) = plt.subplots(1, 2, figsize=(13, 4.8))
+    rule, spp = res.decision_rule, res.spec.batch.samples_per_prompt
+    runs = [r for r in res.runs + res.stale_runs if r.rule == rule]
+    for i, (prompts, k) in enumerate(sorted({(r.prompts, r.staleness) for r in runs})):
+        mc = _mean_curve([r for r in runs if (r.prompts, r.staleness) == (prompts, k)])
+        if mc:
+            left.plot([s for s, _ in mc], [v for _, v in mc], "-", color=f"C{i}", lw=1.8,
+                      label=f"{prompts}x{spp}, staleness {k}")
+    if res.level is not None:
+        left.axhline(res.level, color="k", ls=":", lw=1, label=f"measured level {res.level:.2f}")
+    left.set_xlabel("samples")
+    left.set_ylabel(f"{res.spec.target.metric} (moving average, mean over seeds)")
+    left.set_title(f"learning curves by staleness (rule {rule})")
+    pts = [1.0]
+    for row in fit.rows:
+        if row.penalty is None or row.gain is None:
+            continue
+        xerr = [[row.penalty - row.penalty_ci[0]], [row.penalty_ci[1] - row.penalty]] if row.penalty_ci else None
+        yerr = [[row.gain - row.gain_ci[0]], [row.gain_ci[1] - row.gain]] if row.gain_ci else None
+        right.errorbar(row.penalty, row.gain, xerr=xerr, yerr=yerr, fmt="o", color=f"C{row.staleness}", capsize=3,
+                       label=f"{row.prompts}x{spp} at staleness {row.staleness}, measured")
+        pts += [v for ci in (row.penalty_ci, row.gain_ci) if ci for v in ci] + [row.penalty, row.gain]
+        if row.predicted_gain:
+            right.plot(row.penalty, row.predicted_gain, "x", color=f"C{row.staleness}", ms=8,
+                       label=f"planner's gain at staleness {row.staleness}")
+            pts.append(row.predicted_gain)
+    lo, hi = min(pts) * 0.95, max(pts) * 1.05
+    right.plot([lo, hi], [lo, hi], "k--", lw=1, label="break-even: gain = penalty")
+    right.fill_between([lo, hi], [lo, hi], [hi, hi], color="g", alpha=0.06)
+    right.set_xlim(lo, hi)
+    right.set_ylim(lo, hi)
+    right.set_xlabel("samples penalty E_K / E_0 (95% interval over seeds)")
+    right.set_ylabel("throughput gain X_K / X_0")
+    p = f"p = {fit.p:.3f} per step" if fit.p is not None else "p not fitted"
+    right.set_title(f"running ahead vs the synchronous loop ({p})")
+    return _save(plt, fig, out, [left, right], "lower right")
+
+
 def write_plots(res: SweepResult, out_dir: Path) -> list[Path]:
     out_dir.mkdir(parents=True, exist_ok=True)
-    return [plot_curves(res, out_dir / "curves.png"), plot_throughput(res, out_dir / "throughput.png"),
-            plot_decision(res, out_dir / "decision.png")]
+    made = [plot_curves(res, out_dir / "curves.png"), plot_throughput(res, out_dir / "throughput.png"),
+            plot_decision(res, out_dir / "decision.png"), plot_staleness(res, out_dir / "staleness.png")]
+    return [p for p in made if p is not None]

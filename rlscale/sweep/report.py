@@ -54,6 +54,7 @@ class SweepResult:
     chosen_cal: int | None = None
     gaps: dict[tuple[str, int], float | None] = field(default_factory=dict)
     stale_runs: list[RunData] = field(default_factory=list)  # runs at staleness above 0 (not in `runs`)
+    stale_cells: list[BatchStats] = field(default_factory=list)  # their cells, by batch, rule and staleness
     staleness: StalenessFit | None = None
     power: Power | None = None
 
@@ -124,7 +125,8 @@ def analyse(name: str, spec: Any, runs: list[RunData]) -> SweepResult:
 def _add_staleness(res: SweepResult, stale: list[RunData], rule: str) -> None:
     """Staleness cells beside the synchronous ones of `rule`, the fitted penalty and verdict (d)."""
     res.stale_runs = stale
-    both = batch_stats(stale, res.level) + [c for c in res.cells if c.rule == rule]
+    res.stale_cells = batch_stats(stale, res.level)
+    both = res.stale_cells + [c for c in res.cells if c.rule == rule]
     predicted = {(c.prompts, c.staleness): predict(res.spec, c.prompts, rule, staleness=c.staleness).samples_per_second
                  for c in both}
     res.staleness = staleness_fit(both, rule, predicted)
@@ -161,6 +163,8 @@ def markdown(res: SweepResult) -> str:
     lines += _runs_table(res) + _phases_table(res) + _noise_section(res)
     lines += staleness_lines(res.staleness, res.decision_rule, len({r.source or id(r) for r in res.stale_runs}))
     lines += ["", "![curves](curves.png)", "", "![throughput](throughput.png)", "", "![decision](decision.png)", ""]
+    if res.staleness is not None and res.stale_runs:
+        lines += ["![staleness](staleness.png)", ""]
     return "\n".join(lines)
 
 
@@ -168,12 +172,16 @@ def _header(res: SweepResult) -> list[str]:
     spec, spp = res.spec, res.spec.batch.samples_per_prompt
     metric, target = spec.target.metric, spec.target.value
     seeds = sorted({r.seed for r in res.runs})
-    budget = max((r.samples_total() for r in res.runs), default=0)
+    budget = max((r.samples_total() for r in res.runs + res.stale_runs), default=0)
     lines = [f"# Batch-size sweep: RLRun {res.name}", ""]
     distinct = len({r.source or id(r) for r in res.runs})
     shared = (f" for {len(res.runs)} combinations (at the reference batch every rule gives the same lr: one run "
               "serves them all)" if distinct < len(res.runs) else "")
     batches = ", ".join(str(p) for p in sorted({c.prompts for c in res.cells}))
+    ahead = sorted({r.staleness for r in res.stale_runs})
+    if ahead:  # the runs generating ahead, counted apart: the batch sections read the synchronous ones
+        shared += (f", and {len({r.source or id(r) for r in res.stale_runs})} more at staleness "
+                   f"{', '.join(map(str, ahead))} (section Staleness)")
     lines.append(f"{distinct} runs{shared}: batches {batches} "
                  f"prompts x {spp} samples, lr rules {', '.join(sorted(res.by_rule()))}, seeds "
                  f"{', '.join(map(str, seeds))}; up to {budget:,} samples each. Reference batch: {res.ref_prompts} "
@@ -257,11 +265,17 @@ def _runs_table(res: SweepResult) -> list[str]:
 
 
 def _phases_table(res: SweepResult) -> list[str]:
+    """Median phase seconds per cell; with runs ahead, a staleness column (on a cpu host those ran on their
+    share of the cores, the synchronous ones on every core: the table shows what the split cost)."""
     phases = ("generate", "reward", "train", "sync")
-    lines = ["", "## Phases (median seconds per step)", "", "| rule | prompts | " + " | ".join(phases) + " |",
-             "|---|---:|---:|---:|---:|---:|"]
-    for c in sorted(res.cells, key=lambda c: (c.rule, c.prompts)):
-        lines.append(f"| {c.rule} | {c.prompts} | " + " | ".join(_n(c.phases.get(p), '.4f') for p in phases) + " |")
+    ahead = bool(res.stale_cells)
+    lines = ["", "## Phases (median seconds per step)", "",
+             "| rule | prompts | " + ("staleness | " if ahead else "") + " | ".join(phases) + " |",
+             "|---|---:|" + ("---:|" if ahead else "") + "---:|---:|---:|---:|"]
+    for c in sorted(res.cells + res.stale_cells, key=lambda c: (c.rule, c.prompts, c.staleness)):
+        lag = f"{c.staleness} | " if ahead else ""
+        lines.append(f"| {c.rule} | {c.prompts} | {lag}" + " | ".join(_n(c.phases.get(p), '.4f') for p in phases)
+                     + " |")
     return lines
 
 

@@ -209,6 +209,8 @@ def claim_decision(cells: list[BatchStats], ref: int, tol: float) -> Verdict:
                if c.prompts != ref and c.t_mean and c.throughput and c.e_mean]
     lines = [text for _, text in results]
     judged = [ok for ok, _ in results if ok is not None]
+    if not results:
+        return Verdict("c", None, "needs a batch besides the reference, each reaching the level")
     if not judged:
         if any("inconclusive" in text for text in lines):
             return Verdict("c", None, "No comparison with the reference was conclusive at these seeds: "

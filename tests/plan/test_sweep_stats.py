@@ -92,6 +92,8 @@ def test_a_time_comparison_whose_interval_straddles_one_is_left_out():
     assert v.holds is None and "inconclusive" in v.text, v.text
     sure = cell(64, {0: 10_000.0, 1: 10_000.0}, seconds={0: 50.0, 1: 55.0}, throughput={0: 200.0, 1: 180.0})
     assert claim_decision([ref, sure], 16, 0.15).holds is True
+    alone = claim_decision([ref], 16, 0.15)  # one batch (a staleness sweep): nothing to compare, said so
+    assert alone.holds is None and "needs a batch besides the reference" in alone.text
 
 
 def test_the_planner_verdict_is_inconclusive_when_the_seeds_cannot_tell():
@@ -172,7 +174,7 @@ def stale_run(prompts: int, seed: int, k: int, p: float, gain: float, samples: i
     return RunData(prompts, SPP, "sqrt", seed, run.lr, recs, window=1, staleness=k, source=f"p{prompts}-s{seed}-k{k}")
 
 
-def test_a_sweep_with_staleness_fits_p_and_the_patch_carries_it(spec):
+def test_a_sweep_with_staleness_fits_p_and_the_patch_carries_it(spec, tmp_path):
     runs = [stale_run(p, s, k, 0.1, 1.0 if k == 0 else 1.5) for s in (0, 1) for p in (8, 16) for k in (0, 1, 2)]
     res = analyse("stale", spec, runs)
     assert len(res.runs) == 4 and len(res.stale_runs) == 8  # the synchronous runs make the rest of the report
@@ -184,6 +186,13 @@ def test_a_sweep_with_staleness_fits_p_and_the_patch_carries_it(spec):
     assert patch["measured"]["stalenessFit"]["points"] == 4
     md = markdown(res)
     assert "## Staleness (rule sqrt)" in md and "(d) staleness" in md and "stalenessPenalty" in md
+    assert "4 runs, and 8 more at staleness 1, 2 (section Staleness)" in md  # the header counts every run
+    assert "![staleness](staleness.png)" in md
+    assert "| rule | prompts | staleness | generate" in md and "| sqrt | 16 | 2 | " in md  # phases of every K
+    from rlscale.sweep.plots import write_plots
+
+    assert (tmp_path / "staleness.png") in write_plots(res, tmp_path)
+    assert (tmp_path / "staleness.png").stat().st_size > 10_000
 
 
 def test_staleness_runs_in_the_grid():
