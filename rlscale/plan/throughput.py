@@ -203,9 +203,10 @@ class SystemModel:
         """Whether generation can run beside training: disaggregated, on accelerators of their own or, on a
         cpu host, on cores of their own (`rlscale run` splits them, rlscale/cpu_split.py). Colocated engines
         sleep while the learner trains. On a cpu host the model keeps each phase's seconds on its share of
-        the cores: the quickstart's generation and training took as long on one of this 2-core machine's
-        cores as on both (generate 0.51 vs 0.53 s, train 0.81 vs 0.88 s: `.venv/bin/python
-        bench/staleness.py`); a larger model would lose more to the split."""
+        the cores, which overstates the overlap: the quickstart at 32x8 generated in 0.37 s on one of a
+        2-core machine's cores against 0.27 s on both and trained in 0.58 s against 0.38 s, so staleness 1
+        ran at x1.15 the synchronous loop's samples/s, not the x1.6 its phases on both cores would give
+        (docs/examples/quickstart-staleness-sweep, `rlscale sweep ... --staleness 0,1,2`)."""
         return self.placement != "colocated"
 
     def step_seconds(self, phases: Phases, staleness: int = 0) -> float:
