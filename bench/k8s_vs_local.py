@@ -14,6 +14,7 @@ Needs `make k8s` and the real node free (no `make cluster` running): it starts i
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import statistics
 import subprocess
@@ -32,6 +33,7 @@ if str(REPO) not in sys.path:
 
 from hack import cluster as cp  # noqa: E402
 from hack.cluster import quickstart as qs  # noqa: E402
+from rlscale.roles import Outcome  # noqa: E402
 
 
 def wait(what: str, fn, timeout: float, interval: float = 2.0):
@@ -55,12 +57,26 @@ def summary(recs: list[dict]) -> dict:
             "median_train_s": statistics.median(r["phases"]["train"] for r in second)}
 
 
-def on_kubernetes(work: Path, spec: dict) -> tuple[dict, float]:
+@contextlib.contextmanager
+def operator_cluster(work: Path):
+    """The local cluster with its real node, rlscale's images loaded and the chart installed (the
+    operator running); taken down on exit."""
     c = cp.up(work / "cluster", nodes=0, install_crd=True, reuse=False, real_node=True)
-    kube = cp.Kube(c)
     try:
         qs.build_and_load_images(c.containerd_socket)
         qs.helm_install(cp.bin_dir() / "helm", c.kubeconfig)
+        yield cp.Kube(c)
+    finally:
+        cp.down(work / "cluster")
+
+
+def run_ended(kube, name: str, ns: str) -> bool:
+    """Whether the RLRun's phase says how it ended (Succeeded, BudgetExhausted, Failed)."""
+    return (kube.get("rlrun", name, ns) or {}).get("status", {}).get("phase") in set(Outcome)
+
+
+def on_kubernetes(work: Path, spec: dict) -> tuple[dict, float]:
+    with operator_cluster(work) as kube:
         ns = "bench"
         kube.apply(qs.namespace(ns))
         kube.apply(qs.claims(ns, qs.model_cache(), work / "checkpoints"))
@@ -69,14 +85,8 @@ def on_kubernetes(work: Path, spec: dict) -> tuple[dict, float]:
         report = work / "checkpoints" / "report" / "metrics.jsonl"
         wait("the first step on Kubernetes", lambda: read_records(report), 1800)
         first = time.monotonic() - t0
-
-        def phase():
-            out = kube.run("get", "rlrun", spec["metadata"]["name"], "-n", ns, "-o", "json")
-            return json.loads(out.stdout).get("status", {}).get("phase") in ("BudgetExhausted", "Succeeded", "Failed")
-        wait("the run on Kubernetes to end", phase, 3600)
+        wait("the run on Kubernetes to end", lambda: run_ended(kube, spec["metadata"]["name"], ns), 3600)
         return summary(read_records(report)), first
-    finally:
-        cp.down(work / "cluster")
 
 
 def locally(work: Path, spec: dict) -> tuple[dict, float]:

@@ -28,7 +28,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from k8s_vs_local import cp, qs, read_records, wait
+from k8s_vs_local import operator_cluster, qs, read_records, run_ended, wait
 from quickstart_runs import summary
 
 ONE_CPU = {"requests": {"cpu": "250m", "memory": "2Gi"}, "limits": {"cpu": "1", "memory": "4Gi"}}
@@ -47,11 +47,7 @@ def one_run(kube, work: Path, k: int, steps: int) -> tuple[dict, dict]:
     kube.apply(qs.claims(ns, qs.model_cache(), work / f"checkpoints-k{k}"))
     kube.apply(spec, ns)
     report = work / f"checkpoints-k{k}" / "report" / "metrics.jsonl"
-
-    def ended():
-        phase = (kube.get("rlrun", name, ns) or {}).get("status", {}).get("phase")
-        return phase in ("BudgetExhausted", "Succeeded", "Failed")
-    wait(f"the run at maxStaleness {k} to end", ended, 3600, interval=5)
+    wait(f"the run at maxStaleness {k} to end", lambda: run_ended(kube, name, ns), 3600, interval=5)
     recs = read_records(report)
     if not recs:  # what the operator and the pods said, before the run and its pods go
         print(json.dumps((kube.get("rlrun", name, ns) or {}).get("status", {}), indent=1), file=sys.stderr)
@@ -74,18 +70,12 @@ def main(argv=None) -> int:
     res: dict[int, tuple[dict, dict]] = {}
     with tempfile.TemporaryDirectory(prefix="rlscale-staleness-k8s-") as d:
         work = Path(d)
-        c = cp.up(work / "cluster", nodes=0, install_crd=True, reuse=False, real_node=True)
-        try:
-            kube = cp.Kube(c)
-            qs.build_and_load_images(c.containerd_socket)
-            qs.helm_install(cp.bin_dir() / "helm", c.kubeconfig)
+        with operator_cluster(work) as kube:
             for k in (0, 1):
                 t0 = time.monotonic()
                 res[k] = one_run(kube, work, k, a.steps)
                 print(f"maxStaleness {k}: {res[k][0]['steps']} steps in {time.monotonic() - t0:.0f} s "
                       f"(start-up and teardown included)", flush=True)
-        finally:
-            cp.down(work / "cluster")
     print(f"{'':24}{'K=0':>10}{'K=1':>10}")
     for key in ("samples_per_second", "step_seconds", "predicted_step_seconds", "generate_seconds",
                 "train_seconds", "sync_seconds", "wait_seconds", "steps"):

@@ -161,11 +161,16 @@ def markdown(res: SweepResult) -> str:
     for rule, cells in sorted(res.by_rule().items()):
         lines += _rule_table(res, rule, cells)
     lines += _runs_table(res) + _phases_table(res) + _noise_section(res)
-    lines += staleness_lines(res.staleness, res.decision_rule, len({r.source or id(r) for r in res.stale_runs}))
+    lines += staleness_lines(res.staleness, res.decision_rule, _distinct(res.stale_runs))
     lines += ["", "![curves](curves.png)", "", "![throughput](throughput.png)", "", "![decision](decision.png)", ""]
-    if res.staleness is not None and res.stale_runs:
+    if res.staleness is not None:  # set from the runs ahead, as plots.plot_staleness draws them
         lines += ["![staleness](staleness.png)", ""]
     return "\n".join(lines)
+
+
+def _distinct(runs: list[RunData]) -> int:
+    """Runs, not combinations: at the reference batch one run serves every lr rule (same `source`)."""
+    return len({r.source or id(r) for r in runs})
 
 
 def _header(res: SweepResult) -> list[str]:
@@ -174,13 +179,13 @@ def _header(res: SweepResult) -> list[str]:
     seeds = sorted({r.seed for r in res.runs})
     budget = max((r.samples_total() for r in res.runs + res.stale_runs), default=0)
     lines = [f"# Batch-size sweep: RLRun {res.name}", ""]
-    distinct = len({r.source or id(r) for r in res.runs})
+    distinct = _distinct(res.runs)
     shared = (f" for {len(res.runs)} combinations (at the reference batch every rule gives the same lr: one run "
               "serves them all)" if distinct < len(res.runs) else "")
     batches = ", ".join(str(p) for p in sorted({c.prompts for c in res.cells}))
     ahead = sorted({r.staleness for r in res.stale_runs})
     if ahead:  # the runs generating ahead, counted apart: the batch sections read the synchronous ones
-        shared += (f", and {len({r.source or id(r) for r in res.stale_runs})} more at staleness "
+        shared += (f", and {_distinct(res.stale_runs)} more at staleness "
                    f"{', '.join(map(str, ahead))} (section Staleness)")
     lines.append(f"{distinct} runs{shared}: batches {batches} "
                  f"prompts x {spp} samples, lr rules {', '.join(sorted(res.by_rule()))}, seeds "
