@@ -11,6 +11,11 @@ Followers bump a heartbeat counter every `interval` seconds and read rank 0's bo
 checks that every follower's counter moves. A follower whose store calls fail or find a new
 boot id, or a rank 0 that sees a follower's counter stand still for `patience` seconds, exits
 with EXIT_GANG.
+
+Each follower also publishes a boot id of its own, and rank 0 exits when one changes: a follower
+that died and came back within the patience (its pod's container restarted) finds rank 0's store
+still up and bumps the same counter, so the counter alone would look alive while rank 0 waits on
+the dead process's half of a collective until the process group's timeout.
 """
 
 from __future__ import annotations
@@ -82,6 +87,7 @@ class GangWatch(_Watch):
         else:
             self._store.wait([_PREFIX + "boot"], timedelta(seconds=120))
             self.boot = self._store.get(_PREFIX + "boot").decode()
+            self._store.set(f"{_PREFIX}proc/{self.rank}", secrets.token_hex(8))  # this process, for rank 0
         target = self._watch_followers if self.rank == 0 else self._watch_rank0
         self._thread = threading.Thread(target=target, name="gang-watch", daemon=True)
         self._thread.start()
@@ -107,13 +113,19 @@ class GangWatch(_Watch):
 
     def _watch_followers(self) -> None:
         seen: dict[int, tuple[int, float]] = {}
+        procs: dict[int, str] = {}
         while not self._stop.wait(self.interval):
             now = time.monotonic()
             for r in range(1, self.world_size):
+                key = f"{_PREFIX}proc/{r}"
                 try:
                     n = self._store.add(f"{_PREFIX}beat/{r}", 0)
+                    # check() does not block: a follower may not have published its id yet
+                    proc = self._store.get(key).decode() if self._store.check([key]) else None
                 except Exception as exc:
                     return self._gone(f"its own store failed ({type(exc).__name__})")
+                if proc is not None and procs.setdefault(r, proc) != proc:
+                    return self._gone(f"rank {r} restarted (a new process)")
                 last = seen.get(r)
                 if last is None or n != last[0]:
                     seen[r] = (n, now)

@@ -228,8 +228,14 @@ class Learner(Updates):
         of waiting for the run's end."""
         if self.world_size > 1 and self.rank == 0 and not self._released:
             self._released = True
+            if failed:
+                # The watch stays armed: after a rank's death this broadcast may wait on the dead
+                # process's half until the group's timeout, and the watch's exit is the way out.
+                dist.broadcast_object_list(["stop", ("failed",)], src=0, group=self._control)
+                self.gang.stop()
+                return
             self.gang.stop()  # the followers leave now, on purpose
-            dist.broadcast_object_list(["stop", ("failed" if failed else "ended",)], src=0, group=self._control)
+            dist.broadcast_object_list(["stop", ("ended",)], src=0, group=self._control)
 
     def follow(self) -> str:
         """Ranks > 0: run whatever rank 0 runs, until it calls shutdown(); returns why it did:

@@ -1,0 +1,62 @@
+"""Rank 0's watch of its followers (trainer/gang.py) on a real TCP store: a follower that died and came
+back before the patience ran out bumps the same heartbeat counter, and only its new process id tells
+rank 0 that the gang is broken (the real-node faults run once waited 15 minutes on it)."""
+
+from __future__ import annotations
+
+import time
+from datetime import timedelta
+
+import pytest
+
+from rlscale.roles import free_port
+from rlscale.trainer.gang import EXIT_GANG, GangWatch
+
+
+@pytest.fixture
+def store_port():
+    import torch.distributed as dist
+
+    port = free_port()
+    master = dist.TCPStore("127.0.0.1", port, is_master=True, timeout=timedelta(seconds=10), wait_for_workers=False)
+    yield port
+    del master
+
+
+def _until(pred, timeout: float) -> bool:
+    end = time.monotonic() + timeout
+    while time.monotonic() < end and not pred():
+        time.sleep(0.02)
+    return pred()
+
+
+def _gang(port: int, exits: list[int]) -> tuple[GangWatch, GangWatch]:
+    rank0 = GangWatch(0, 2, "127.0.0.1", port, interval=0.05, patience=30, exit_fn=exits.append)
+    rank0.start()
+    follower = GangWatch(1, 2, "127.0.0.1", port, interval=0.05, patience=30, exit_fn=exits.append)
+    follower.start()
+    return rank0, follower
+
+
+def test_a_follower_restarted_within_the_patience_ends_rank_0(store_port):
+    exits: list[int] = []
+    rank0, follower = _gang(store_port, exits)
+    assert not _until(lambda: exits, 0.5)  # the same process, beating: nothing happens
+    follower.stop()  # the follower's process dies...
+    again = GangWatch(1, 2, "127.0.0.1", store_port, interval=0.05, patience=30, exit_fn=exits.append)
+    again.start()  # ...and its container's next process beats on the same counter, well within 30 s
+    try:
+        assert _until(lambda: exits == [EXIT_GANG], 5)
+    finally:
+        for w in (rank0, again):
+            w.stop()
+
+
+def test_a_steady_gang_keeps_running(store_port):
+    exits: list[int] = []
+    rank0, follower = _gang(store_port, exits)
+    try:
+        assert not _until(lambda: exits, 1.0)
+    finally:
+        for w in (rank0, follower):
+            w.stop()
