@@ -97,7 +97,10 @@ def test_an_interrupted_run_resumes_training_each_generated_batch_once_and_draws
     saved = FakeLearner()
     first = async_driver(tmp_path, 2, None, rollout, budget={"max_steps": 20}, checkpoint={"every": 100},
                          target={"eval_every": 0})
-    learner = WatchingLearner(rollout, stop_at=4, drv=first)
+    # Each batch trains once the next is generated (wait_s): the stop at batch 4 then always finds a batch
+    # generated ahead, however late a loaded machine runs the producer thread (beside the real-node faults
+    # run, `make unit` once found none).
+    learner = WatchingLearner(rollout, wait_s=10.0, stop_at=4, drv=first)
     learner.saved = saved.saved
     first.learner = learner
     first.resume_or_start()
