@@ -323,8 +323,12 @@ class FaultsRun:
                             rollout={"replicas": ROLLOUTS},
                             learner={"replicas": LEARNERS, "resources": {
                                 "requests": {"cpu": "250m", "memory": "2Gi"}, "limits": {"memory": LEARNER_MEMORY}}},
+                            # The hog's call lasts until the kernel kills it: once the kill came later than
+                            # the default 10 s rewardTimeout (no OOM kill in the kernel log by then), and the
+                            # run stopped for good on a slow reward instead.
                             task={"name": "sums", "dataset": f"{C.MODEL_MOUNT}/data/{data.name}",
                                   "promptField": "prompt", "evalSize": 64, "reward": "sums_reward:score",
+                                  "rewardTimeout": 300,
                                   "pluginVolume": {"configMap": {"name": "sums-reward"}}})
         assert "failurePolicy" not in obj["spec"]
         obj["metadata"]["name"] = RUN
