@@ -62,11 +62,11 @@ def _workload_errors(rlrun) -> list:
     return check_workload(rlrun.spec)
 
 
-def _plan(rlrun, calibration=None):
+def _plan(rlrun, calibration=None, host_cores: int = 0):
     from rlscale.plan import PlanError, make_plan
 
     try:
-        return make_plan(rlrun.spec, calibration)
+        return make_plan(rlrun.spec, calibration, host_cores=host_cores)
     except PlanError as exc:
         _fail(str(exc))
 
@@ -108,9 +108,18 @@ def plan(file: Path = FileArg, as_json: bool = typer.Option(False, "--json", hel
              None, "--calibration",
              help="A calibration patch from `rlscale sweep --write-calibration`: its spec: fragment (the fitted "
              "optimizer.noiseScale) is merged over FILE's spec, and its calibration: phases scale the throughput "
-             "model, as measured steps would.", show_default=False)) -> None:
+             "model, as measured steps would.", show_default=False),
+         cores: int | None = typer.Option(
+             None, "--cores", min=0,
+             help="A cpu spec: the cores `rlscale run` splits between the rollout and the learner when it "
+             "generates ahead, each phase predicted on its share (default: this machine's); 0: each role has "
+             "cores of its own, as the operator's pods do.", show_default=False)) -> None:
     """Plan the batch, learning rate and replicas, and show the candidates compared."""
     rlrun = _load(file)
+    if cores is None:
+        from rlscale.cpu_split import available_cpus
+
+        cores = len(available_cpus())
     cal = None
     if calibration is not None:
         from rlscale.sweep.patch import apply_patch, load_patch
@@ -119,7 +128,7 @@ def plan(file: Path = FileArg, as_json: bool = typer.Option(False, "--json", hel
             rlrun, cal = apply_patch(rlrun, load_patch(calibration), calibration)
         except SpecError as exc:
             _fail([str(e) for e in exc.errors])
-    p = _plan(rlrun, cal)
+    p = _plan(rlrun, cal, cores)
     d = p.to_dict()
     if as_json:
         sys.stdout.write(json.dumps(d, indent=2) + "\n")

@@ -2,9 +2,11 @@
 the learner get disjoint CPU cores, so that running them at once is overlap and not two pools of
 threads taking turns on the same cores.
 
-The cores split in proportion to the plan's predicted generate (+ reward) and train seconds, each side
-at least one core: the overlapped step is the longer of the two, and this split evens them out. With
-one core there is nothing to split (None)."""
+The cores split in proportion to the predicted generate (+ reward) and train seconds on every core, each
+side at least one core: the overlapped step is the longer of the two, and this split evens them out. With
+one core there is nothing to split (None). The planner predicts each side on its share (SystemModel.phases_at)
+and the run takes the split the plan predicted (Prediction.cores): the cores split only when the plan
+generates ahead, since the synchronous loop runs each phase fastest on every core."""
 
 from __future__ import annotations
 
@@ -18,9 +20,9 @@ class CoreSplit:
     learner: list[int]  # CPU ids of the learner processes
 
     def describe(self, generate_s: float, train_s: float) -> str:
-        """"cores: rollout 0 (1), learner 1 (1), by predicted generate 0.21 s : train 0.25 s"."""
+        """"cores: rollout 0 (1), learner 1 (1); predicted on them: generate 0.41 s, train 0.57 s"."""
         return (f"cores: rollout {_ids(self.rollout)} ({len(self.rollout)}), learner {_ids(self.learner)} "
-                f"({len(self.learner)}), by predicted generate {generate_s:.2f} s : train {train_s:.2f} s")
+                f"({len(self.learner)}); predicted on them: generate {generate_s:.2f} s, train {train_s:.2f} s")
 
 
 def _ids(cpus: list[int]) -> str:

@@ -19,7 +19,7 @@ from rich.console import Console
 from rich.live import Live
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-from rlscale.cpu_split import CoreSplit, available_cpus, split_cores
+from rlscale.cpu_split import CoreSplit, available_cpus
 from rlscale.learner_launch import colocated, learner_launches, local_gpus
 from rlscale.local_view import JsonlTail, progress_view
 from rlscale.metrics_names import DEFAULT_METRICS_PORT
@@ -204,6 +204,11 @@ class SharedNodes:
             self.address = f"127.0.0.1:{free_port()}"
         return self.address
 
+    def pinned_otherwise(self, cfg: RunConfig) -> bool:
+        """The nodes run on other cores (or threads) than `cfg`'s rollout would: a run at another staleness
+        of a staleness sweep, whose cores are split differently or not at all."""
+        return self.local is not None and _rollout_pinning(self.local.cfg) != _rollout_pinning(cfg)
+
     def ensure(self, cfg: RunConfig, replicas: int, poll: Callable[[], Any] | None = None) -> None:
         """Start the head (when it is not up) and rollout processes up to `replicas`."""
         if not self.up():
@@ -217,6 +222,11 @@ class SharedNodes:
         if self.local is not None:
             self.local.stop_all()
             self.local = None
+
+
+def _rollout_pinning(cfg: RunConfig) -> tuple[Any, ...]:
+    o = cfg.local
+    return (tuple(o.rollout_cpus or ()), o.rollout_cpu_threads) if o else ()
 
 
 def _start_nodes(local: LocalRun, address: str, replicas: int, poll: Callable[[], Any] | None = None) -> None:
@@ -377,12 +387,13 @@ def check_task(spec, model_dir: str) -> None:
                   highlight=False)
 
 
-def _core_split(spec, plan: Plan) -> CoreSplit | None:
-    """Disjoint cores for the rollout and the learner when the run may generate ahead (cpu_split.py)."""
-    if spec.algorithm.max_staleness == 0 or plan.placement == "colocated" or spec.hardware.accelerator != "cpu":
+def _core_split(plan: Plan, cpus: list[int]) -> CoreSplit | None:
+    """Disjoint cores for the rollout and the learner when the plan generates ahead on a cpu host: the
+    split the planner predicted it at (Prediction.cores, cpu_split.py)."""
+    if not plan.predicted.cores:
         return None
-    p = plan.predicted
-    return split_cores(available_cpus(), p.generate + p.reward, p.train)
+    n = plan.predicted.cores[0]
+    return CoreSplit(cpus[:n], cpus[n:])
 
 
 def prepare_run(rlrun: RLRun, runs_dir: Path, metrics_port: int, fresh: bool, options: LocalOptions | None = None,
@@ -395,7 +406,10 @@ def prepare_run(rlrun: RLRun, runs_dir: Path, metrics_port: int, fresh: bool, op
     if k is not None and k > spec.algorithm.max_staleness:
         raise ValueError(f"staleness {k} is above spec.algorithm.maxStaleness ({spec.algorithm.max_staleness}); "
                          f"raise maxStaleness to {k}, or pin at most {spec.algorithm.max_staleness}")
-    plan = make_plan(spec, staleness=k)  # k pinned (--staleness, a sweep's run): predicted and explained at k
+    cpus = available_cpus()
+    # k pinned (--staleness, a sweep's run): predicted and explained at k; generating ahead on a cpu host,
+    # each side is predicted on the cores it will get.
+    plan = make_plan(spec, staleness=k, host_cores=len(cpus))
     run_dir = (runs_dir / rlrun.name).resolve()
     if fresh and run_dir.exists():
         import shutil
@@ -412,7 +426,7 @@ def prepare_run(rlrun: RLRun, runs_dir: Path, metrics_port: int, fresh: bool, op
     # replicas never oversubscribes the cores. Generating ahead, they run at once: each gets its own.
     r = spec.rollout.replicas
     most_replicas = max(plan.rollout_replicas, spec.rollout.max_replicas if r == "auto" else r)
-    split = _core_split(spec, plan)
+    split = _core_split(plan, cpus)
     rollout_cores = len(split.rollout) if split else cores
     local = dataclasses.replace(options or LocalOptions(), head_cpus=cores,
                                 rollout_cpu_threads=max(1, rollout_cores // most_replicas),
@@ -447,6 +461,11 @@ def run_embedded(rlrun: RLRun, *, metrics_port: int = DEFAULT_METRICS_PORT, runs
         address = shared.claim_address()
         options.rollout_app = shared.app
     cfg, run_dir, plan = prepare_run(rlrun, runs_dir, metrics_port, fresh, options, seed, address)
+    if shared is not None and shared.pinned_otherwise(cfg):
+        # Kept nodes pinned for another split would measure this run on the wrong cores: new ones.
+        shared.stop()
+        cfg.ray_address = shared.claim_address()
+        cfg.save(run_dir / "run.json")
     if not quiet:
         _print_start(cfg, plan, run_dir)
 

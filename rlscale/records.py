@@ -57,6 +57,9 @@ class StepRecord:
     skipped: bool = False
     rollout_replicas: int = 1
     learner_replicas: int = 1
+    # {"rollout": n, "learner": m}: the cores each side ran on when `rlscale run` split a cpu host's cores
+    # to generate ahead (rlscale/cpu_split.py); None: every core, or pods and GPUs of their own.
+    cores: dict[str, int] | None = None
     predicted_step_seconds: float | None = None
     loss: float | None = None
     # The gradient noise scale: the learner's EMA, and this step's raw estimates (averaged over many

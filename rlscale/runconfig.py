@@ -25,13 +25,19 @@ class LocalOptions:
     linger_seconds: float = 0.0  # keep /metrics up this long after the run ends (a scraper's last look)
     replan: bool = True  # the driver re-plans between steps (a sweep pins each run's configuration)
     rollout_app: str | None = None  # a rollout app kept across runs (rlscale sweep's shared nodes) to attach to
-    # Generating ahead (spec.algorithm.maxStaleness > 0): the CPUs the Ray head and rollout processes are
+    # Generating ahead (the plan's staleness > 0): the CPUs the Ray head and rollout processes are
     # pinned to, and the learner's, disjoint so that overlapping them is not contention (cpu_split.py).
     rollout_cpus: list[int] | None = None
     learner_cpus: list[int] | None = None
     # The staleness every plan of the run keeps, whatever the planner would choose (rlscale sweep
     # --staleness, tests); None: the plan's choice within spec.algorithm.maxStaleness.
     staleness: int | None = None
+
+    def cores(self) -> dict[str, int] | None:
+        """{"rollout": n, "learner": m} when the cores are split (StepRecord.cores), else None."""
+        if not (self.rollout_cpus and self.learner_cpus):
+            return None
+        return {"rollout": len(self.rollout_cpus), "learner": len(self.learner_cpus)}
 
 
 @dataclass

@@ -102,8 +102,9 @@ class Driver:
 
     def __init__(self, *, spec: Any, plan: Plan, task: Task, tokenizer: Any, learner: Learner, rollout: Rollout,
                  run_log: RunLog, sinks: Sequence[Sink], plan_source: PlanSource, ckpt_dir: Path, run_id: str = "",
-                 seed: int = 0, metrics: RunMetrics | None = None):
+                 seed: int = 0, metrics: RunMetrics | None = None, cores: dict[str, int] | None = None):
         self.spec, self.plan, self.task, self.tok = spec, plan, task, tokenizer
+        self.cores = cores  # StepRecord.cores: the cpu host's cores `rlscale run` split between the roles
         self.learner, self.rollout = learner, rollout
         self.run_log, self.sinks, self.plan_source = run_log, list(sinks), plan_source
         self.ckpt_dir, self.run_id, self.seed, self.metrics = ckpt_dir, run_id, seed, metrics
@@ -151,7 +152,7 @@ class Driver:
                           PrometheusSink(metrics, spec.target.value), *trackers, ClosesRewardPool(reward),
                           *extra_sinks], plan_source=plan_source,
                    ckpt_dir=Path(cfg.checkpoint_dir or run_dir / "checkpoints"), run_id=run_id, seed=cfg.seed,
-                   metrics=metrics)
+                   metrics=metrics, cores=cfg.local.cores() if cfg.local else None)
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -418,7 +419,7 @@ class Driver:
             reward_mean=float(np.mean(batch.rewards)) if batch.rewards else 0.0, generated_tokens=gen_tokens,
             trained_tokens=batch.num_tokens, generated_tokens_total=st.generated_tokens_total,
             trained_tokens_total=st.trained_tokens_total, weights_version=st.version, skipped=skipped,
-            rollout_replicas=self._generating(), learner_replicas=self.plan.learner_replicas,
+            rollout_replicas=self._generating(), learner_replicas=self.plan.learner_replicas, cores=self.cores,
             predicted_step_seconds=self.plan.predicted.step_seconds, loss=stats.get("loss"),
             noise_scale=stats.get("noise_scale"), noise_grad_sq=stats.get("noise_grad_sq"),
             noise_trace=stats.get("noise_trace"), checkpoint_seconds=self.checkpoint_seconds,

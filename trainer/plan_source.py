@@ -39,15 +39,17 @@ class FixedPlan:
 class Replanner:
     """The driver re-plans itself (rlscale run), with the one re-planner the operator also runs."""
 
-    def __init__(self, spec: Any, resumed_step: int = 0, staleness: int | None = None):
+    def __init__(self, spec: Any, resumed_step: int = 0, staleness: int | None = None, host_cores: int = 0):
         self.spec = spec
         self.state = ReplanState(last_step=resumed_step)
         self.staleness = staleness  # pinned by the caller (LocalOptions.staleness): every re-plan keeps it
+        self.host_cores = host_cores  # make_plan's: the cpu host's cores `rlscale run` splits to generate ahead
 
     def after_step(self, plan: Plan, history: Sequence[StepRecord]) -> PlanChange | None:
         if not history:
             return None
-        d = replan(self.spec, plan, Measurements.from_records(history), self.state, staleness=self.staleness)
+        d = replan(self.spec, plan, Measurements.from_records(history), self.state, staleness=self.staleness,
+                   host_cores=self.host_cores)
         if d is None:
             return None
         self.state = d.state

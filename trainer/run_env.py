@@ -12,6 +12,7 @@ import threading
 import time
 from typing import Any
 
+from rlscale.cpu_split import available_cpus
 from rlscale.kube_report import KubeTarget, ProgressReporter
 from rlscale.progress_report import ProgressReport
 from rlscale.records import StepRecord
@@ -36,7 +37,15 @@ class LocalEnvironment:
         return None  # locally no replica serves /metrics of its own
 
     def plan_source(self, cfg: RunConfig) -> PlanSource:
-        return Replanner(cfg.spec, staleness=self.options.staleness) if self.options.replan else FixedPlan()
+        if not self.options.replan:
+            return FixedPlan()
+        k, host_cores = self.options.staleness, 0
+        if cfg.spec.hardware.accelerator == "cpu":
+            # The cores were split (or not) at the start for the plan's staleness, and the processes stay
+            # pinned: a re-plan keeps that staleness, and predicts each side on the cores it has.
+            k = cfg.the_plan().staleness if k is None else k
+            host_cores = len(available_cpus())
+        return Replanner(cfg.spec, staleness=k, host_cores=host_cores)
 
     def sinks(self, cfg: RunConfig, report_location: str) -> list[Sink]:
         return []

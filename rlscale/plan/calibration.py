@@ -11,7 +11,7 @@ from typing import Any
 from rlscale.metrics_names import PHASES
 from rlscale.records import StepRecord
 
-__all__ = ["CAMEL_FIELDS", "PHASES", "Calibration", "noise_from_steps"]
+__all__ = ["CAMEL_FIELDS", "PHASES", "Calibration", "cores_of", "noise_from_steps"]
 
 
 # Calibration's figures in camelCase (to_dict, a sweep's patch), phase seconds aside under "phases".
@@ -43,6 +43,9 @@ class Calibration:
     # p of the samples penalty (1 + p)^K of staleness K, fitted by `rlscale sweep --staleness` (>= 0);
     # None: the planner's default (rlscale.plan.staleness.DEFAULT_STALENESS_PENALTY).
     staleness_penalty: float | None = None
+    # (rollout, learner) cores the phases ran on, when `rlscale run` split a cpu host's cores to generate
+    # ahead; None: every core (calibrate() puts split phases back on every core).
+    cores: tuple[int, int] | None = None
 
     @property
     def has_phases(self) -> bool:
@@ -81,6 +84,8 @@ class Calibration:
         phases = {p: self.measured(p) for p in PHASES if self.measured(p) is not None}
         if phases:
             out["phases"] = phases
+        if self.cores:
+            out["cores"] = {"rollout": self.cores[0], "learner": self.cores[1]}
         return out
 
     @classmethod
@@ -89,6 +94,7 @@ class Calibration:
         d = d or {}
         kw = {attr: d[key] for key, attr in CAMEL_FIELDS.items() if d.get(key) is not None}
         kw.update({f"{p}_s": float(v) for p, v in (d.get("phases") or {}).items() if p in PHASES and _ok(v)})
+        kw["cores"] = cores_of(d.get("cores"))
         cal = cls(**kw)
         return cal if cal.calibrated or cal.has_staleness_penalty else None
 
@@ -118,7 +124,17 @@ class Calibration:
             noise_scale=noise_from_steps(recs[-window:]),
             eval_s=median_present(_num(r.eval_seconds) for r in evals[-window:]),
             steps=len(same),
+            cores=cores_of(same[-1].cores),
         )
+
+
+def cores_of(d: Any) -> tuple[int, int] | None:
+    """(rollout, learner) from {"rollout": n, "learner": m} with both at least 1, else None."""
+    if not isinstance(d, dict):
+        return None
+    r, lr = d.get("rollout"), d.get("learner")
+    ok = all(isinstance(v, int) and not isinstance(v, bool) and v >= 1 for v in (r, lr))
+    return (r, lr) if ok else None
 
 
 def noise_from_steps(records: Sequence[StepRecord], min_pairs: int = 5, z: float = 2.0) -> float | None:

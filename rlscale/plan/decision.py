@@ -51,6 +51,9 @@ class Prediction:
     eval_seconds_per_step: float = 0.0
     # Steps the rollout runs ahead of the learner: from 1 on, the step overlaps generation and training.
     staleness: int = 0
+    # Generating ahead on a shared cpu host: the cores the rollout and the learner each get (`rlscale run`
+    # pins them so, and `phases` are on them); None: every core, or cores and GPUs of their own.
+    cores: tuple[int, int] | None = None
 
     @property
     def generate(self) -> float:
@@ -72,7 +75,8 @@ class Prediction:
         return {"samplesPerSecond": self.samples_per_second, "stepSeconds": self.step_seconds,
                 "timeToTargetSeconds": self.time_to_target_seconds, "samplesToTarget": self.samples_to_target,
                 "phases": self.phases.to_dict(), "evalSecondsPerStep": self.eval_seconds_per_step,
-                "staleness": self.staleness}
+                "staleness": self.staleness, **({"cores": {"rollout": self.cores[0], "learner": self.cores[1]}}
+                                                if self.cores else {})}
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Prediction:
@@ -80,7 +84,8 @@ class Prediction:
                    time_to_target_seconds=float(d["timeToTargetSeconds"]),
                    samples_to_target=float(d["samplesToTarget"]), phases=Phases.from_dict(d["phases"]),
                    eval_seconds_per_step=float(d.get("evalSecondsPerStep") or 0.0),
-                   staleness=int(d.get("staleness") or 0))
+                   staleness=int(d.get("staleness") or 0),
+                   cores=(int(d["cores"]["rollout"]), int(d["cores"]["learner"])) if d.get("cores") else None)
 
 
 @dataclass(frozen=True)
@@ -254,8 +259,9 @@ EVAL_PROMPTS = 500
 # --------------------------------------------------------------------------- building blocks
 
 
-def system_model(spec: Any, calibration: Calibration | None = None) -> SystemModel:
-    """The uncalibrated throughput model of a spec (measured token lengths applied when known)."""
+def system_model(spec: Any, calibration: Calibration | None = None, host_cores: int = 0) -> SystemModel:
+    """The uncalibrated throughput model of a spec (measured token lengths applied when known); `host_cores`:
+    the cores of the one cpu host `rlscale run` shares between the roles (0: pods, accelerators)."""
     dtype = spec.model.dtype
     prompt = float(spec.task.expected_prompt_tokens)
     response = float(spec.task.expected_response_tokens)
@@ -279,6 +285,7 @@ def system_model(spec: Any, calibration: Calibration | None = None) -> SystemMod
         gradient_checkpointing=bool(getattr(spec.learner, "gradient_checkpointing", False)),
         group_size=spec.batch.samples_per_prompt,
         micro_batch_tokens=getattr(spec.batch, "micro_batch_tokens", None),
+        host_cores=host_cores if profile.shared_host else 0,
     )
 
 
@@ -286,14 +293,21 @@ def calibrate(model: SystemModel, calibration: Calibration) -> SystemModel:
     """Per phase, scale the model so its prediction at the measured configuration equals the measurement.
 
     Scaling a phase's time by f is dividing its usable bandwidth and FLOP/s (its efficiency factors) by f.
+    Phases measured on a share of a cpu host's cores (a run generating ahead) are first put back on
+    every core, which is what the model predicts before SystemModel.phases_at.
     """
     if not calibration.has_phases:
         return model
     raw = model.phases(calibration.prompts, calibration.samples_per_prompt,
                        calibration.rollout_replicas, calibration.learner_replicas)
+    on = {"generate": 1.0, "reward": 1.0, "train": 1.0, "sync": 1.0}
+    if calibration.cores and model.profile.shared_host:
+        g, t = (model.on_share(n / sum(calibration.cores)) for n in calibration.cores)
+        on.update(generate=g, reward=g, train=t)
     factors = {}
     for p in PHASES:
         measured, predicted = calibration.measured(p), getattr(raw, p)
+        measured = measured / on[p] if measured is not None else None
         factors[p] = measured / predicted if measured is not None and predicted > 0 else 1.0
     return replace(model, scale=Phases(**factors))
 
@@ -347,16 +361,18 @@ def replica_splits(spec: Any, placement: str = "disaggregated") -> list[tuple[in
 
 
 def make_plan(spec: Any, calibration: Calibration | None = None, placement: str | None = None,
-              staleness: int | None = None) -> Plan:
+              staleness: int | None = None, host_cores: int = 0) -> Plan:
     """Choose placement, batch, lr, replica split and staleness minimising predicted time-to-target
     T = E(N, K) / X(N, K).
 
     `placement`: predict only this one (a re-plan keeps the running placement); else spec.placement,
     whose auto predicts both on GPUs and keeps the faster. `staleness`: plan only this one (capped at
-    spec.algorithm.maxStaleness; else every one up to it)."""
+    spec.algorithm.maxStaleness; else every one up to it). `host_cores`: on a cpu accelerator, the cores of
+    the one machine `rlscale run` splits between the roles when it generates ahead (SystemModel.phases_at);
+    0 (the operator's pods): each role's cores are its own whatever the staleness."""
     cal = calibration or Calibration()
     pin = staleness
-    base = system_model(spec, cal)
+    base = system_model(spec, cal, host_cores)
     n_noise, noise_from = noise_scale_for(spec, cal)
     if getattr(spec.target, "expected_samples", None):
         e_ref, e_known = float(spec.target.expected_samples), True
@@ -452,7 +468,8 @@ def candidates(spec: Any, model: SystemModel, cal: Calibration, feasible: list[t
                staleness: int | None = None) -> list[Candidate]:
     """Every (prompts, rollout, learner, staleness) choice with its predicted phases, E, X and T.
 
-    Staleness K multiplies E by (1 + p)^K and overlaps the step (SystemModel.step_seconds)."""
+    Staleness K multiplies E by (1 + p)^K and overlaps the step (SystemModel.step_seconds), on a shared cpu
+    host with each side on its share of the cores (SystemModel.phases_at)."""
     opt, spp = spec.optimizer, spec.batch.samples_per_prompt
     ks, (p, _) = staleness_options(spec, placement, staleness), penalty_for(cal)
     n_ref = float(opt.reference_batch)
@@ -473,8 +490,9 @@ def candidates(spec: Any, model: SystemModel, cal: Calibration, feasible: list[t
             train = trains.get((n, k)) or trains.setdefault((n, k), model.train_seconds(n, k) * model.scale.train)
             ph = Phases(gen.seconds * model.scale.generate, n * reward, train, syncs[(r, k)])
             for lag in ks:
-                step, e_k = model.step_seconds(ph, lag), e * staleness_penalty(lag, p)
-                pred = Prediction(n / step, step, e_k / n * (step + evals[r]), e_k, ph, evals[r], lag)
+                ph_k, cores = model.phases_at(ph, lag)
+                step, e_k = model.step_seconds(ph_k, lag), e * staleness_penalty(lag, p)
+                pred = Prediction(n / step, step, e_k / n * (step + evals[r]), e_k, ph_k, evals[r], lag, cores)
                 cands.append(Candidate(prompts, spp, r, k, lr, gpus_for(spec, placement, r, k), pred, noise,
                                        lr_pen, gen.concurrency, gen.bound, placement, model.rollout_gpus,
                                        model.rollout_utilization, lag))

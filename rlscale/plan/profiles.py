@@ -34,6 +34,10 @@ class AcceleratorProfile:
     generate_overhead_s: float = 0.02  # fixed cost of a step's generation call: the Serve round trip
     reward_seconds_per_sample: float = 2e-5  # builtin verifiable rewards in Python
     shared_host: bool = False  # cpu: every replica shares the same cores and memory
+    # A shared host's phase on a share s of its cores takes f + (1 - f) / s of its seconds on all of them
+    # (Amdahl): f is the part more cores do not shorten. `rlscale run` splits the cores when it generates
+    # ahead (rlscale/cpu_split.py), so each side runs on its share.
+    core_serial_fraction: float = 0.0
     # What an engine holds beside weights and KV cache on each GPU: the activation peak of a
     # prefill chunk, CUDA graphs, NCCL and cuBLAS workspaces (vLLM's profile run reserves it).
     engine_overhead_bytes: float = 2 * GB
@@ -82,6 +86,10 @@ PROFILES: dict[str, AcceleratorProfile] = {
         decode_iteration_overhead_s=4e-3, micro_batch_overhead_s=0.01, sync_latency_s=0.05,
         generate_overhead_s=0.065,
         shared_host=True, engine_overhead_bytes=0.0, host_bandwidth=20 * GB,
+        # The quickstart at 32x8 on one core of two against both: generate 0.37 s vs 0.27 s (x1.37, f 0.63),
+        # train 0.58 s vs 0.38 s (x1.53, f 0.47): the phases table of docs/examples/quickstart-staleness-sweep/
+        # sweep.md (`rlscale sweep` of its quickstart-staleness.yaml with --staleness 0,1,2).
+        core_serial_fraction=0.5,
     ),
 }
 

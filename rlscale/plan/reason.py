@@ -131,6 +131,9 @@ def staleness_reason(spec: Any, win: Candidate, cands: list[Candidate], p: float
         speed, cost = _compare(win, sync)
         a, b = win.predicted, sync.predicted
         cores = " (on a cpu host each on its own cores)" if shared_host else ""
+        if a.cores:
+            cores = (f" (the cpu host's cores split {a.cores[0]} rollout : {a.cores[1]} learner, each phase "
+                     "slower on its share than on every core)")
         return (f"{head}: throughput {speed} > samples penalty {cost} against the synchronous loop{cores} "
                 f"(step {a.step_seconds:.2f} s vs {b.step_seconds:.2f} s: generate + reward "
                 f"{a.generate + a.reward:.2f} s overlaps train {a.train:.2f} s, sync {a.sync:.2f} s does not; "

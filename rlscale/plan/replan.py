@@ -191,20 +191,22 @@ class Limits:
 
 
 def replan(spec: Any, current: Plan, m: Measurements, state: ReplanState,
-           limits: Limits | None = None, staleness: int | None = None) -> Decision | None:
+           limits: Limits | None = None, staleness: int | None = None, host_cores: int = 0) -> Decision | None:
     """Re-plan at measurement step m.step if one is due (None if not): recalibrate, and switch to the
     fastest candidate when it beats the current configuration by REPLAN_MIN_GAIN at REPLAN_CONFIRM
     re-plans in a row; else keep the current one with its recalibrated prediction. `limits`: no
     candidate above them is chosen, and a current plan above them is left at once. `staleness`: pinned
     (a sweep's run, `rlscale run --staleness`): only candidates at it are chosen, so the plan's
-    predicted step is the one at the staleness the run keeps."""
+    predicted step is the one at the staleness the run keeps. `host_cores`: make_plan's (`rlscale run` on a
+    cpu host)."""
     if not due(m.step, state):
         return None
     lim = limits or Limits()
     if current.placement == "colocated":  # the engines ride on the learner pods: no rollout pods to admit
         lim = Limits(rollout=None, learners=lim.learners)
     # The placement stays too: moving the engines onto (or off) the learner GPUs is a new deployment.
-    new = make_plan(lim.apply(keep_learners(spec, current.learner_replicas)), m.calibration, current.placement)
+    new = make_plan(lim.apply(keep_learners(spec, current.learner_replicas)), m.calibration, current.placement,
+                    host_cores=host_cores)
     cands = [c for c in new.candidates if c.learner_replicas == current.learner_replicas and lim.allow(c)
              and (staleness is None or c.staleness == staleness)]
     if not cands:

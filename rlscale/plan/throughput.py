@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from rlscale.cpu_split import split_cores
 from rlscale.plan.placement import (
     broadcast_seconds,
     handover_seconds,
@@ -119,6 +120,10 @@ class SystemModel:
     gradient_checkpointing: bool = False
     group_size: int = 1  # samples per prompt: a replica must hold one group's KV cache at full length
     micro_batch_tokens: int | None = None  # batch.microBatchTokens: padded tokens per micro-batch
+    # A shared cpu host's cores (`rlscale run`): generating ahead, the run splits them between the rollout
+    # and the learner (rlscale/cpu_split.py) and each phase runs on its side's share. 0: each role has
+    # cores or accelerators of its own whatever the staleness (pods, GPUs).
+    host_cores: int = 0
 
     # ----------------------------------------------------------------- devices
 
@@ -201,16 +206,38 @@ class SystemModel:
     @property
     def overlaps(self) -> bool:
         """Whether generation can run beside training: disaggregated, on accelerators of their own or, on a
-        cpu host, on cores of their own (`rlscale run` splits them, rlscale/cpu_split.py). Colocated engines
-        sleep while the learner trains. On a cpu host the model keeps each phase's seconds on its share of
-        the cores, which overstates the overlap: the quickstart at 32x8 generated in 0.37 s on one of a
-        2-core machine's cores against 0.27 s on both and trained in 0.58 s against 0.38 s, so staleness 1
-        ran at x1.15 the synchronous loop's samples/s, not the x1.6 its phases on both cores would give
-        (docs/examples/quickstart-staleness-sweep, `rlscale sweep ... --staleness 0,1,2`)."""
+        cpu host, on cores of their own (phases_at). Colocated engines sleep while the learner trains."""
         return self.placement != "colocated"
 
+    def core_split(self, phases: Phases) -> tuple[int, int] | None:
+        """(rollout, learner) cores of a shared host generating ahead, split as `rlscale run` splits them:
+        by the phases on every core (rlscale/cpu_split.py). None: nothing to split (pods, GPUs, one core)."""
+        if not self.profile.shared_host or self.host_cores < 2 or not self.overlaps:
+            return None
+        split = split_cores(list(range(self.host_cores)), phases.generate + phases.reward, phases.train)
+        return (len(split.rollout), len(split.learner)) if split else None
+
+    def on_share(self, share: float) -> float:
+        """How much longer a phase takes on `share` of the host's cores than on all of them (Amdahl,
+        AcceleratorProfile.core_serial_fraction)."""
+        f = self.profile.core_serial_fraction
+        return f + (1.0 - f) / min(max(share, 1e-9), 1.0)
+
+    def phases_at(self, phases: Phases, staleness: int) -> tuple[Phases, tuple[int, int] | None]:
+        """The phases (on every core) as they run at this staleness, and the core split they run on. On a
+        shared cpu host generating ahead each side runs on its share of the cores: the quickstart at 32x8
+        generated in 0.37 s on one core of two against 0.27 s on both and trained in 0.58 s against 0.38 s,
+        so staleness 1 ran at x1.15 the synchronous loop's samples/s, not the x1.6 its phases on every
+        core would give (docs/examples/quickstart-staleness-sweep/sweep.md)."""
+        split = self.core_split(phases) if staleness > 0 else None
+        if split is None:
+            return phases, None
+        g, t = (self.on_share(n / sum(split)) for n in split)
+        return Phases(phases.generate * g, phases.reward * g, phases.train * t, phases.sync), split
+
     def step_seconds(self, phases: Phases, staleness: int = 0) -> float:
-        """One step at this staleness: overlapped where the placement and hardware allow, else the sum."""
+        """One step at this staleness (phases as they run: phases_at): overlapped where the placement
+        allows, else the sum."""
         return phases.step(staleness if self.overlaps else 0)
 
     def sleep_seconds(self) -> float:

@@ -16,7 +16,7 @@ from typing import Any
 import yaml
 
 from rlscale.plan import Calibration
-from rlscale.plan.calibration import CAMEL_FIELDS
+from rlscale.plan.calibration import CAMEL_FIELDS, cores_of
 from rlscale.spec import FULL_API_VERSION, MISSING, FieldError, SpecError, parse_rlrun
 
 PATCH_KIND = "RLRunCalibration"
@@ -125,6 +125,11 @@ def calibration_from(c: dict[str, Any], path: Path) -> Calibration:
             raise _err(f"{path}: calibration.{PENALTY_KEY}", v, "is not a penalty from 0 to 10 per step of staleness",
                        "rewrite it with rlscale sweep --staleness")
         kw["staleness_penalty"] = float(v)
+    if c.get("cores") is not None:
+        kw["cores"] = cores_of(c["cores"])
+        if kw["cores"] is None:
+            raise _err(f"{path}: calibration.cores", c["cores"], "is not {rollout: n, learner: m} with n, m >= 1",
+                       "give the cores each side ran on, or leave it out (the phases ran on every core)")
     phases = c.get("phases") or {}
     if not isinstance(phases, dict):
         raise _err(f"{path}: calibration.phases", phases, "is not a mapping", "give seconds per phase")

@@ -7,6 +7,7 @@ from dataclasses import dataclass, replace
 from statistics import median
 from typing import Any
 
+from rlscale.cpu_split import available_cpus
 from rlscale.metrics_names import PHASES
 from rlscale.plan import Calibration, make_plan
 from rlscale.plan.decision import system_model
@@ -45,8 +46,9 @@ class Predicted:
 
 
 def predict(spec: Any, prompts: int, rule: str, cal: Calibration | None = None, staleness: int = 0) -> Predicted:
-    """The plan of one sweep run's spec, at its staleness."""
-    p = make_plan(run_spec(spec, prompts, rule, staleness=staleness), cal, staleness=staleness)
+    """The plan of one sweep run's spec, at its staleness, on this machine's cores as its runs use them."""
+    p = make_plan(run_spec(spec, prompts, rule, staleness=staleness), cal, staleness=staleness,
+                  host_cores=len(available_cpus()))
     return Predicted(prompts, rule, p.learning_rate, p.predicted.samples_per_second, p.predicted.samples_to_target,
                      p.predicted.phases.to_dict())
 

@@ -38,3 +38,21 @@ def test_stop_ends_every_process_of_the_nodes(tmp_path):
     head, rollout = _fake_nodes(tmp_path, shared)
     shared.stop()
     assert not head.alive() and not rollout.alive() and not shared.up()
+
+
+def test_nodes_pinned_for_another_core_split_are_not_reused(tmp_path):
+    """A staleness sweep: the nodes a run generating ahead pinned to the rollout's core must not serve a
+    synchronous run (every core for each phase), nor the reverse."""
+    from types import SimpleNamespace
+
+    from rlscale.runconfig import LocalOptions
+
+    def cfg(cpus, threads):
+        return SimpleNamespace(local=LocalOptions(rollout_cpus=cpus, rollout_cpu_threads=threads))
+
+    shared = SharedNodes(tmp_path / "nodes", app="rollout-x-sweep")
+    assert not shared.pinned_otherwise(cfg([0], 1))  # no nodes yet: nothing to compare
+    shared.local = LocalRun(cfg=cfg([0], 1), run_dir=tmp_path)
+    assert not shared.pinned_otherwise(cfg([0], 1))
+    assert shared.pinned_otherwise(cfg(None, 2))
+    assert shared.pinned_otherwise(cfg([0, 1], 2))

@@ -100,6 +100,8 @@ def test_an_interrupted_run_generating_ahead_resumes_with_its_batches_and_keeps_
     cores = config["local"]
     rollout, learner = set(cores["rollout_cpus"] or ()), set(cores["learner_cpus"] or ())
     assert rollout and learner and not rollout & learner
+    # the step records say which split their phases ran on (the re-planner's calibration reads it)
+    assert all(r["cores"] == {"rollout": len(rollout), "learner": len(learner)} for r in recs), recs[-1]["cores"]
     assert "cores: rollout" in log.read_text()
 
 

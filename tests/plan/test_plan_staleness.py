@@ -195,3 +195,59 @@ def test_plan_command_shows_the_staleness(tmp_path):
     r = runner.invoke(app, ["plan", str(f)], env={"COLUMNS": "200"})
     assert r.exit_code == 0, r.output
     assert "staleness" in r.output and "maxStaleness 2" in r.output and "K staleness" in r.output
+
+
+# The quickstart's phases on both cores of a 2-core machine, at 32x8 (the committed staleness sweep's
+# calibration): one step of the synchronous loop is their sum.
+SWEEP_CAL = Calibration(prompts=32, samples_per_prompt=8, generate_s=0.268, reward_s=0.0027, train_s=0.376,
+                        sync_s=0.067)
+
+
+def quickstart_ahead():
+    spec = load_rlrun(EXAMPLES / "quickstart.yaml").spec.model_copy(deep=True)
+    spec.algorithm.max_staleness, spec.batch.prompts = 1, 32
+    return spec
+
+
+def test_on_a_shared_host_each_side_is_predicted_on_its_share_of_the_cores():
+    spec = quickstart_ahead()
+    sync = make_plan(spec, SWEEP_CAL, staleness=0, host_cores=2).predicted
+    ahead = make_plan(spec, SWEEP_CAL, staleness=1, host_cores=2).predicted
+    assert sync.cores is None and sync.generate == pytest.approx(0.268)  # the synchronous loop: every core
+    assert ahead.cores == (1, 1)
+    # one core of two: f + (1 - f) x 2 with f = 0.5, as the sweep's phases on one core measured
+    # (generate x1.37, train x1.53: docs/examples/quickstart-staleness-sweep/sweep.md)
+    assert ahead.generate == pytest.approx(0.268 * 1.5) and ahead.train == pytest.approx(0.376 * 1.5)
+    assert ahead.step_seconds == pytest.approx(max(ahead.generate + ahead.reward, ahead.train) + ahead.sync)
+    gain = ahead.samples_per_second / sync.samples_per_second
+    # measured x1.15 (the sweep) to x1.21 (bench/staleness.py); phases on every core would say x1.6
+    assert 1.05 < gain < 1.3
+    own = make_plan(spec, SWEEP_CAL, staleness=1).predicted  # pods: each side's cores are its own
+    assert own.cores is None and own.samples_per_second / sync.samples_per_second > 1.5
+    again = Plan.from_dict(make_plan(spec, SWEEP_CAL, staleness=1, host_cores=2).to_dict())
+    assert again.predicted.cores == (1, 1)
+    assert "split 1 rollout : 1 learner" in make_plan(spec, SWEEP_CAL, host_cores=2).reason
+
+
+def test_phases_measured_on_a_share_calibrate_the_model_on_every_core():
+    spec = quickstart_ahead()
+    on_share = Calibration(prompts=32, samples_per_prompt=8, generate_s=0.402, reward_s=0.00405, train_s=0.564,
+                           sync_s=0.067, cores=(1, 1))
+    sync = make_plan(spec, on_share, staleness=0, host_cores=2).predicted
+    assert sync.generate == pytest.approx(0.268) and sync.train == pytest.approx(0.376)
+    ahead = make_plan(spec, on_share, staleness=1, host_cores=2).predicted
+    assert ahead.generate == pytest.approx(0.402) and ahead.train == pytest.approx(0.564)
+    assert Calibration.from_dict(on_share.to_dict()) == on_share
+    assert calibration_from({"cores": {"rollout": 1, "learner": 1}}, "cal.yaml").cores == (1, 1)
+    with pytest.raises(Exception, match="calibration.cores"):
+        calibration_from({"cores": {"rollout": 0, "learner": 2}}, "cal.yaml")
+
+
+def test_a_run_on_split_cores_records_them_and_its_calibration_keeps_them():
+    from rlscale.records import StepRecord
+
+    recs = [StepRecord(step=i, prompts=32, samples_per_prompt=8, phases={"generate": 0.4, "train": 0.56},
+                       cores={"rollout": 1, "learner": 1}) for i in range(1, 6)]
+    assert Calibration.from_steps(recs).cores == (1, 1)
+    assert StepRecord.from_dict(recs[0].to_dict()).cores == {"rollout": 1, "learner": 1}
+    assert Calibration.from_steps([StepRecord(step=1, prompts=32, samples_per_prompt=8)]).cores is None
