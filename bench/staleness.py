@@ -1,16 +1,16 @@
 """The quickstart generating ahead of the learner (spec.algorithm.maxStaleness) against the synchronous
-loop, on this machine's CPU, one after the other with the same spec and seed.
-
-Baseline: staleness 0 (generate, score, train, publish in turn; every process may use every core).
-Against it: staleness 1 and 2 (`rlscale run --staleness K`), where the rollout generates the next batch
-while the learner trains, each on its own cores (rlscale/cpu_split.py). `--steps` steps each (the target
-set out of reach); it prints the median samples/s, step and phase seconds over the second half of the
-steps and each K's samples/s over K = 0's as a ratio. `--to-target` runs each to the quickstart's target
-instead and prints samples- and time-to-target too, per seed (`--seeds 0,1,2`, `rlscale run --seed`)
-and their median. Each run's step records carry the plan's predicted step (printed next to the measured
-one), and the K that `rlscale plan` chooses when it may (maxStaleness the largest K, not pinned) is printed
-next to the K that measured faster. `--is-cap C` sets algorithm.isCap for the runs ahead (K > 0), which
-train on samples a version old.
+loop, on this machine's CPU, one after the other with the same spec and seed. Baseline: staleness 0
+(generate, score, train, publish in turn; every process may use every core). Against it: staleness 1 and
+2 (`rlscale run --staleness K`), where the rollout generates the next batch while the learner trains,
+each on its own cores (rlscale/cpu_split.py). `--steps` steps each (the target set out of reach); it
+prints the median samples/s, step and phase seconds over the second half of the steps and each K's
+samples/s over K = 0's as a ratio. `--to-target` runs each to the quickstart's target instead and prints
+samples- and time-to-target too, per seed (`--seeds 0,1,2`, `rlscale run --seed`) and their median. Each
+run's step records carry the plan's predicted step (printed next to the measured one), and the K that
+`rlscale plan` chooses when it may (maxStaleness the largest K, not pinned) is printed next to the K that
+measured faster, and so is the planner calibrated on the synchronous runs' steps (as a run calibrates
+itself), with its predicted samples/s ratio beside the measured one. `--is-cap C` sets algorithm.isCap
+for the runs ahead (K > 0), which train on samples a version old.
 
     .venv/bin/python bench/staleness.py                      # 40 steps at K = 0, 1
     .venv/bin/python bench/staleness.py --staleness 0,1 --to-target --seeds 0,1,2 --is-cap 2
@@ -24,7 +24,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from quickstart_runs import planned, run_quickstart, summary
+from quickstart_runs import planned, quickstart_spec, run_quickstart, summary
 
 
 def _change(top: int, is_cap: float | None):
@@ -61,6 +61,28 @@ def planner_verdict(plan: dict, res: dict, ks: list[int], seeds: list[int], to_t
           f"{'matches' if best == plan['staleness'] else 'differs'}")
 
 
+def calibrated_verdict(sync_records: list[dict], ks: list[int], res: dict, seeds: list[int]) -> None:
+    """The planner calibrated as a run calibrates itself, on the synchronous runs' steps (second half, every
+    seed): the staleness it chooses and its predicted samples/s over K = 0's, next to the measured ratio."""
+    from rlscale.cpu_split import available_cpus
+    from rlscale.plan import Calibration, make_plan
+    from rlscale.records import StepRecord
+    from rlscale.spec import parse_rlrun
+
+    recs = [StepRecord.from_dict(r) for r in sync_records]
+    cal = Calibration.from_steps(recs, last=len(recs), noise_last=len(recs))
+    spec = parse_rlrun(quickstart_spec("bench-plan", _change(max(ks), None))).spec
+    plan = make_plan(spec, cal, host_cores=len(available_cpus()))
+    sps = {c.staleness: c.predicted.samples_per_second for c in plan.candidates
+           if (c.prompts, c.rollout_replicas) == (plan.prompts, plan.rollout_replicas)}
+    for k in ks[1:]:
+        measured = statistics.median(res[k, s]["samples_per_second"] / res[0, s]["samples_per_second"] for s in seeds)
+        if k in sps and 0 in sps:
+            print(f"planner (calibrated on the K=0 steps): K={k} / K=0 samples per second predicted "
+                  f"x{sps[k] / sps[0]:.2f}, measured x{measured:.2f}")
+    print(f"planner (calibrated on the K=0 steps) chooses staleness {plan.staleness}")
+
+
 def _cell(x) -> str:
     return f"{'-' if x is None else round(x, 3):>10}"
 
@@ -81,11 +103,15 @@ def main(argv=None) -> int:
     ks = sorted({0, *(int(x) for x in a.staleness.split(","))})
     seeds = [int(x) for x in a.seeds.split(",")]
     res: dict[tuple[int, int], dict] = {}
+    sync_late: list[dict] = []  # the synchronous runs' second halves: what the calibrated planner reads
     with tempfile.TemporaryDirectory(prefix="rlscale-staleness-") as d:
         plan = planned(Path(d), "bench-plan", _change(max(ks), None))
         for seed in seeds:  # seed by seed, the K values side by side: a drift in the machine hits them alike
             for k in ks:
-                res[k, seed] = summary(run(Path(d), k, max(ks), a.steps, a.to_target, seed, a.is_cap))
+                recs = run(Path(d), k, max(ks), a.steps, a.to_target, seed, a.is_cap)
+                res[k, seed] = summary(recs)
+                if k == 0:
+                    sync_late += recs[len(recs) // 2:]
     for seed in seeds:
         print(f"seed {seed:<19}" + "".join(f"{'K=' + str(k):>10}" for k in ks))
         for key in ("samples_per_second", "step_seconds", "predicted_step_seconds", "generate_seconds",
@@ -104,6 +130,7 @@ def main(argv=None) -> int:
         if t0 and tk:
             print(f"K={k} / K=0, median time to target: x{tk / t0:.2f} ({tk:.0f} s vs {t0:.0f} s)")
     planner_verdict(plan, res, ks, seeds, a.to_target)
+    calibrated_verdict(sync_late, ks, res, seeds)
     return 0
 
 
