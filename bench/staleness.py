@@ -13,7 +13,7 @@ itself), with its predicted samples/s ratio beside the measured one. `--is-cap C
 for the runs ahead (K > 0), which train on samples a version old.
 
     .venv/bin/python bench/staleness.py                      # 40 steps at K = 0, 1
-    .venv/bin/python bench/staleness.py --staleness 0,1 --to-target --seeds 0,1,2 --is-cap 2
+    .venv/bin/python bench/staleness.py --staleness 0,1 --to-target --seeds 0,1,2 --is-cap 2 --prompts 32
 """
 
 from __future__ import annotations
@@ -27,22 +27,24 @@ from pathlib import Path
 from quickstart_runs import planned, quickstart_spec, run_quickstart, summary
 
 
-def _change(top: int, is_cap: float | None):
+def _change(top: int, is_cap: float | None, prompts: int | None = None):
     def change(s: dict) -> None:
         s["placement"] = "disaggregated"
         s["algorithm"]["maxStaleness"] = top
         if is_cap is not None:
             s["algorithm"]["isCap"] = is_cap
+        if prompts:
+            s["batch"]["prompts"] = prompts
     return change
 
 
 def run(work: Path, k: int, top: int, steps: int, to_target: bool, seed: int = 0,
-        is_cap: float | None = None) -> list[dict]:
+        is_cap: float | None = None, prompts: int | None = None) -> list[dict]:
     # The baseline is the synchronous loop as a user runs it, maxStaleness 0: rlscale run splits the cores
     # whenever the spec lets the rollout run ahead, so a K=0 pin under maxStaleness 1 would time the loop
     # confined to one core per phase (0.85 s a step against 0.70 s on both: x1.62 instead of x1.21).
-    return run_quickstart(work, f"bench-k{k}-s{seed}", _change(top if k else 0, is_cap if k > 0 else None), steps,
-                          to_target, ("--staleness", str(k), "--seed", str(seed)))
+    return run_quickstart(work, f"bench-k{k}-s{seed}", _change(top if k else 0, is_cap if k > 0 else None, prompts),
+                          steps, to_target, ("--staleness", str(k), "--seed", str(seed)))
 
 
 def planner_verdict(plan: dict, res: dict, ks: list[int], seeds: list[int], to_target: bool) -> None:
@@ -61,7 +63,8 @@ def planner_verdict(plan: dict, res: dict, ks: list[int], seeds: list[int], to_t
           f"{'matches' if best == plan['staleness'] else 'differs'}")
 
 
-def calibrated_verdict(sync_records: list[dict], ks: list[int], res: dict, seeds: list[int]) -> None:
+def calibrated_verdict(sync_records: list[dict], ks: list[int], res: dict, seeds: list[int],
+                       prompts: int | None = None) -> None:
     """The planner calibrated as a run calibrates itself, on the synchronous runs' steps (second half, every
     seed): the staleness it chooses and its predicted samples/s over K = 0's, next to the measured ratio."""
     from rlscale.cpu_split import available_cpus
@@ -71,7 +74,7 @@ def calibrated_verdict(sync_records: list[dict], ks: list[int], res: dict, seeds
 
     recs = [StepRecord.from_dict(r) for r in sync_records]
     cal = Calibration.from_steps(recs, last=len(recs), noise_last=len(recs))
-    spec = parse_rlrun(quickstart_spec("bench-plan", _change(max(ks), None))).spec
+    spec = parse_rlrun(quickstart_spec("bench-plan", _change(max(ks), None, prompts))).spec
     plan = make_plan(spec, cal, host_cores=len(available_cpus()))
     sps = {c.staleness: c.predicted.samples_per_second for c in plan.candidates
            if (c.prompts, c.rollout_replicas) == (plan.prompts, plan.rollout_replicas)}
@@ -99,16 +102,19 @@ def main(argv=None) -> int:
     ap.add_argument("--to-target", action="store_true", help="run each to the quickstart's target")
     ap.add_argument("--seeds", default="0", help="comma-separated seeds (rlscale run --seed)")
     ap.add_argument("--is-cap", type=float, default=None, help="algorithm.isCap of the runs with K > 0")
+    ap.add_argument("--prompts", type=int, default=None,
+                    help="batch.prompts of every run (default: each run's plan chooses, and may choose another "
+                    "batch at K > 0: the comparison is then of the plans, not of the overlap alone)")
     a = ap.parse_args(argv)
     ks = sorted({0, *(int(x) for x in a.staleness.split(","))})
     seeds = [int(x) for x in a.seeds.split(",")]
     res: dict[tuple[int, int], dict] = {}
     sync_late: list[dict] = []  # the synchronous runs' second halves: what the calibrated planner reads
     with tempfile.TemporaryDirectory(prefix="rlscale-staleness-") as d:
-        plan = planned(Path(d), "bench-plan", _change(max(ks), None))
+        plan = planned(Path(d), "bench-plan", _change(max(ks), None, a.prompts))
         for seed in seeds:  # seed by seed, the K values side by side: a drift in the machine hits them alike
             for k in ks:
-                recs = run(Path(d), k, max(ks), a.steps, a.to_target, seed, a.is_cap)
+                recs = run(Path(d), k, max(ks), a.steps, a.to_target, seed, a.is_cap, a.prompts)
                 res[k, seed] = summary(recs)
                 if k == 0:
                     sync_late += recs[len(recs) // 2:]
@@ -130,7 +136,7 @@ def main(argv=None) -> int:
         if t0 and tk:
             print(f"K={k} / K=0, median time to target: x{tk / t0:.2f} ({tk:.0f} s vs {t0:.0f} s)")
     planner_verdict(plan, res, ks, seeds, a.to_target)
-    calibrated_verdict(sync_late, ks, res, seeds)
+    calibrated_verdict(sync_late, ks, res, seeds, a.prompts)
     return 0
 
 

@@ -44,7 +44,9 @@ class LocalEnvironment:
             # The cores were split (or not) at the start for the plan's staleness, and the processes stay
             # pinned: a re-plan keeps that staleness, and predicts each side on the cores it has.
             k = cfg.the_plan().staleness if k is None else k
-            host_cores = len(available_cpus())
+            # This process is pinned to the learner's cores: the host's are both sides' together.
+            split = self.options.cores()
+            host_cores = sum(split.values()) if split else len(available_cpus())
         return Replanner(cfg.spec, staleness=k, host_cores=host_cores)
 
     def sinks(self, cfg: RunConfig, report_location: str) -> list[Sink]:
