@@ -49,6 +49,27 @@ def handover_seconds(weight_bytes: float, device_bandwidth: float) -> float:
     return 2.0 * weight_bytes / device_bandwidth
 
 
+# --------------------------------------------------------------------------- transfer backends
+
+# How new weights reach the engines: vLLM's weight transfer engines on GPUs, and on the CPU the
+# transports rlscale registers with vLLM's factory, which run the same four-phase protocol
+# (init, start, update, finish) over another wire (rlscale.rollout.transfer).
+TRANSFER_BACKENDS = {
+    ("gpu", "disaggregated"): "nccl",  # a broadcast group: learner rank 0 -> every replica's workers
+    ("gpu", "colocated"): "ipc",  # CUDA IPC handles on the same GPU (NCCL refuses two processes on one GPU)
+    ("cpu", "disaggregated"): "gloo",  # the nccl stand-in: a chained gloo broadcast
+    ("cpu", "colocated"): "shm",  # the ipc stand-in: a shared-memory bucket on the node
+}
+
+
+def transfer_backend(accelerator: str, placement: str) -> str:
+    """The weight transfer backend of a placement: nccl or ipc on a GPU, gloo or shm on cpu."""
+    kind = "cpu" if accelerator == "cpu" else "gpu"
+    if placement not in ("colocated", "disaggregated"):
+        raise ValueError(f"placement {placement!r}: use colocated or disaggregated")
+    return TRANSFER_BACKENDS[(kind, placement)]
+
+
 # --------------------------------------------------------------------------- from the spec
 
 
