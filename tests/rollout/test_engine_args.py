@@ -122,7 +122,7 @@ class FakeLLM:
         self.calls.append(f"sleep{level}")
 
     def wake_up(self, tags=None):
-        self.calls.append("wake")
+        self.calls.append("wake" + ("" if tags is None else ":" + ",".join(tags)))
         return True
 
 
@@ -133,6 +133,7 @@ def _bare_engine(on_gpu: bool, sleep_mode: bool) -> RolloutEngine:
     eng = RolloutEngine.__new__(RolloutEngine)
     eng.config = EngineConfig(model="m", enable_sleep_mode=sleep_mode)
     eng.llm, eng.on_gpu, eng.asleep, eng._lock, eng.version = FakeLLM(), on_gpu, False, threading.Lock(), 0
+    eng._woken, eng._updating, eng.slept_level = set(), False, 0
     return eng
 
 
@@ -147,6 +148,21 @@ def test_sleep_and_wake_call_vllm_level_1_once_on_gpu():
         eng.load_weights({}, version=1)
     assert eng.wake_up() is True and not eng.asleep
     assert eng.llm.calls == ["sleep1", "wake"]
+
+
+def test_level_2_wakes_the_weights_for_an_update_before_the_kv_cache():
+    eng = _bare_engine(on_gpu=True, sleep_mode=True)
+    assert eng.sleep(level=2) is True and eng.slept_level == 2
+    with pytest.raises(RuntimeError, match="wake_up"):
+        eng.begin_update()  # the weights sleep: an update has nowhere to land
+    assert eng.wake_up(["weights"]) is True and eng.asleep  # the KV cache still sleeps
+    with pytest.raises(RuntimeError, match="wake_up"):
+        eng.generate([[1, 2]])
+    eng.begin_update()
+    eng.abort_update()  # a broken update: no request may use the weights
+    assert eng.version == -1 and not eng._lock.locked()
+    assert eng.wake_up(["kv_cache"]) is True and not eng.asleep
+    assert eng.llm.calls == ["sleep2", "wake:weights", "wake:kv_cache"]
 
 
 @pytest.mark.parametrize("on_gpu,sleep_mode", [(False, True), (True, False), (False, False)])
