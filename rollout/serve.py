@@ -27,8 +27,6 @@ from rlscale.rollout.placement import ServingState, here, hosting_pods, live, se
 from rlscale.rollout.replica_sync import WeightStore, wait_for_version  # noqa: E402
 from rlscale.rollout.transfer.buckets import DEFAULT_BUCKET_BYTES  # noqa: E402
 from rlscale.rollout.transfer.control import Member, ReplicaClient, ReplicaCommands  # noqa: E402
-from rlscale.rollout.transfer.publisher import LocalTrainer, SyncResult, WeightPublisher  # noqa: E402
-from rlscale.rollout.transfer.sources import TensorsSource  # noqa: E402
 
 log = logging.getLogger(__name__)
 
@@ -276,13 +274,13 @@ class RolloutClient:
         self._store = None
         self._handle = None
         self._published: int | None = None
-        self._publisher: WeightPublisher | None = None
-        self._tensors = TensorsSource({})  # what publish_weights sends when given tensors, not a source
+        self._publisher: Any = None  # rlscale.trainer.transfer.publisher.WeightPublisher
+        self._tensors: Any = None  # what publish_weights sends when given tensors, not a source
         # A sender that can catch a replica up (the driver's publish of the version it holds), called before a
         # request goes out while a ready replica is behind: a restarted replica would otherwise wait for a
         # publish that waits for its requests. None where the trainer may be busy (generation ahead).
         self.on_behind: Any = None
-        self.last_sync: SyncResult | None = None  # what the newest publish did
+        self.last_sync: Any = None  # what the newest publish did (its SyncResult)
         self.retries = 0  # requests resent after their replica died
         self.attached = False  # deploy() found a kept app with this engine and used its replicas
         self._retries_lock = threading.Lock()
@@ -455,7 +453,7 @@ class RolloutClient:
         """The weight transfer backend the replicas' engines were built with (EngineConfig.transfer_backend)."""
         return str(self.engine_config.get("transfer_backend"))
 
-    def publish_weights(self, version: int, weights: Any, trainer: Any = None) -> SyncResult:
+    def publish_weights(self, version: int, weights: Any, trainer: Any = None) -> Any:
         """Publish `version` to every ready replica through vLLM's weight transfer engines: `weights` is a vLLM
         WeightSource (a learner's, re-iterated at every publish), or a dict or (name, tensor) pairs. `trainer`:
         where the trainer engine runs when not in this process alone (a learner's ranks, for ipc/shm).
@@ -464,8 +462,13 @@ class RolloutClient:
         if self._published is not None and version < self._published:
             raise ValueError(f"weights version {version} is older than the published {self._published}; "
                              "publish increasing versions")
+        from rlscale.trainer.transfer.publisher import LocalTrainer, WeightPublisher
+
         source = weights if hasattr(weights, "metadata") else None
         if source is None:
+            from rlscale.trainer.transfer.sources import TensorsSource
+
+            self._tensors = self._tensors or TensorsSource({})
             self._tensors.items = list(weights.items() if isinstance(weights, Mapping) else weights)
             source = self._tensors
         trainer = trainer or (self._publisher.trainer if self._publisher is not None

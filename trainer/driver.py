@@ -384,7 +384,7 @@ class Driver:
             if getattr(self.learner, "engine", None) is None or not hasattr(self.learner, "iter_weights"):
                 return self.learner.export_weights(), None
             from rlscale.rollout.transfer import ALL_RANK_BACKENDS
-            from rlscale.trainer.transfer.source import LearnerRanks, learner_source
+            from rlscale.trainer.transfer.sources import LearnerRanks, learner_source
 
             device = str(self.learner.device) if getattr(self.rollout, "weights_on_device", False) else "cpu"
             if getattr(self.rollout, "backend", "") in ALL_RANK_BACKENDS and self.learner.world_size > 1:

@@ -36,7 +36,7 @@ class Rollout(Protocol):
 
     def publish_weights(self, version: int, weights: Any) -> Any:
         """Weights version `version` to every ready replica: `weights` a vLLM WeightSource (the learner's) or
-        named tensors; the result says how (rlscale.rollout.transfer.publisher.SyncResult)."""
+        named tensors; the result says how (rlscale.trainer.transfer.publisher.SyncResult)."""
         ...
 
     def sleep(self, level: int = 1) -> Any:

@@ -12,7 +12,8 @@ import torch
 from rlscale.rollout.transfer import gloo
 from rlscale.rollout.transfer.buckets import Meta, bucket_nbytes, metas, plan_buckets
 from rlscale.rollout.transfer.control import Member, member_init_infos
-from rlscale.rollout.transfer.sources import TensorsSource
+from rlscale.trainer.transfer.gloo_trainer import GlooTrainerInitInfo, GlooTrainerWeightTransferEngine
+from rlscale.trainer.transfer.sources import TensorsSource
 
 
 def weights(seed: int = 0) -> dict[str, torch.Tensor]:
@@ -113,8 +114,8 @@ def test_gloo_reaches_every_replica_bit_for_bit_and_the_trainer_sends_each_byte_
     source = TensorsSource(w)
     meta = metas(source.metadata())
     bucket = bucket_nbytes(meta, (0, 4))
-    info = gloo.GlooTrainerInitInfo(rank=0, world_size=4, bucket_bytes=bucket, chunk_bytes=64, timeout_s=30)
-    trainer = gloo.GlooTrainerWeightTransferEngine.trainer_init(info, client=ThreadClient(engines), source=source)
+    info = GlooTrainerInitInfo(rank=0, world_size=4, bucket_bytes=bucket, chunk_bytes=64, timeout_s=30)
+    trainer = GlooTrainerWeightTransferEngine.trainer_init(info, client=ThreadClient(engines), source=source)
     trainer.send_weights()
     total = bucket_nbytes(meta, (0, 4)) + bucket_nbytes(meta, (4, 7))  # the wire's bytes: aligned starts
     assert total < sum(m.nbytes for m in meta) + 16 * len(meta)
@@ -131,8 +132,8 @@ def test_gloo_reaches_every_replica_bit_for_bit_and_the_trainer_sends_each_byte_
 
 def test_a_replica_that_stops_taking_part_fails_the_send_instead_of_hanging_it():
     engines = replicas(2)
-    info = gloo.GlooTrainerInitInfo(rank=0, world_size=3, bucket_bytes=256, chunk_bytes=64, timeout_s=3)
-    trainer = gloo.GlooTrainerWeightTransferEngine.trainer_init(
+    info = GlooTrainerInitInfo(rank=0, world_size=3, bucket_bytes=256, chunk_bytes=64, timeout_s=3)
+    trainer = GlooTrainerWeightTransferEngine.trainer_init(
         info, client=ThreadClient(engines, die_after_init=1), source=TensorsSource(weights()))
     with pytest.raises(Exception):  # noqa: B017 - gloo's timeout or the first replica's, whichever comes first
         trainer.send_weights()
@@ -141,16 +142,16 @@ def test_a_replica_that_stops_taking_part_fails_the_send_instead_of_hanging_it()
 def test_a_source_that_disagrees_with_its_metadata_is_refused():
     engines = replicas(1)
     src = TensorsSource(weights())
-    info = gloo.GlooTrainerInitInfo(rank=0, world_size=2, bucket_bytes=10**6, timeout_s=5)
-    trainer = gloo.GlooTrainerWeightTransferEngine.trainer_init(info, client=ThreadClient(engines), source=src)
+    info = GlooTrainerInitInfo(rank=0, world_size=2, bucket_bytes=10**6, timeout_s=5)
+    trainer = GlooTrainerWeightTransferEngine.trainer_init(info, client=ThreadClient(engines), source=src)
     src.metadata = lambda: [Meta("model.embed_tokens.weight", "float16", (37, 16))]  # declared otherwise
     with pytest.raises(ValueError, match="metadata declared"):
         trainer.send_weights()
 
 
 def test_the_driver_hands_the_accelerator_over_in_the_colocated_order(caplog):
-    from rlscale.rollout.transfer.publisher import SyncResult
     from rlscale.trainer.driver import Driver
+    from rlscale.trainer.transfer.publisher import SyncResult
 
     calls = []
 

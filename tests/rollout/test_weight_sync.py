@@ -50,7 +50,7 @@ def digests(client, n: int, version: int, timeout_s: float = 120.0) -> dict[str,
 
 def test_updates_reach_every_replica_alike_and_the_sender_sends_each_byte_once(client, model_dirs):
     from rlscale.rollout.transfer.buckets import largest_bucket, metas, plan_buckets
-    from rlscale.rollout.transfer.sources import TensorsSource
+    from rlscale.trainer.transfer.sources import TensorsSource
 
     w, other = decisive_state_dict(model_dirs[1], seed=1), decisive_state_dict(model_dirs[0], seed=0)
     res = client.publish_weights(1, w)

@@ -33,7 +33,7 @@ class TransferRanks:
 
         from rlscale.rollout.transfer import register
         from rlscale.rollout.transfer.control import NullClient
-        from rlscale.trainer.transfer.source import learner_source
+        from rlscale.trainer.transfer.sources import learner_source
 
         register()
         info = getattr(importlib.import_module(module), cls_name)(rank=self.rank, **fields)

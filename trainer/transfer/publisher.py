@@ -58,12 +58,12 @@ def trainer_init_info(backend: str, rank: int, *, host: str, world_size: int, bu
     """The trainer-side init info of `backend` for trainer rank `rank` (the sender is rank 0)."""
     register()
     if backend == "gloo":
-        from rlscale.rollout.transfer.gloo import GlooTrainerInitInfo
+        from rlscale.trainer.transfer.gloo_trainer import GlooTrainerInitInfo
 
         return GlooTrainerInitInfo(rank=rank, master_address=host, world_size=world_size, bucket_bytes=bucket_bytes,
                                    timeout_s=timeout_s)
     if backend == "shm":
-        from rlscale.rollout.transfer.shm import ShmTrainerInitInfo
+        from rlscale.trainer.transfer.shm_trainer import ShmTrainerInitInfo
 
         return ShmTrainerInitInfo(rank=rank, bucket_bytes=bucket_bytes)
     if backend == "nccl":
