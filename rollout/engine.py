@@ -358,7 +358,7 @@ class RolloutEngine:
         items = named_tensors.items() if isinstance(named_tensors, Mapping) else named_tensors
         t0 = time.perf_counter()
         with self._lock:
-            if self.config.multiprocess:
+            if self.config.multiprocess or self.config.tensor_parallel_size > 1:
                 # Across the engine-process boundary tensors arrive as nested lists: a weights directory.
                 self._reload_via_path(items)
             else:
@@ -366,7 +366,8 @@ class RolloutEngine:
                                         kwargs={"weights_iterator": iter([(n, t.detach()) for n, t in items])})
             self._after_weights(version)
         seconds = time.perf_counter() - t0
-        self.last_update = {"path": "directory" if self.config.multiprocess else "reload", "seconds": seconds}
+        remote = self.config.multiprocess or self.config.tensor_parallel_size > 1
+        self.last_update = {"path": "directory" if remote else "reload", "seconds": seconds}
         return seconds
 
 
