@@ -17,7 +17,8 @@ from typing import Any
 
 import torch
 
-DEFAULT_BUCKET_BYTES = 512 * 2**20
+from rlscale.plan.placement import TRANSFER_BUCKET_BYTES as DEFAULT_BUCKET_BYTES
+
 # Each tensor starts at a multiple of this in its bucket: a view of the bytes as a wider dtype needs its offset
 # divisible by the element size (a bool mask of 5 bytes would leave the next float32 at an odd offset).
 ALIGN = 16
