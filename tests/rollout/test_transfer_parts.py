@@ -186,3 +186,28 @@ def test_the_driver_hands_the_accelerator_over_in_the_colocated_order(caplog):
     Driver._hand_to_rollout(d)
     Driver._ready_to_generate(d)
     assert calls[1:] == ["sleep2", "reload", "offload", "wake:weights", "wake:kv_cache"]
+
+
+def test_shm_maps_each_bucket_in_place_and_a_rank_clears_its_stale_segments(monkeypatch):
+    from multiprocessing import shared_memory
+    from pathlib import Path
+
+    from rlscale.rollout.transfer import shm
+    from rlscale.trainer.transfer.shm_trainer import ShmTrainerInitInfo, ShmTrainerWeightTransferEngine
+
+    monkeypatch.setattr(shm, "layerwise_start", lambda model: None)
+    monkeypatch.setattr(shm, "layerwise_finish", lambda model, cfg: None)
+    stale = shared_memory.SharedMemory(name="rlscale-w-r0-stale0test", create=True, size=64)
+    stale.close()  # left behind by a crashed rank 0: only its name in /dev/shm
+    cfg = SimpleNamespace(parallel_config=None, model_config=None)
+    (worker,) = engines = [shm.ShmWeightTransferEngine(None, cfg, torch.device("cpu"), FakeModel())]
+    w = weights(3)
+    trainer = ShmTrainerWeightTransferEngine.trainer_init(
+        ShmTrainerInitInfo(rank=0, bucket_bytes=2048), client=ThreadClient(engines), source=TensorsSource(w))
+    trainer.send_weights()
+    assert not Path("/dev/shm/rlscale-w-r0-stale0test").exists()
+    assert all(torch.equal(worker.model.loaded[k], v) for k, v in w.items())
+    assert worker.stats.buffer_peak == 0 and worker.stats.received == trainer.last_bytes > 0  # mapped, not received
+    name = trainer.seg.name
+    trainer.shutdown()
+    assert not Path(f"/dev/shm/{name}").exists()

@@ -8,6 +8,7 @@ import time
 import uuid
 from dataclasses import asdict, dataclass
 from multiprocessing import shared_memory
+from pathlib import Path
 from typing import ClassVar
 
 import torch
@@ -56,7 +57,12 @@ class ShmTrainerWeightTransferEngine(TrainerWeightTransferEngine[ShmTrainerInitI
     def _segment(self, nbytes: int) -> shared_memory.SharedMemory:
         if self.seg is None or self.seg.size < nbytes:
             self._free()
-            self.seg = shared_memory.SharedMemory(name=f"rlscale-w-{uuid.uuid4().hex[:16]}", create=True,
+            prefix = f"rlscale-w-r{self.info.rank}-"
+            # A rank that crashed left its segment in /dev/shm, which outlives a container restart in its pod
+            # (a memory-backed emptyDir): this rank's earlier ones go before a new one takes the memory.
+            for old in Path("/dev/shm").glob(prefix + "*"):
+                old.unlink(missing_ok=True)
+            self.seg = shared_memory.SharedMemory(name=prefix + uuid.uuid4().hex[:16], create=True,
                                                   size=max(1, nbytes))
         return self.seg
 
