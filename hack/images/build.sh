@@ -1,16 +1,16 @@
 #!/usr/bin/env bash
 # Builds the rlscale images on this machine, without a registry, idempotently:
 #   1. the pinned Debian bookworm root filesystems (hack/images/base.sh, mmdebstrap), imported
-#      as localhost/rlscale/base{,-dev}:<key>;
-#   2. images/torch (the shared heavy layer), then images/trainer, images/rollout and
-#      images/operator, with podman build; the host's ~/.cache/uv is bound into every RUN, so
+#      as localhost/rlscale/base{,-dev,-gpu}:<key> (base-gpu for the gpu variant only);
+#   2. images/torch (the shared heavy layer: torch and vLLM), then images/trainer,
+#      images/rollout and images/operator, with podman build; the host's ~/.cache/uv is bound into every RUN, so
 #      installs come from the same cache (and the same requirements/constraints.txt) as .venv.
 # The names are in hack/images/tags.env. A run whose inputs (Dockerfiles, requirements, the
 # rlscale sources, these scripts) hash as the last successful one did, and whose images are
 # all still there, returns at once; after a change podman's layer cache rebuilds only the
 # layers below the change. Installs podman/mmdebstrap/runc from Debian when missing.
-# Usage: hack/images/build.sh [cpu|gpu]   (gpu: the GPU variants, for a machine that has the
-#        network to fetch vllm's CUDA wheels; the test cluster uses cpu, the default)
+# Usage: hack/images/build.sh [cpu|gpu]   (gpu: the GPU variants, torch's and vllm's CUDA 13
+#        wheels from PyPI, ~10 GB more in ~/.cache/uv; the test cluster uses cpu, the default)
 set -euo pipefail
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 ROOT="$(cd "$HERE/../.." && pwd)"
@@ -73,14 +73,17 @@ import_base() {
 }
 # (A failure inside $(...) does not stop the script by itself: say so and stop.)
 BASE=$(import_base base) || { echo "build.sh: the base image failed (above)" >&2; exit 1; }
-BASE_DEV=$(import_base base-dev) || { echo "build.sh: the base-dev image failed (above)" >&2; exit 1; }
-# Earlier bases (another lock, another recipe): their tarballs and tags go.
-for t in $(pod images --format '{{.Repository}}:{{.Tag}}' | grep -E '^localhost/rlscale/base(-dev)?:'); do
-  [[ $t == "$BASE" || $t == "$BASE_DEV" ]] || pod rmi "$t" >/dev/null 2>&1 || true
+# The torch image's base: base-dev, or for gpu base-gpu (base-dev + rdma-core's libraries).
+case $VARIANT in cpu) torch_base=base-dev other=base-gpu ;; gpu) torch_base=base-gpu other=base-dev ;; esac
+BASE_DEV=$(import_base "$torch_base") || { echo "build.sh: the $torch_base image failed (above)" >&2; exit 1; }
+# Earlier bases of this kind (another lock, another recipe): their tarballs and tags go; the
+# other variant's torch base stays.
+for t in $(pod images --format '{{.Repository}}:{{.Tag}}' | grep -E '^localhost/rlscale/base(-dev|-gpu)?:'); do
+  [[ $t == "$BASE" || $t == "$BASE_DEV" || $t == localhost/rlscale/"$other":* ]] || pod rmi "$t" >/dev/null 2>&1 || true
 done
-keep1=${BASE#localhost/rlscale/}; keep2=${BASE_DEV#localhost/rlscale/}
+keep1=${BASE#localhost/rlscale/}; keep2=${BASE_DEV#localhost/rlscale/}; other_tar=$other-
 for f in "$IMAGES_CACHE"/base/*.tar; do
-  [[ $f == */"${keep1/:/-}.tar" || $f == */"${keep2/:/-}.tar" ]] || rm -f "$f"
+  [[ $f == */"${keep1/:/-}.tar" || $f == */"${keep2/:/-}.tar" || $(basename "$f") == "$other_tar"* ]] || rm -f "$f"
 done
 
 build_args=(--network host --pull=never --layers --ignorefile "$HERE/containerignore"
