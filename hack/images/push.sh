@@ -14,7 +14,8 @@
 # Usage: hack/images/push.sh REGISTRY [cpu|gpu] [TAG]
 #   REGISTRY  host[:port]/path, e.g. registry.example.com/ml/rlscale
 # Env: RLSCALE_PUSH_TLS_VERIFY=false for a plain-http registry (e.g. one on 127.0.0.1);
-#      RLSCALE_PUSH_DRY_RUN=1 prints the source and destination of each image and pushes nothing.
+#      RLSCALE_PUSH_DRY_RUN=1 prints the source and destination of each image and pushes nothing;
+#      RLSCALE_PUSH_ONLY=operator[,trainer,...] pushes only those (tests/node/test_registry.py).
 # At the end it prints the chart values that point a release at what it pushed.
 set -euo pipefail
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -58,11 +59,19 @@ pairs=("$RLSCALE_OPERATOR_IMAGE" "$REGISTRY/operator:$TAG"
        "$RLSCALE_TORCH_IMAGE" "$REGISTRY/torch:$TAG$suffix"
        "$RLSCALE_TRAINER_IMAGE" "$REGISTRY/trainer:$TAG$suffix"
        "$RLSCALE_ROLLOUT_IMAGE" "$REGISTRY/rollout:$TAG$suffix")
+only=${RLSCALE_PUSH_ONLY:-operator,torch,trainer,rollout}
+for name in ${only//,/ }; do
+  case "$name" in operator|torch|trainer|rollout) ;;
+    *) echo "push.sh: RLSCALE_PUSH_ONLY names '$name'; the images are operator, torch, trainer, rollout" >&2; exit 2 ;;
+  esac
+done
 tls=${RLSCALE_PUSH_TLS_VERIFY:-true}
 case "$tls" in true|false) ;; *) echo "push.sh: RLSCALE_PUSH_TLS_VERIFY must be true or false, not '$tls'" >&2; exit 2 ;; esac
 start=$(date +%s)
 for ((i = 0; i < ${#pairs[@]}; i += 2)); do
   src=${pairs[i]} dst=${pairs[i + 1]}
+  name=${dst##*/}; name=${name%%:*}
+  [[ ",$only," == *",$name,"* ]] || continue
   if [[ -n ${RLSCALE_PUSH_DRY_RUN:-} ]]; then echo "$src -> $dst"; continue; fi
   pod image exists "$src" || { echo "push.sh: $src is not built; run make images VARIANT=$VARIANT first" >&2; exit 1; }
   t0=$(date +%s)
@@ -73,7 +82,7 @@ for ((i = 0; i < ${#pairs[@]}; i += 2)); do
   echo "[push]   $dst: $(( $(date +%s) - t0 )) s"
 done
 [[ -n ${RLSCALE_PUSH_DRY_RUN:-} ]] && exit 0
-echo "[push] pushed $(( ${#pairs[@]} / 2 )) images in $(( $(date +%s) - start )) s. Point the chart at them:"
+echo "[push] pushed $only in $(( $(date +%s) - start )) s. Point the chart at them:"
 echo "  helm upgrade --install rlscale charts/rlscale -n rlscale-system --create-namespace \\"
 echo "    --set operator.image.repository=$REGISTRY/operator --set operator.image.tag=$TAG \\"
 echo "    --set runImages.trainer=$REGISTRY/trainer:$TAG$suffix --set runImages.rollout=$REGISTRY/rollout:$TAG$suffix"

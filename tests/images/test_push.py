@@ -68,6 +68,7 @@ def test_the_cpu_variant_is_pushed_under_its_own_tags_and_the_operator_is_shared
     (("reg.example/rlscale", "tpu"), {}, "VARIANT must be cpu or gpu, not 'tpu'"),
     (("reg.example/rlscale", "cpu", "-bad"), {}, "TAG is '-bad'"),
     (("reg.example/rlscale",), {"RLSCALE_PUSH_TLS_VERIFY": "no"}, "RLSCALE_PUSH_TLS_VERIFY must be true or false"),
+    (("reg.example/rlscale",), {"RLSCALE_PUSH_ONLY": "operator,ray"}, "RLSCALE_PUSH_ONLY names 'ray'"),
 ])
 def test_bad_input_is_refused_naming_the_value_and_the_fix(args, env, words):
     r = push(*args, **env, RLSCALE_PUSH_DRY_RUN="1")
