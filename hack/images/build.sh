@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Builds the rlscale images on this machine, without a registry, idempotently:
 #   1. the pinned Debian bookworm root filesystems (hack/images/base.sh, mmdebstrap), imported
-#      as localhost/rlscale/base{,-dev,-gpu}:<key> (base-gpu for the gpu variant only);
+#      as localhost/rlscale/base{,-dev}:<key>;
 #   2. images/torch (the shared heavy layer: torch and vLLM), then images/trainer,
 #      images/rollout and images/operator, with podman build; the host's ~/.cache/uv is bound into every RUN, so
 #      installs come from the same cache (and the same requirements/constraints.txt) as .venv.
@@ -73,17 +73,14 @@ import_base() {
 }
 # (A failure inside $(...) does not stop the script by itself: say so and stop.)
 BASE=$(import_base base) || { echo "build.sh: the base image failed (above)" >&2; exit 1; }
-# The torch image's base: base-dev, or for gpu base-gpu (base-dev + rdma-core's libraries).
-case $VARIANT in cpu) torch_base=base-dev other=base-gpu ;; gpu) torch_base=base-gpu other=base-dev ;; esac
-BASE_DEV=$(import_base "$torch_base") || { echo "build.sh: the $torch_base image failed (above)" >&2; exit 1; }
-# Earlier bases of this kind (another lock, another recipe): their tarballs and tags go; the
-# other variant's torch base stays.
-for t in $(pod images --format '{{.Repository}}:{{.Tag}}' | grep -E '^localhost/rlscale/base(-dev|-gpu)?:'); do
-  [[ $t == "$BASE" || $t == "$BASE_DEV" || $t == localhost/rlscale/"$other":* ]] || pod rmi "$t" >/dev/null 2>&1 || true
+BASE_DEV=$(import_base base-dev) || { echo "build.sh: the base-dev image failed (above)" >&2; exit 1; }
+# Earlier bases (another lock, another recipe): their tarballs and tags go.
+for t in $(pod images --format '{{.Repository}}:{{.Tag}}' | grep -E '^localhost/rlscale/base(-dev)?:'); do
+  [[ $t == "$BASE" || $t == "$BASE_DEV" ]] || pod rmi "$t" >/dev/null 2>&1 || true
 done
-keep1=${BASE#localhost/rlscale/}; keep2=${BASE_DEV#localhost/rlscale/}; other_tar=$other-
+keep1=${BASE#localhost/rlscale/}; keep2=${BASE_DEV#localhost/rlscale/}
 for f in "$IMAGES_CACHE"/base/*.tar; do
-  [[ $f == */"${keep1/:/-}.tar" || $f == */"${keep2/:/-}.tar" || $(basename "$f") == "$other_tar"* ]] || rm -f "$f"
+  [[ $f == */"${keep1/:/-}.tar" || $f == */"${keep2/:/-}.tar" ]] || rm -f "$f"
 done
 
 build_args=(--network host --pull=never --layers --ignorefile "$HERE/containerignore"
