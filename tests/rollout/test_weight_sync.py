@@ -116,7 +116,8 @@ def test_shm_the_ipc_stand_in_loads_the_same_weights_from_shared_memory(client, 
         res = shm.publish_weights(1, w)
         assert (res.backend, res.replicas) == ("shm", 1), res
         (stats,) = res.receivers.values()
-        assert stats["received"] == res.tensor_bytes and stats["buffer_peak"] == 0  # mapped, not copied in
+        assert stats["received"] == res.tensor_bytes  # every byte from shared memory
+        assert 0 < stats["buffer_peak"] <= BUCKET  # a bucket's copy at a time: the segment is refilled
         out = shm.generate([PROMPT] * 2, temperature=0.0, max_new_tokens=12, version=1)
         expected = hf_greedy(hf_model(w, model_dirs[1]), PROMPT, 12, EOF_ID)
         assert all(s.token_ids == expected for g in out for s in g)
