@@ -21,6 +21,7 @@ DeepSpeed (docs/gpu.md names the wheels to carry). Without a GPU it says so, lis
 from __future__ import annotations
 
 import argparse
+import importlib.metadata
 import os
 import platform
 import sys
@@ -65,9 +66,10 @@ def settings(a, device_name: str) -> Settings:
 
 
 def version(name: str) -> str:
+    """The installed distribution's version, without importing it (DeepSpeed's import takes seconds)."""
     try:
-        return __import__(name).__version__
-    except Exception:  # absent, or broken on import: the report says so
+        return importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError:
         return "absent"
 
 
@@ -102,6 +104,7 @@ def run_checks(s: Settings, budget: Budget, planner, profile) -> list[dict]:
         except Exception as exc:
             rows.append(row(check, "check", "", verdict="error", note=common.short(exc, 300),
                             traceback=traceback.format_exc()[-3000:]))
+        common.free(s.device)  # what this process cached goes back before the next check's processes start
     return rows
 
 

@@ -63,13 +63,16 @@ def receiver(conn, device: str, nbytes: int) -> None:
     conn.send("ready")
     while (msg := conn.recv()) is not None:
         index, handle = msg
+        t0 = time.perf_counter()
         src, segment = open_bucket(handle)
+        t1 = time.perf_counter()
         dest.copy_(src)
         first, last = int(dest[0]), int(dest[-1])  # .item() waits for the copy
+        t2 = time.perf_counter()
         del src
         if segment is not None:
             segment.close()
-        conn.send((index, first, last))
+        conn.send((index, first, last, t1 - t0, t2 - t1))
 
 
 def _answer(conn, what: str):
@@ -97,7 +100,7 @@ def handover_times(device: str, nbytes: int, buckets: int) -> dict:
             pair = [torch.frombuffer(seg.buf, dtype=torch.uint8, count=nbytes) for seg in segments]
         if _answer(conn, "ready") != "ready":
             raise RuntimeError("the receiving process did not start")
-        seconds, wrong = [], []
+        seconds, opens, copies, wrong = [], [], [], []
         for i in range(buckets):
             bucket, value = pair[i % 2], i % 250 + 1
             bucket.fill_(value)
@@ -106,13 +109,15 @@ def handover_times(device: str, nbytes: int, buckets: int) -> dict:
             handle = export_bucket(bucket, segments[i % 2] if segments else None)
             t0 = time.perf_counter()
             conn.send((i, handle))
-            index, first, last = _answer(conn, f"bucket {i}")
+            index, first, last, opened, copied = _answer(conn, f"bucket {i}")
             seconds.append(time.perf_counter() - t0)
+            opens.append(opened)
+            copies.append(copied)
             if (index, first, last) != (i, value, value):
                 wrong.append(f"bucket {i}: got ({index}, {first}, {last}), expected ({i}, {value}, {value})")
         conn.send(None)
         proc.join(timeout=30)
-        return {"seconds": seconds, "wrong": wrong}
+        return {"seconds": seconds, "open_s": opens, "copy_s": copies, "wrong": wrong}
     finally:
         if proc.is_alive():
             proc.kill()
@@ -135,13 +140,16 @@ def ipc_rows(s, measured: dict, planner, profile) -> list[dict]:
     size = f"{nbytes / 2**30:g} GiB" if nbytes >= 2**30 else f"{nbytes / 2**20:g} MiB"
     steady = secs[1:] or secs
     mean = sum(steady) / len(steady)
+    n = len(steady)
+    opened, copied = sum(measured["open_s"][-n:]) / n, sum(measured["copy_s"][-n:]) / n
     pred_gbs = nbytes / predicted_s / 1e9 if predicted_s else None
     rows = [
         row("ipc", f"first {size} bucket ({kind}, receiver's first open)", "GB/s", nbytes / secs[0] / 1e9, pred_gbs,
-            note=f"{secs[0] * 1e3:.2f} ms", seconds=secs[0]),
+            note=f"{secs[0] * 1e3:.2f} ms (open {measured['open_s'][0] * 1e3:.2f} ms)", seconds=secs[0]),
         row("ipc", f"steady {size} buckets x{len(steady)} ({kind})", "GB/s", nbytes / mean / 1e9, pred_gbs,
-            gated=s.gated, note=f"{mean * 1e3:.2f} ms a bucket (fastest {min(steady) * 1e3:.2f}); predicted: the "
-            "planner's handover_seconds, a device copy at the profile's usable bandwidth", seconds=steady),
+            gated=s.gated, note=f"{mean * 1e3:.2f} ms a bucket (fastest {min(steady) * 1e3:.2f}; the receiver's "
+            f"open {opened * 1e3:.2f} ms, copy {copied * 1e3:.2f} ms); predicted: the planner's handover_seconds, "
+            "a device copy at the profile's usable bandwidth", seconds=steady),
     ]
     rows.append(row("ipc", "bucket contents", "bytes checked", verdict="FAIL" if measured["wrong"] else "ok",
                     note="; ".join(measured["wrong"]) or f"first and last byte of all {len(secs)} buckets as sent"))
@@ -185,13 +193,14 @@ def nccl_member(rank: int, port: int, answers, timeout_s: float) -> None:
                 pass
 
 
-def nccl_verdict(answers: list[tuple], timeout_s: float) -> dict:
+def nccl_verdict(answers: list[tuple], timeout_s: float, exitcodes: list | None = None) -> dict:
     """ok when both ranks were refused for a duplicate GPU; FAIL when the group formed, hung, or was refused
     for another reason (then it proves nothing about two processes on one GPU)."""
     item, why = "two-process NCCL group on one GPU", "why colocated placement hands weights over by CUDA IPC"
     if len(answers) < 2:
         return row("nccl", item, "refused", verdict="FAIL", note=f"{2 - len(answers)} rank(s) neither formed the "
-                   f"group nor were refused within {timeout_s:.0f} s (hung): {answers}")
+                   f"group nor were refused within {timeout_s:.0f} s (hung, or died: exit codes {exitcodes}): "
+                   f"{answers}")
     formed = [a for a in answers if a[1] == "formed"]
     if formed:
         return row("nccl", item, "refused", verdict="FAIL", note="NCCL formed the group (" + formed[0][2] + "): the "
@@ -227,4 +236,4 @@ def run_nccl(s, budget) -> list[dict]:
             if p.is_alive():
                 p.kill()
                 p.join()
-    return [nccl_verdict(got, s.nccl_timeout_s)]
+    return [nccl_verdict(got, s.nccl_timeout_s, [p.exitcode for p in procs])]

@@ -67,6 +67,10 @@ def predictions(s, planner, profile, cfg: dict) -> dict:
 # ----------------------------------------------------------------------------- rows
 
 
+def params_text(n: float) -> str:
+    return f"{n / 1e9:.2f}B params" if n >= 1e8 else f"{n:,.0f} params"
+
+
 def learner_rows(s, cfg: dict, m: dict, p: dict | None, note: str = "") -> list[dict]:
     """tokens/s, the step's peak, the activations and the resident states, each against the planner."""
     item, g = label(cfg), s.gated
@@ -79,7 +83,7 @@ def learner_rows(s, cfg: dict, m: dict, p: dict | None, note: str = "") -> list[
     step = sum(m["step_s"]) / len(m["step_s"])
     rows = [row("learner", item, "tokens/s", m["tokens"] / step, p.get("tokens_per_s"), gated=g,
                 note=f"{step:.3f} s a step of {m['tokens']:,} tokens (warm-up {m['warmup_s']:.1f} s, init "
-                f"{m.get('init_s', 0):.0f} s), {m['params'] / 1e9:.2f}B params{note}", **m)]
+                f"{m.get('init_s', 0):.0f} s), {params_text(m['params'])}{note}", **m)]
     peak, resident = m.get("peak_bytes"), m.get("resident_bytes")
     if peak is None:
         rows.append(row("learner", item, "peak GB", verdict="n/a", note="no allocator statistics on the CPU"))
@@ -98,18 +102,37 @@ def learner_rows(s, cfg: dict, m: dict, p: dict | None, note: str = "") -> list[
 
 
 def offload_rows(s, cfg: dict, off: dict, p: dict | None) -> list[dict]:
-    """The steady (last) cycle against the planner (the first also pins the host buffers, shown apart)."""
+    """The steady (last) cycle against the planner (the first also pins the host buffers, shown apart).
+    Where DeepSpeed refused to offload the optimizer's states, a FAIL row says so and the figures are those
+    of the partial offload, against the planner's bytes of the weights alone."""
     item, g, p = label(cfg), s.gated, p or {}
+    if "error" in off:
+        return [row("offload", item, "offload_states", verdict="error", note=off["error"])]
+    rows, resident, host_s = [], p.get("resident"), p.get("host_copy_s")
+    if off.get("refused"):
+        rows.append(row("offload", item, "optimizer states offloaded", verdict="FAIL",
+                        note=f"offload_states refused them ({off['refused']}): at ZeRO-3 DeepSpeed offloads the fp32 "
+                        "master weights and Adam's state only for its FusedAdam, and the learner runs torch's AdamW "
+                        "(torch_adam, trainer/learner.py), so a colocated ZeRO-3 learner keeps them on the GPU; "
+                        f"below: {', '.join(off['partial'])} only, against the weights' bytes"))
+        resident = p.get("grads")  # the bf16 weights: params x dtype bytes, the same count as the gradients
+        host_s = resident / p["host_bandwidth"] if resident else None
+    what = "the weights' bytes" if off.get("refused") else "learner_memory less gradients"
     first, last = off["cycles"][0], off["cycles"][-1]
     host = f"planner: placement.sleep_seconds at host_bandwidth {p['host_bandwidth'] / 1e9:g} GB/s" if p else ""
-    return [
-        row("offload", item, "freed GB", gb(last["freed_allocated"]), gb(p.get("resident")), gated=g,
-            note=f"allocated before - after offload_states + empty_cache (reserved freed "
-            f"{last['freed_reserved'] / 1e9:.1f} GB); planner: learner_memory less gradients"),
-        row("offload", item, "offload s", last["offload_s"], p.get("host_copy_s"), gated=g,
+    freed = last.get("freed_allocated")
+    if freed is None:
+        freed_note, back = "no allocator statistics on the CPU (the calls ran, host to host)", ""
+    else:
+        freed_note = (f"allocated before - after offload_states + empty_cache (reserved freed "
+                      f"{last['freed_reserved'] / 1e9:.1f} GB); planner: {what}")
+        back = f"; {last['restored'] / 1e9:.1f} GB back"
+    return rows + [
+        row("offload", item, "freed GB", gb(freed), gb(resident), gated=g, note=freed_note),
+        row("offload", item, "offload s", last["offload_s"], host_s, gated=g,
             note=f"first cycle {first['offload_s']:.2f} s (pins the host buffers); {host}"),
-        row("offload", item, "reload s", last["reload_s"], p.get("host_copy_s"), gated=g,
-            note=f"first cycle {first['reload_s']:.2f} s; {gb(last['restored']):.1f} GB back"),
+        row("offload", item, "reload s", last["reload_s"], host_s, gated=g,
+            note=f"first cycle {first['reload_s']:.2f} s{back}"),
         row("offload", item, "trains after reload", verdict="ok" if off["trains_after_reload"] else "FAIL",
             note=f"loss {off['loss_after_reload']}"),
     ]

@@ -77,33 +77,65 @@ def timed_steps(learner, batch: dict, steps: int, device: str) -> dict:
             "loss": last.get("loss"), "grad_norm": last.get("grad_norm")}
 
 
-def offload_cycles(learner, batch: dict, cycles: int = 2) -> dict:
+# What offload_states moves when it refuses the optimizer's states (ZeRO-3 with torch's AdamW, below).
+PARTIAL = ("lp_params", "lp_grads", "contiguous_grad_buffer")
+
+
+def offload_once(engine, include):
+    """offload_states of everything (include None), or of `include`. At ZeRO-3 DeepSpeed offloads the fp32
+    master weights and Adam's state only for its own FusedAdam (an assertion in stage3.offload_states, raised
+    before anything moves); the learner runs torch's AdamW, so then the rest is offloaded and the refusal
+    returned."""
+    from deepspeed.runtime.zero.offload_config import OffloadStateTypeEnum
+
+    if include is None:
+        try:
+            engine.offload_states()
+            return None, None
+        except AssertionError as exc:
+            include = [OffloadStateTypeEnum(x) for x in PARTIAL]
+            engine.offload_states(include=include)
+            return include, " ".join(str(exc).split())
+    engine.offload_states(include=include)
+    return include, None
+
+
+def offload_cycles(learner, batch: dict, device: str, cycles: int = 2) -> dict:
     """offload_states, then torch.cuda.empty_cache() (the colocated order, issue 40 item 2), then
     reload_states: seconds and bytes freed per cycle; the first pins the host buffers, later ones reuse
-    them. Then one step, which must still train (a finite loss)."""
+    them. Then one step, which must still train (a finite loss). On the CPU the same calls run (DeepSpeed's
+    CPU accelerator copies host to host), which tests the calls, not the figures."""
     import torch
 
-    engine, out = learner.engine, []
+    def empty_cache():
+        if device == "cuda":
+            torch.cuda.empty_cache()
+
+    engine, out, include, refused = learner.engine, [], None, None
     for _ in range(cycles):
-        torch.cuda.synchronize()
-        torch.cuda.empty_cache()
-        before = memory("cuda")
+        sync(device)
+        empty_cache()
+        before = memory(device)
         t0 = time.perf_counter()
-        engine.offload_states()
-        torch.cuda.synchronize()
+        include, why = offload_once(engine, include)
+        refused = refused or why
+        sync(device)
         off = time.perf_counter() - t0
-        torch.cuda.empty_cache()
-        offloaded = memory("cuda")
+        empty_cache()
+        offloaded = memory(device)
         t0 = time.perf_counter()
         engine.reload_states()
-        torch.cuda.synchronize()
-        out.append({"offload_s": off, "reload_s": time.perf_counter() - t0,
-                    "freed_allocated": before["allocated"] - offloaded["allocated"],
-                    "freed_reserved": before["reserved"] - offloaded["reserved"],
-                    "restored": memory("cuda")["allocated"] - offloaded["allocated"]})
+        sync(device)
+        cycle = {"offload_s": off, "reload_s": time.perf_counter() - t0}
+        if device == "cuda":
+            cycle.update(freed_allocated=before["allocated"] - offloaded["allocated"],
+                         freed_reserved=before["reserved"] - offloaded["reserved"],
+                         restored=memory(device)["allocated"] - offloaded["allocated"])
+        out.append(cycle)
     stats = learner.step(batch)
     loss = stats.get("loss")
-    return {"cycles": out, "loss_after_reload": loss, "trains_after_reload": loss is not None and math.isfinite(loss)}
+    return {"cycles": out, "loss_after_reload": loss, "trains_after_reload": loss is not None and math.isfinite(loss),
+            "refused": refused, "partial": [str(x.value) for x in include] if include else None}
 
 
 def param_count(module) -> int:
@@ -128,7 +160,10 @@ def one(cfg: dict, args: dict, Learner, LearnerConfig) -> dict:
         out["tokens"] = args["samples"] * (args["prompt"] + args["response"])
         out.update(timed_steps(learner, batch, args["steps"], device))
         if cfg.get("offload"):
-            out["offload"] = offload_cycles(learner, batch)
+            try:
+                out["offload"] = offload_cycles(learner, batch, device)
+            except Exception as exc:  # the learner's rows stand; the offload row says what failed
+                out["offload"] = {"error": f"{type(exc).__name__}: {' '.join(str(exc).split())[:400]}"}
         if device == "cuda":
             out["device_total"] = torch.cuda.get_device_properties(0).total_memory
     except torch.cuda.OutOfMemoryError as exc:

@@ -80,6 +80,25 @@ def test_cpu_smoke_trains_rlscales_deepspeed_learner_at_zero_1_and_3(tmp_path):
     assert speed[0]["params"] == speed[2]["params"]  # ZeRO-3's placeholders counted at full size
 
 
+@pytest.mark.slow
+def test_offload_states_on_the_cpu_and_the_zero_3_refusal():
+    """DeepSpeed's offload_states / reload_states through the learner on the CPU (host to host: the calls, not
+    the figures). At ZeRO-3 DeepSpeed refuses the optimizer's states unless it runs its FusedAdam; the
+    learner runs torch's AdamW, so the check fails there and measures the partial offload."""
+    planner, _ = common.import_planner()
+    s = common.cpu_smoke_settings(["offload"])
+    rows = learner.run(s, common.Budget(600), planner, planner.profiles.PROFILES["cpu"], learner=False, offload=True)
+    by = {(r["item"], r["metric"]): r for r in rows}
+    z1, z3 = "ZeRO-1, checkpointing off", "ZeRO-3, checkpointing off"
+    assert by[(z1, "tokens/s")]["measured"] > 0 and by[(z3, "tokens/s")]["measured"] > 0
+    for item in (z1, z3):
+        assert by[(item, "trains after reload")]["verdict"] == "ok"
+        assert by[(item, "offload s")]["measured"] > 0 and by[(item, "reload s")]["measured"] > 0
+    assert (z1, "optimizer states offloaded") not in by
+    refused = by[(z3, "optimizer states offloaded")]
+    assert refused["verdict"] == "FAIL" and "FusedAdam" in refused["note"] and "lp_params" in refused["note"]
+
+
 def test_the_gate_fails_a_miss_of_more_than_2x_either_way():
     assert common.row("x", "i", "m", 1.9, 1.0, gated=True)["verdict"] == "ok"
     assert common.row("x", "i", "m", 0.55, 1.0, gated=True)["verdict"] == "ok"
