@@ -175,8 +175,8 @@ def nccl_member(rank: int, port: int, answers, timeout_s: float) -> None:
     import torch
     import torch.distributed as dist
 
-    torch.cuda.set_device(0)
     try:
+        torch.cuda.set_device(0)
         dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2,
                                 timeout=timedelta(seconds=timeout_s), device_id=torch.device("cuda", 0))
         t = torch.ones(1, device="cuda")

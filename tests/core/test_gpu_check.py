@@ -160,6 +160,15 @@ def test_nccl_verdicts():
     assert other["verdict"] == "FAIL" and "proves nothing" in other["note"]
 
 
+def test_the_nccl_check_runs_two_ranks_and_without_a_gpu_proves_nothing():
+    # the two processes, their answers and the verdict; here both fail before NCCL (no CUDA device)
+    s = common.cpu_smoke_settings(["nccl"])
+    s.nccl_timeout_s = 20
+    (r,) = handover.run_nccl(s, common.Budget(600))
+    assert r["verdict"] == "FAIL" and "refused, but not for a duplicate GPU" in r["note"], r
+    assert r["note"].count("|") == 1  # both ranks answered
+
+
 def test_roofline_and_planner_decode_for_7b_on_h200():
     planner, note = common.import_planner()
     assert planner is not None, note
