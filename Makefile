@@ -88,14 +88,21 @@ bench: venv
 	$(PY) bench/operator_scale.py
 	$(PY) bench/k8s_vs_local.py
 
-## make gpu-check: what only a GPU can tell (docs/gpu.md): decode tokens/s against concurrency on
-## Qwen2.5-1.5B/7B shapes and a learner step, beside the planner's numbers; the GPU preflight on the
-## real driver. Needs torch and transformers only (no venv step: a GPU machine's python3 will do);
-## without a GPU it says so and exits 0. GPU_CHECK_ARGS=--cpu-smoke runs the code on a tiny CPU model.
+## make gpu-check: the checks that decide whether the GPU path works (docs/gpu.md, "make gpu-check"):
+## cuInit, CUDA IPC handover, the NCCL group NCCL must refuse, rlscale's DeepSpeed learner and its
+## offload_states, HF decode; each against the planner, exit 1 on a miss of more than 2x. No venv step: a
+## GPU machine's python3 with torch and transformers will do; the wheels `bash bench/gpu_checks/wheels.sh`
+## puts in GPU_WHEELS (DeepSpeed and its dependencies) are installed beside it first where DeepSpeed is missing.
+## Without a GPU it says so and exits 0; GPU_CHECK_ARGS=--cpu-smoke runs the checks' code on the CPU.
 GPU_CHECK_PY ?= $(if $(wildcard $(PY)),$(PY),python3)
 GPU_CHECK_ARGS ?=
+GPU_WHEELS ?= bench/out/gpu-wheels
+GPU_WHEELS_DIR ?= $(CURDIR)/bench/out/gpu-wheels-installed
 gpu-check:
-	$(GPU_CHECK_PY) bench/gpu_check.py $(GPU_CHECK_ARGS)
+	@if ls $(GPU_WHEELS)/*.whl >/dev/null 2>&1 && ! $(GPU_CHECK_PY) -c "import deepspeed" >/dev/null 2>&1; then \
+	  $(GPU_CHECK_PY) -m pip install --quiet --no-index --no-deps --upgrade --target $(GPU_WHEELS_DIR) \
+	    $(GPU_WHEELS)/*.whl; fi
+	PYTHONPATH=$(GPU_WHEELS_DIR)$${PYTHONPATH:+:$$PYTHONPATH} $(GPU_CHECK_PY) bench/gpu_check.py $(GPU_CHECK_ARGS)
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache
