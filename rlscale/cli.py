@@ -99,7 +99,29 @@ def validate(files: list[Path] = typer.Argument(..., help="RLRun YAML files.", s
         out.print(f"[green]ok[/] {f}: RLRun {r.name} ({s.algorithm.name}, {s.model.path}, "
                   f"{s.hardware.accelerator}){note}",
                   highlight=False, soft_wrap=True)
+        lr_line = effective_lr_note(s)
+        if lr_line:
+            out.print(f"   {lr_line}", highlight=False, soft_wrap=True, markup=False)
     raise typer.Exit(1 if bad else 0)
+
+
+def effective_lr_note(spec) -> str:
+    """What lr the run trains with, when optimizer.scaling moves it off the lr written (else ""): a TRL user's
+    lr at another batch is rescaled, and should be told so before the run starts."""
+    from rlscale.plan.samples import scaled_lr
+
+    opt = spec.optimizer
+    if opt.scaling == "none":
+        return ""
+    n = spec.batch.fixed_samples()
+    if n is None:
+        return (f"lr {fmt_lr(opt.lr)} is for optimizer.referenceBatch {opt.reference_batch} samples; the planned "
+                f"batch trains at it scaled by the {opt.scaling} rule (`rlscale plan` shows the lr)")
+    if n == opt.reference_batch:
+        return ""
+    return (f"lr {fmt_lr(opt.lr)} at optimizer.referenceBatch {opt.reference_batch} trains at "
+            f"{fmt_lr(scaled_lr(opt.lr, n, opt.reference_batch, opt.scaling))} on this spec's {n} samples per "
+            f"step ({opt.scaling} rule; set referenceBatch: {n} or scaling: none to keep lr as written)")
 
 
 @app.command()
@@ -221,8 +243,9 @@ def run(
                                  help="Keep /metrics up this many seconds after the run ends (for a last scrape)."),
     staleness: int | None = typer.Option(None, "--staleness", min=0, help="Generate this many steps ahead of the "
                                          "learner whatever the plan chooses (at most spec.algorithm.maxStaleness)."),
-    seed: int = typer.Option(0, "--seed", min=0, help="Seed of the prompt order and the sampling (the held-out "
-                             "split keeps task.seed): repeat a run with other seeds to see its spread."),
+    seed: int | None = typer.Option(None, "--seed", min=0, help="Seed of the prompt order and the sampling (the "
+                                    "held-out split keeps task.seed), over spec.seed: repeat a run with other seeds "
+                                    "to see its spread.", show_default="spec.seed"),
 ) -> None:
     """Run an RLRun on this machine (CPU or one GPU): plan, roll out, learn, report."""
     rlrun = _load(file)

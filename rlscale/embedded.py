@@ -397,7 +397,7 @@ def _core_split(plan: Plan, cpus: list[int]) -> CoreSplit | None:
 
 
 def prepare_run(rlrun: RLRun, runs_dir: Path, metrics_port: int, fresh: bool, options: LocalOptions | None = None,
-                seed: int = 0, ray_address: str | None = None) -> tuple[RunConfig, Path, Plan]:
+                seed: int | None = None, ray_address: str | None = None) -> tuple[RunConfig, Path, Plan]:
     """Plan, resolve the model and write run.json into runs/<name>/ (`ray_address`: an existing
     cluster's, else a free port for the run's own head). `options`: head_cpus and rollout_cpu_threads
     are filled in from this machine's cores."""
@@ -441,13 +441,13 @@ def prepare_run(rlrun: RLRun, runs_dir: Path, metrics_port: int, fresh: bool, op
 
 
 def run_embedded(rlrun: RLRun, *, metrics_port: int = DEFAULT_METRICS_PORT, runs_dir: Path = Path("runs"),
-                 fresh: bool = False, linger: float = 0.0, seed: int = 0, replan: bool = True,
+                 fresh: bool = False, linger: float = 0.0, seed: int | None = None, replan: bool = True,
                  render: Callable[[StepRecord | None], Any] | None = None,
                  shared: SharedNodes | None = None, staleness: int | None = None) -> int:
     """Run the RLRun on this machine; returns the driver's exit code.
 
-    `seed` and `replan`: see RunConfig.seed and LocalOptions.replan; `render(last_record)` replaces the
-    progress view, and the console lines around the run, for a caller that shows its own (rlscale sweep);
+    `seed` (None: spec.seed) and `replan`: see RunConfig.seed and LocalOptions.replan; `render(last_record)`
+    replaces the progress view, and the console lines around the run, for a caller that shows its own (rlscale sweep);
     `shared`: Ray nodes and a rollout app kept across runs, which the run joins (started if not up);
     `staleness`: pins the plan's staleness (LocalOptions.staleness).
     """
