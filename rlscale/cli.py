@@ -236,9 +236,11 @@ def crd() -> None:
 def run(
     file: Path = FileArg,
     metrics_port: int = typer.Option(DEFAULT_METRICS_PORT, "--metrics-port",
-                                     help="Prometheus /metrics port (0: pick a free one)."),
+                                     help="Prometheus /metrics port, claimed before anything starts; taken (another "
+                                     "run, another server): the next free one, printed. 0: any free one."),
     runs_dir: Path = typer.Option(Path("runs"), "--runs-dir", help="Where run reports and checkpoints go."),
-    fresh: bool = typer.Option(False, "--fresh", help="Start over instead of resuming from the last checkpoint."),
+    fresh: bool = typer.Option(False, "--fresh", help="Start over (deleting runs/NAME) instead of resuming from the "
+                               "last checkpoint; a finished run starts nothing without it."),
     linger: float = typer.Option(0.0, "--linger",
                                  help="Keep /metrics up this many seconds after the run ends (for a last scrape)."),
     staleness: int | None = typer.Option(None, "--staleness", min=0, help="Generate this many steps ahead of the "
@@ -253,16 +255,19 @@ def run(
         from rlscale.embedded import run_embedded
     except ImportError as exc:  # the train extra is missing
         _fail(f"the embedded runner needs the train extra ({exc}); run `make run` or pip install 'rlscale[train]'")
+    from rlscale.local_ports import NoFreePort
     from rlscale.plan import PlanError
 
     try:
         code = run_embedded(rlrun, metrics_port=metrics_port, runs_dir=runs_dir, fresh=fresh, linger=linger,
-                            staleness=staleness, seed=seed)
+                            staleness=staleness, seed=seed, source=file)
     except ValueError as exc:  # --staleness above spec.algorithm.maxStaleness
         _fail(str(exc))
     except SpecError as exc:  # the dataset, the reward or the model's template, found before any process started
         _fail([str(e) for e in exc.errors])
     except PlanError as exc:  # a spec only the planner can judge (no candidate fits the budget)
+        _fail(str(exc))
+    except NoFreePort as exc:  # every port from --metrics-port up is taken
         _fail(str(exc))
     raise typer.Exit(code)
 

@@ -174,6 +174,7 @@ def summarize(records: list[StepRecord], plans: list[dict[str, Any]], target: fl
     lines = [f"# RLRun {name}", ""]
     if not records:
         return "\n".join(lines + ["No steps were recorded."])
+    lines += ["![curves](curves.png)", ""]  # the curves first: what a reader opens the report for
     last = records[-1]
     reached = next((r for r in records if r.time_to_target_seconds is not None), None)
     if reached:
@@ -231,7 +232,7 @@ def summarize(records: list[StepRecord], plans: list[dict[str, Any]], target: fl
                          f"lr {p.get('learningRate', 0):.3g}, rollout {p.get('rolloutReplicas')}, "
                          f"learner {p.get('learnerReplicas')} — {p.get('reason', '')}"
                          + (f" (re-planned: {p['why']})" if p.get("why") and p["why"] != p.get("reason") else ""))
-    lines += ["", "![curves](curves.png)", ""]
+    lines.append("")
     return "\n".join(lines)
 
 
