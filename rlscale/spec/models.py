@@ -44,7 +44,8 @@ RLRUN_NAME_MAX = 63
 MAX_REPLICAS = 64
 MAX_PROMPTS = 16384
 MAX_SAMPLES_PER_PROMPT = 1024
-# Length defaults with a dataset are TRL's GRPOConfig ones (max_completion_length 256, max_prompt_length 512);
+# Length defaults with a dataset are TRL's GRPOConfig ones (max_completion_length 256; max_prompt_length 512 in
+# the releases that have it, as verl's data.max_prompt_length);
 # builtin:arithmetic's prompts are at most 9 tokens and its answers at most 5 (BOS "999+999=" -> "1998" EOS).
 DEFAULT_MAX_NEW_TOKENS = 256
 DEFAULT_PROMPT_ROOM = 512
@@ -105,8 +106,8 @@ class ModelSpec(_Model):
     )
     max_length: PosInt | None = Field(
         None, description="Longest sequence (prompt + response) in tokens. Unset: task.maxNewTokens + 512 with "
-        "task.dataset (TRL's max_prompt_length 512 + max_completion_length 256 = 768 by default), "
-        "task.maxNewTokens + 120 on builtin:arithmetic (128 by default).")
+        "task.dataset (768 by default: TRL's max_completion_length 256 and the max_prompt_length 512 of the TRL "
+        "releases that have one), task.maxNewTokens + 120 on builtin:arithmetic (128 by default).")
     shape: ModelShapeSpec | None = Field(
         None,
         description="Architecture numbers for planning; optional for builtin models, known "
