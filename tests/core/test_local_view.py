@@ -144,3 +144,23 @@ def test_the_metrics_port_is_claimed_and_a_taken_one_moves_on():
     again = claim_metrics_port(port)  # released at the run's end
     assert again.port == port
     again.release()
+
+
+def test_the_summary_sets_the_plan_at_start_beside_the_measurement(tmp_path):
+    """Each record's planned step time comes from the model recalibrated on the steps before it; the plan made
+    before the first step is what a reader can hold the run to."""
+    run_dir = tmp_path / "r"
+    run_dir.mkdir()
+    first = {"atStep": 0, "prompts": 32, "samplesPerPrompt": 8, "calibrated": False,
+             "predicted": {"stepSeconds": 0.5, "samplesPerSecond": 512.0, "samplesToTarget": 4096.0,
+                           "timeToTargetSeconds": 8.0}}
+    later = {**first, "atStep": 4, "calibrated": True, "why": "measured",
+             "predicted": {**first["predicted"], "stepSeconds": 0.69}}
+    (run_dir / "plan.json").write_text(json.dumps({"plans": [first, later]}))
+    write_run(run_dir, records(8, reached_at=8))
+    summary = (run_dir / "summary.md").read_text()
+    assert "## The plan at start vs measured (uncalibrated: the accelerator profile's prediction)" in summary
+    assert "| step time (s) | 0.500 | 0.700 | 1.40 |" in summary
+    assert "| throughput (samples/s) | 512.0 | 365.0 | 0.71 |" in summary
+    assert "| samples to target | 4,096 | 2,048 | 0.50 |" in summary  # reached at step 8: 8 x 256
+    assert "| time to target (s) | 8 | 6 | 0.70 |" in summary  # 0.7 s x 8 steps = 5.6 s
