@@ -96,8 +96,14 @@ def plot_curves(records: list[StepRecord], target: float, metric: str, out: Path
     return out
 
 
+def completion_tokens(rec: StepRecord) -> float | None:
+    """The step's mean completion length in tokens (generated tokens over its samples)."""
+    return rec.generated_tokens / rec.batch_samples if rec.batch_samples else None
+
+
 def plot_diagnostics(records: list[StepRecord], out: Path) -> Path | None:
-    """One panel per step diagnostic (rlscale.progress.DIAGNOSTIC_FORMATS) against the step."""
+    """One panel per step diagnostic (rlscale.progress.DIAGNOSTIC_FORMATS) against the step, and the mean
+    completion length (a policy that learns to stop early, or runs into task.maxNewTokens, shows there)."""
     if not records:
         return None
     import matplotlib
@@ -105,11 +111,13 @@ def plot_diagnostics(records: list[StepRecord], out: Path) -> Path | None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    panels = [(key, label, lambda r, key=key: r.diagnostic(key)) for key, label, _ in DIAGNOSTIC_FORMATS]
+    panels.append(("completion_tokens", "completion tokens (mean)", completion_tokens))
     cols = 3
-    rows = -(-len(DIAGNOSTIC_FORMATS) // cols)
+    rows = -(-len(panels) // cols)
     fig, axes = plt.subplots(rows, cols, figsize=(4 * cols, 3 * rows), squeeze=False)
-    for a, (key, label, _) in zip((a for row in axes for a in row), DIAGNOSTIC_FORMATS, strict=False):
-        pts = [(r.step, r.diagnostic(key)) for r in records if _num(r.diagnostic(key)) is not None]
+    for a, (key, label, value) in zip((a for row in axes for a in row), panels, strict=False):
+        pts = [(r.step, value(r)) for r in records if _num(value(r)) is not None]
         if pts:
             a.plot([x for x, _ in pts], [y for _, y in pts], "-", lw=1)
         else:
@@ -119,7 +127,7 @@ def plot_diagnostics(records: list[StepRecord], out: Path) -> Path | None:
         a.set_title(label)
         a.set_xlabel("step")
         a.grid(alpha=0.3)
-    for a in [a for row in axes for a in row][len(DIAGNOSTIC_FORMATS):]:
+    for a in [a for row in axes for a in row][len(panels):]:
         a.axis("off")
     fig.tight_layout()
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -220,6 +228,11 @@ def summarize(records: list[StepRecord], plans: list[dict[str, Any]], target: fl
                      f"{evals[-1].eval:.3f} at the last eval "
                      f"(step {evals[-1].step}), best {max(r.eval for r in evals):.3f}")
     lines += reward_term_lines(records)
+    quarter = max(1, len(records) // 4)
+    lengths = [median_present([completion_tokens(r) for r in part]) for part in (records[:quarter], records[-quarter:])]
+    if None not in lengths:
+        lines.append(f"- completion length: {lengths[0]:.1f} tokens over the first {quarter} steps, {lengths[1]:.1f} "
+                     f"over the last {quarter} (median of the step means)")
     tail = records[len(records) // 2:] or records  # skip the warm-up half when summarising speed
     sps = median_present([r.samples_per_second for r in tail])
     step_s = median_present([r.step_seconds for r in tail])

@@ -164,3 +164,12 @@ def test_the_summary_sets_the_plan_at_start_beside_the_measurement(tmp_path):
     assert "| throughput (samples/s) | 512.0 | 365.0 | 0.71 |" in summary
     assert "| samples to target | 4,096 | 2,048 | 0.50 |" in summary  # reached at step 8: 8 x 256
     assert "| time to target (s) | 8 | 6 | 0.70 |" in summary  # 0.7 s x 8 steps = 5.6 s
+
+
+def test_the_report_follows_the_completion_length(tmp_path):
+    recs = [{**r, "batch_samples": 256, "generated_tokens": 256 * (4 if r["step"] <= 2 else 2)} for r in records(8)]
+    run_dir = tmp_path / "r"
+    write_run(run_dir, recs)
+    summary = (run_dir / "summary.md").read_text()
+    assert "- completion length: 4.0 tokens over the first 2 steps, 2.0 over the last 2" in summary
+    assert (run_dir / "diagnostics.png").stat().st_size > 10_000
