@@ -109,7 +109,8 @@ class TargetBar:
 
     def see(self, rec: StepRecord) -> None:
         """Take a step record: the start score when it carries one, the moving average when it has one."""
-        if self.start is None and rec.eval_at_start and self.metric in rec.eval_at_start:
+        # The record that carries it is the run's first step: it wins over a start read from an older log.
+        if rec.eval_at_start and self.metric in rec.eval_at_start:
             self.start = float(rec.eval_at_start[self.metric])
             self.bar.update(self.task, total=self._span(), description=self._words())
         if rec.target_metric is not None:
