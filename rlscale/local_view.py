@@ -153,7 +153,7 @@ class RunView:
             if rec.eval is None:
                 continue
             if self.line is not None:
-                self.out.print(self.line(rec), highlight=False, markup=False)
+                self.out.print(self.line(rec), highlight=False, markup=False, soft_wrap=True)  # one line in a log
             else:
                 self.out.print(self.full(rec))
 
@@ -210,11 +210,12 @@ def print_finished(end: RunEnd, rec: StepRecord, run_dir: Path, source: Path | N
            f"{fmt_duration(rec.time_to_target_seconds)})" if end == RunEnd.TARGET
            else f"budget spent at step {rec.step} ({rec.samples:,} samples)")
     console.print(f"[bold]RLRun {name} has already finished[/]: {how}. Report: {_shown(run_dir / 'summary.md')}",
-                  highlight=False)
+                  highlight=False, soft_wrap=True)
     spec_file = _shown(source) if source else "FILE"
     console.print(f"To train again from the start: {cli_name()} run {spec_file} --fresh (deletes "
                   f"{_shown(run_dir)}), or --runs-dir DIR to keep it; to train further, raise spec.budget "
-                  f"or spec.target.value in a copy under another metadata.name.", highlight=False, markup=False)
+                  f"or spec.target.value in a copy under another metadata.name.", highlight=False, markup=False,
+                  soft_wrap=True)
 
 
 def next_commands(run_dir: Path, source: Path | None, code: int, exported: bool) -> list[tuple[str, str]]:
@@ -235,7 +236,7 @@ def next_commands(run_dir: Path, source: Path | None, code: int, exported: bool)
 def print_start(cfg: Any, plan: Any, run_dir: Path, port_note: str = "") -> None:
     from rlscale.cpu_split import CoreSplit
 
-    console.print(f"plan: {plan.summary()}  [dim]({plan.reason})[/]", highlight=False)
+    console.print(f"plan: {plan.summary()}  [dim]({plan.reason})[/]", highlight=False, soft_wrap=True)
     if cfg.local and cfg.local.learner_cpus:
         p = plan.predicted
         split = CoreSplit(cfg.local.rollout_cpus or [], cfg.local.learner_cpus)
@@ -260,7 +261,7 @@ def print_end(code: int, run_dir: Path, spec: Any, source: Path | None = None, e
         console.print(f"[red]the driver failed (exit {code})[/]; see {run_dir / 'logs'}", highlight=False)
         return
     if summary.exists() and code in (RunEnd.TARGET, RunEnd.BUDGET):
-        console.print(summary.read_text(encoding="utf-8"), highlight=False, markup=False)
+        console.print(summary.read_text(encoding="utf-8"), highlight=False, markup=False, soft_wrap=True)
     console.print("[bold]next:[/]", highlight=False)
     rows = next_commands(run_dir, source, code, bool(spec.export.hf))
     width = max(len(c) for c, _ in rows)

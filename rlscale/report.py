@@ -242,8 +242,8 @@ def summarize(records: list[StepRecord], plans: list[dict[str, Any]], target: fl
     if step_s:
         # Each step's prediction comes from the model as calibrated on the steps before it: close by
         # construction. The plan made before the first step is the honest comparison (start_vs_measured).
-        ratio = f" by the model recalibrated on the steps before each (measured/predicted = {step_s / pred:.2f})" \
-            if pred else ""
+        ratio = f" (each step's prediction, recalibrated as the run measures: measured/predicted = " \
+            f"{step_s / pred:.2f})" if pred else ""
         lines.append(f"- step time: measured {step_s:.3f} s, planned {pred:.3f} s{ratio}" if pred
                      else f"- step time: measured {step_s:.3f} s")
     phases = {p: median_present([r.phases.get(p) for r in tail]) for p in PHASES}
