@@ -53,6 +53,12 @@ BUILTIN_MAX_NEW_TOKENS = 8
 BUILTIN_PROMPT_ROOM = 120
 # optimizer.referenceBatch when the planner chooses the batch (a fixed batch is its own reference).
 DEFAULT_REFERENCE_BATCH = 64
+# The same defaults in CEL, for the CRD's rules: the API server sees the object as written (these fields have no
+# CRD default, since theirs depends on task.dataset), and a rule reading an absent field fails to evaluate.
+MAX_NEW_TOKENS_CEL = (f"(has(self.task.maxNewTokens) ? self.task.maxNewTokens : "
+                      f"(has(self.task.dataset) ? {DEFAULT_MAX_NEW_TOKENS} : {BUILTIN_MAX_NEW_TOKENS}))")
+MAX_LENGTH_CEL = (f"(has(self.model.maxLength) ? self.model.maxLength : {MAX_NEW_TOKENS_CEL} + "
+                  f"(has(self.task.dataset) ? {DEFAULT_PROMPT_ROOM} : {BUILTIN_PROMPT_ROOM}))")
 
 
 # What an RLRun may mount: storage the namespace's admin provides (claims), the namespace's

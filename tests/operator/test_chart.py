@@ -322,3 +322,40 @@ def test_helm_test_asks_the_metrics_service_for_a_leader():
     script = pod["spec"]["containers"][0]["args"][0]
     assert f"http://{OPERATOR_SA}-metrics.{OPERATOR_NS}.svc:8080/metrics" in script
     compile(script, "helm-test", "exec")  # the script the pod runs is Python that parses
+
+
+# A spec's length defaults depend on task.dataset, so the CRD gives them no default and its rules compute them
+# in CEL as the Python rules do: (spec, the message the API server refuses it with, or None: admitted).
+DATASET = "/models/data/q.jsonl"
+QWEN = {"path": "Qwen/Qwen2.5-0.5B-Instruct"}
+DEFAULTED = [
+    ({"model": {"path": "Qwen/Qwen2.5-0.5B-Instruct"}, "task": {"dataset": DATASET, "reward": "exact-match"}}, None),
+    ({"hardware": {"accelerator": "cpu"}}, None),
+    ({"model": {"path": "Qwen/Qwen2.5-0.5B-Instruct", "maxLength": 200}, "task": {"dataset": DATASET}},
+     "task.maxNewTokens must be smaller than model.maxLength"),
+    ({"hardware": {"accelerator": "cpu"}, "model": {"maxLength": 20}},
+     "model.maxLength must hold task.expectedPromptTokens + task.maxNewTokens"),
+    ({"hardware": {"accelerator": "cpu"}, "task": {"expectedResponseTokens": 9}},
+     "task.expectedResponseTokens must be <= task.maxNewTokens"),
+    ({"model": QWEN, "task": {"dataset": DATASET}, "batch": {"microBatchTokens": 768}}, None),
+    ({"model": QWEN, "task": {"dataset": DATASET}, "batch": {"microBatchTokens": 700}},
+     "batch.microBatchTokens must hold one sequence"),
+]
+
+
+@pytest.mark.parametrize("spec,message", DEFAULTED, ids=[m or "admitted" for _, m in DEFAULTED])
+def test_the_crd_rules_see_the_defaults_the_spec_fills_in(kube, ns, spec, message):
+    from rlscale.spec import SpecError, parse_spec
+
+    try:
+        parse_spec(spec)
+        python_refuses = False
+    except SpecError:
+        python_refuses = True
+    assert python_refuses == (message is not None)  # the CEL and the Python rules agree
+    obj = {"apiVersion": "rlscale.dev/v1alpha1", "kind": "RLRun", "metadata": {"name": "defaults"}, "spec": spec}
+    out = kube.apply(obj, ns, check=False)
+    if message is None:
+        assert out.returncode == 0, out.stderr
+    else:
+        assert out.returncode != 0 and message in out.stderr, out.stderr
