@@ -468,6 +468,7 @@ class Controller:
         if o.planned == "replan" and new is not None:  # once: a pass that lost its write made it again
             log.info("%s/%s: %s", o.namespace, o.name, o.replan_message)
             M.REPLANS.labels("replan").inc()
+        M.record_status(o.namespace, o.name, new if new is not None else o.status)
         if o.done and o.plan is not None:
             _record_metrics(o.namespace, o.name, o.plan, new if new is not None else o.status)
 

@@ -99,7 +99,29 @@ def validate(files: list[Path] = typer.Argument(..., help="RLRun YAML files.", s
         out.print(f"[green]ok[/] {f}: RLRun {r.name} ({s.algorithm.name}, {s.model.path}, "
                   f"{s.hardware.accelerator}){note}",
                   highlight=False, soft_wrap=True)
+        lr_line = effective_lr_note(s)
+        if lr_line:
+            out.print(f"   {lr_line}", highlight=False, soft_wrap=True, markup=False)
     raise typer.Exit(1 if bad else 0)
+
+
+def effective_lr_note(spec) -> str:
+    """What lr the run trains with, when optimizer.scaling moves it off the lr written (else ""): a TRL user's
+    lr at another batch is rescaled, and should be told so before the run starts."""
+    from rlscale.plan.samples import scaled_lr
+
+    opt = spec.optimizer
+    if opt.scaling == "none":
+        return ""
+    n = spec.batch.fixed_samples()
+    if n is None:
+        return (f"lr {fmt_lr(opt.lr)} is for optimizer.referenceBatch {opt.reference_batch} samples; the planned "
+                f"batch trains at it scaled by the {opt.scaling} rule (`rlscale plan` shows the lr)")
+    if n == opt.reference_batch:
+        return ""
+    return (f"lr {fmt_lr(opt.lr)} at optimizer.referenceBatch {opt.reference_batch} trains at "
+            f"{fmt_lr(scaled_lr(opt.lr, n, opt.reference_batch, opt.scaling))} on this spec's {n} samples per "
+            f"step ({opt.scaling} rule; set referenceBatch: {n} or scaling: none to keep lr as written)")
 
 
 @app.command()
@@ -214,15 +236,18 @@ def crd() -> None:
 def run(
     file: Path = FileArg,
     metrics_port: int = typer.Option(DEFAULT_METRICS_PORT, "--metrics-port",
-                                     help="Prometheus /metrics port (0: pick a free one)."),
+                                     help="Prometheus /metrics port, claimed before anything starts; taken (another "
+                                     "run, another server): the next free one, printed. 0: any free one."),
     runs_dir: Path = typer.Option(Path("runs"), "--runs-dir", help="Where run reports and checkpoints go."),
-    fresh: bool = typer.Option(False, "--fresh", help="Start over instead of resuming from the last checkpoint."),
+    fresh: bool = typer.Option(False, "--fresh", help="Start over (deleting runs/NAME) instead of resuming from the "
+                               "last checkpoint; a finished run starts nothing without it."),
     linger: float = typer.Option(0.0, "--linger",
                                  help="Keep /metrics up this many seconds after the run ends (for a last scrape)."),
     staleness: int | None = typer.Option(None, "--staleness", min=0, help="Generate this many steps ahead of the "
                                          "learner whatever the plan chooses (at most spec.algorithm.maxStaleness)."),
-    seed: int = typer.Option(0, "--seed", min=0, help="Seed of the prompt order and the sampling (the held-out "
-                             "split keeps task.seed): repeat a run with other seeds to see its spread."),
+    seed: int | None = typer.Option(None, "--seed", min=0, help="Seed of the prompt order and the sampling (the "
+                                    "held-out split keeps task.seed), over spec.seed: repeat a run with other seeds "
+                                    "to see its spread.", show_default="spec.seed"),
 ) -> None:
     """Run an RLRun on this machine (CPU or one GPU): plan, roll out, learn, report."""
     rlrun = _load(file)
@@ -230,16 +255,19 @@ def run(
         from rlscale.embedded import run_embedded
     except ImportError as exc:  # the train extra is missing
         _fail(f"the embedded runner needs the train extra ({exc}); run `make run` or pip install 'rlscale[train]'")
+    from rlscale.local_ports import NoFreePort
     from rlscale.plan import PlanError
 
     try:
         code = run_embedded(rlrun, metrics_port=metrics_port, runs_dir=runs_dir, fresh=fresh, linger=linger,
-                            staleness=staleness, seed=seed)
+                            staleness=staleness, seed=seed, source=file)
     except ValueError as exc:  # --staleness above spec.algorithm.maxStaleness
         _fail(str(exc))
     except SpecError as exc:  # the dataset, the reward or the model's template, found before any process started
         _fail([str(e) for e in exc.errors])
     except PlanError as exc:  # a spec only the planner can judge (no candidate fits the budget)
+        _fail(str(exc))
+    except NoFreePort as exc:  # every port from --metrics-port up is taken
         _fail(str(exc))
     raise typer.Exit(code)
 

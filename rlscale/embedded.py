@@ -15,22 +15,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from rich.console import Console
-from rich.live import Live
-from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
-
+from rlscale import local_view as view
 from rlscale.cpu_split import CoreSplit, available_cpus
 from rlscale.learner_launch import colocated, learner_launches, local_gpus
-from rlscale.local_view import JsonlTail, progress_view
+from rlscale.local_ports import claim_metrics_port
+from rlscale.local_view import JsonlTail, console, progress_view
 from rlscale.metrics_names import DEFAULT_METRICS_PORT
 from rlscale.plan import Plan, make_plan
 from rlscale.records import StepRecord
 from rlscale.report import export_suffix
-from rlscale.roles import Role, RunEnd, free_port
+from rlscale.roles import Role, free_port
 from rlscale.runconfig import ENV_CONFIG, LocalOptions, RunConfig
 from rlscale.spec import RLRun
-
-console = Console()
 
 DEFAULT_CHECKPOINT_PATH = "/checkpoints"  # the pods' volume; locally it lives in the run directory
 
@@ -397,7 +393,7 @@ def _core_split(plan: Plan, cpus: list[int]) -> CoreSplit | None:
 
 
 def prepare_run(rlrun: RLRun, runs_dir: Path, metrics_port: int, fresh: bool, options: LocalOptions | None = None,
-                seed: int = 0, ray_address: str | None = None) -> tuple[RunConfig, Path, Plan]:
+                seed: int | None = None, ray_address: str | None = None) -> tuple[RunConfig, Path, Plan]:
     """Plan, resolve the model and write run.json into runs/<name>/ (`ray_address`: an existing
     cluster's, else a free port for the run's own head). `options`: head_cpus and rollout_cpu_threads
     are filled in from this machine's cores."""
@@ -441,20 +437,41 @@ def prepare_run(rlrun: RLRun, runs_dir: Path, metrics_port: int, fresh: bool, op
 
 
 def run_embedded(rlrun: RLRun, *, metrics_port: int = DEFAULT_METRICS_PORT, runs_dir: Path = Path("runs"),
-                 fresh: bool = False, linger: float = 0.0, seed: int = 0, replan: bool = True,
+                 fresh: bool = False, linger: float = 0.0, seed: int | None = None, replan: bool = True,
                  render: Callable[[StepRecord | None], Any] | None = None,
-                 shared: SharedNodes | None = None, staleness: int | None = None) -> int:
+                 shared: SharedNodes | None = None, staleness: int | None = None, source: Path | None = None) -> int:
     """Run the RLRun on this machine; returns the driver's exit code.
 
-    `seed` and `replan`: see RunConfig.seed and LocalOptions.replan; `render(last_record)` replaces the
-    progress view, and the console lines around the run, for a caller that shows its own (rlscale sweep);
+    `seed` (None: spec.seed) and `replan`: see RunConfig.seed and LocalOptions.replan; `render(last_record)`
+    replaces the progress view, and the console lines around the run, for a caller that shows its own (rlscale sweep);
     `shared`: Ray nodes and a rollout app kept across runs, which the run joins (started if not up);
-    `staleness`: pins the plan's staleness (LocalOptions.staleness).
+    `staleness`: pins the plan's staleness (LocalOptions.staleness); `source`: the spec's file, for the
+    commands shown at the end. A finished run (its target reached, or its budget spent) starts nothing
+    unless `fresh`: it says so and returns how it ended.
     """
-    spec = rlrun.spec
     quiet = render is not None
+    done = None if fresh else view.finished_end((runs_dir / rlrun.name).resolve(), rlrun.spec)
+    if done is not None:
+        if not quiet:
+            view.print_finished(*done, (runs_dir / rlrun.name).resolve(), source, rlrun.name)
+        return int(done[0])
     if not quiet:
         console.rule(f"[bold]rlscale run[/] {rlrun.name}")
+    # Claimed first and held to the end, so no run started meanwhile takes it (docs: rlscale/local_ports.py).
+    claim = claim_metrics_port(metrics_port)
+    try:
+        return _run_claimed(rlrun, claim.port, runs_dir, fresh, linger, seed, replan, render, shared, staleness,
+                            source, f" (port {claim.asked} is taken)" if claim.moved else "")
+    finally:
+        claim.release()
+
+
+def _run_claimed(rlrun: RLRun, metrics_port: int, runs_dir: Path, fresh: bool, linger: float, seed: int | None,
+                 replan: bool, render: Callable[[StepRecord | None], Any] | None, shared: SharedNodes | None,
+                 staleness: int | None, source: Path | None, port_note: str) -> int:
+    """run_embedded on its claimed metrics port."""
+    spec = rlrun.spec
+    quiet = render is not None
     address = None
     options = LocalOptions(linger_seconds=linger, replan=replan, staleness=staleness)
     if shared is not None:
@@ -467,7 +484,7 @@ def run_embedded(rlrun: RLRun, *, metrics_port: int = DEFAULT_METRICS_PORT, runs
         cfg.ray_address = shared.claim_address()
         cfg.save(run_dir / "run.json")
     if not quiet:
-        _print_start(cfg, plan, run_dir)
+        view.print_start(cfg, plan, run_dir, port_note)
 
     local = LocalRun(cfg, run_dir, token_dir=shared.dir if shared is not None else None)
     interrupted = {"n": 0}
@@ -507,33 +524,9 @@ def run_embedded(rlrun: RLRun, *, metrics_port: int = DEFAULT_METRICS_PORT, runs
         for s, h in old.items():
             signal.signal(s, h)
     if not quiet:
-        _print_end(code, run_dir, spec)
+        # " — exported to runs/<name>/export/hf (step N)"
+        view.print_end(code, run_dir, spec, source, export_suffix(run_dir) if spec.export.hf else "")
     return code
-
-
-def _print_start(cfg: RunConfig, plan: Plan, run_dir: Path) -> None:
-    console.print(f"plan: {plan.summary()}  [dim]({plan.reason})[/]", highlight=False)
-    if cfg.local and cfg.local.learner_cpus:
-        p = plan.predicted
-        split = CoreSplit(cfg.local.rollout_cpus or [], cfg.local.learner_cpus)
-        console.print(split.describe(p.generate + p.reward, p.train), highlight=False)
-    console.print(f"metrics: http://127.0.0.1:{cfg.metrics_port}/metrics   report: {run_dir}", highlight=False)
-
-
-def _print_end(code: int, run_dir: Path, spec) -> None:
-    summary = run_dir / "summary.md"
-    exported = export_suffix(run_dir) if spec.export.hf else ""  # " — exported to runs/<name>/export/hf (step N)"
-    if code == RunEnd.TARGET:
-        console.print(f"[bold green]target reached[/] — report: {summary}{exported}", highlight=False)
-    elif code == RunEnd.BUDGET:
-        console.print(f"[yellow]budget spent before the target[/] — report: {summary}{exported}", highlight=False)
-    elif code == RunEnd.INTERRUPTED:
-        console.print(f"[yellow]stopped; checkpoint kept[/] — run the same command again to resume. Report: {summary}",
-                      highlight=False)
-    else:
-        console.print(f"[red]the driver failed (exit {code})[/]; see {run_dir / 'logs'}", highlight=False)
-    if summary.exists() and code in (RunEnd.TARGET, RunEnd.BUDGET):
-        console.print(summary.read_text(), highlight=False)
 
 
 def _watch(local: LocalRun, driver: RoleProcess, rollouts: list[RoleProcess], head: RoleProcess | None,
@@ -542,20 +535,25 @@ def _watch(local: LocalRun, driver: RoleProcess, rollouts: list[RoleProcess], he
     tail = JsonlTail(run_dir / "metrics.jsonl")
     tail.skip_existing()
     last: StepRecord | None = None
-    bar = Progress(TextColumn("[bold]{task.description}"), BarColumn(), TextColumn("{task.percentage:>3.0f}%"),
-                   TimeElapsedColumn(), console=console)
-    task = bar.add_task(f"{spec.target.metric} -> {spec.target.value}", total=spec.target.value)
+    t = spec.target
+    first = view.first_record(tail.path)  # a resumed run's score before training is in its first record
+    start = (first.eval_at_start or {}).get(t.metric) if first else None
+    bar = view.TargetBar(t.metric, t.value, console, start)
+    line = None
     if render is None:
         def render(rec):
-            return progress_view(rec, spec.target.value, spec.target.metric, spec.budget.max_samples, bar)
+            return progress_view(rec, t.value, t.metric, spec.budget.max_samples, bar.bar)
+
+        def line(rec):
+            return view.progress_line(rec, t.value, t.metric)
     head_lost: float | None = None
-    with Live(render(None), console=console, refresh_per_second=4, transient=False) as live:
+    with view.RunView(console, render, line) as live:
         while driver.alive():
             recs = tail.read()
+            for rec in recs:
+                bar.see(rec)
             if recs:
                 last = recs[-1]
-                if last.target_metric is not None:
-                    bar.update(task, completed=min(spec.target.value, last.target_metric))
             for r in rollouts:
                 if not r.alive() and r.restarts < 3:
                     # a lost rollout process is restarted; its replica reloads the newest weights on join
@@ -574,12 +572,14 @@ def _watch(local: LocalRun, driver: RoleProcess, rollouts: list[RoleProcess], he
                     driver.send(signal.SIGTERM)
                 elif time.monotonic() - head_lost > 30:
                     driver.send(signal.SIGKILL)
-            live.update(render(last))
+            live.update(last, recs)
             time.sleep(0.25)
         recs = tail.read()
+        for rec in recs:
+            bar.see(rec)
         if recs:
             last = recs[-1]
-        live.update(render(last))
+        live.update(last, recs)
     if head_lost is not None:
         return 1  # a failure, not an interruption: nothing asked the run to stop
     return driver.proc.returncode if driver.proc else 1

@@ -96,8 +96,14 @@ def plot_curves(records: list[StepRecord], target: float, metric: str, out: Path
     return out
 
 
+def completion_tokens(rec: StepRecord) -> float | None:
+    """The step's mean completion length in tokens (generated tokens over its samples)."""
+    return rec.generated_tokens / rec.batch_samples if rec.batch_samples else None
+
+
 def plot_diagnostics(records: list[StepRecord], out: Path) -> Path | None:
-    """One panel per step diagnostic (rlscale.progress.DIAGNOSTIC_FORMATS) against the step."""
+    """One panel per step diagnostic (rlscale.progress.DIAGNOSTIC_FORMATS) against the step, and the mean
+    completion length (a policy that learns to stop early, or runs into task.maxNewTokens, shows there)."""
     if not records:
         return None
     import matplotlib
@@ -105,11 +111,13 @@ def plot_diagnostics(records: list[StepRecord], out: Path) -> Path | None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    panels = [(key, label, lambda r, key=key: r.diagnostic(key)) for key, label, _ in DIAGNOSTIC_FORMATS]
+    panels.append(("completion_tokens", "completion tokens (mean)", completion_tokens))
     cols = 3
-    rows = -(-len(DIAGNOSTIC_FORMATS) // cols)
+    rows = -(-len(panels) // cols)
     fig, axes = plt.subplots(rows, cols, figsize=(4 * cols, 3 * rows), squeeze=False)
-    for a, (key, label, _) in zip((a for row in axes for a in row), DIAGNOSTIC_FORMATS, strict=False):
-        pts = [(r.step, r.diagnostic(key)) for r in records if _num(r.diagnostic(key)) is not None]
+    for a, (key, label, value) in zip((a for row in axes for a in row), panels, strict=False):
+        pts = [(r.step, value(r)) for r in records if _num(value(r)) is not None]
         if pts:
             a.plot([x for x, _ in pts], [y for _, y in pts], "-", lw=1)
         else:
@@ -119,7 +127,7 @@ def plot_diagnostics(records: list[StepRecord], out: Path) -> Path | None:
         a.set_title(label)
         a.set_xlabel("step")
         a.grid(alpha=0.3)
-    for a in [a for row in axes for a in row][len(DIAGNOSTIC_FORMATS):]:
+    for a in [a for row in axes for a in row][len(panels):]:
         a.axis("off")
     fig.tight_layout()
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -167,6 +175,30 @@ def _num(v: Any) -> float | None:
     return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
 
 
+def start_vs_measured(plan: dict[str, Any] | None, reached: StepRecord | None, step_s: float | None,
+                      sps: float | None) -> list[str]:
+    """Markdown rows: what the plan made before the first step predicted (step time, throughput, samples- and
+    time-to-target) beside what the run measured, with measured/planned."""
+    pred = (plan or {}).get("predicted") or {}
+    rows = [("step time (s)", pred.get("stepSeconds"), step_s, "{:.3f}"),
+            ("throughput (samples/s)", pred.get("samplesPerSecond"), sps, "{:.1f}"),
+            ("samples to target", pred.get("samplesToTarget"), reached.samples_to_target if reached else None,
+             "{:,.0f}"),
+            ("time to target (s)", pred.get("timeToTargetSeconds"),
+             reached.time_to_target_seconds if reached else None, "{:.0f}")]
+    if not any(_num(p) for _, p, _, _ in rows):
+        return []
+    how = "calibrated" if (plan or {}).get("calibrated") else "uncalibrated: the accelerator profile's"
+    out = ["", f"## The plan at start vs measured ({how} prediction)", "",
+           "| | planned at start | measured | measured/planned |", "|---|---:|---:|---:|"]
+    for label, p, m, fmt in rows:
+        p, m = _num(p), _num(m)
+        ratio = f"{m / p:.2f}" if p and m is not None else "-"
+        out.append(f"| {label} | {fmt.format(p) if p else '-'} | {fmt.format(m) if m is not None else '-'} | "
+                   f"{ratio} |")
+    return out
+
+
 def summarize(records: list[StepRecord], plans: list[dict[str, Any]], target: float, metric: str, name: str,
               export: dict[str, Any] | None = None) -> str:
     """summary.md: time- and samples-to-target, throughput, the plan's predicted vs measured step time, and
@@ -174,6 +206,7 @@ def summarize(records: list[StepRecord], plans: list[dict[str, Any]], target: fl
     lines = [f"# RLRun {name}", ""]
     if not records:
         return "\n".join(lines + ["No steps were recorded."])
+    lines += ["![curves](curves.png)", ""]  # the curves first: what a reader opens the report for
     last = records[-1]
     reached = next((r for r in records if r.time_to_target_seconds is not None), None)
     if reached:
@@ -195,6 +228,11 @@ def summarize(records: list[StepRecord], plans: list[dict[str, Any]], target: fl
                      f"{evals[-1].eval:.3f} at the last eval "
                      f"(step {evals[-1].step}), best {max(r.eval for r in evals):.3f}")
     lines += reward_term_lines(records)
+    quarter = max(1, len(records) // 4)
+    lengths = [median_present([completion_tokens(r) for r in part]) for part in (records[:quarter], records[-quarter:])]
+    if None not in lengths:
+        lines.append(f"- completion length: {lengths[0]:.1f} tokens over the first {quarter} steps, {lengths[1]:.1f} "
+                     f"over the last {quarter} (median of the step means)")
     tail = records[len(records) // 2:] or records  # skip the warm-up half when summarising speed
     sps = median_present([r.samples_per_second for r in tail])
     step_s = median_present([r.step_seconds for r in tail])
@@ -202,7 +240,10 @@ def summarize(records: list[StepRecord], plans: list[dict[str, Any]], target: fl
     if sps:
         lines.append(f"- measured throughput: {sps:.1f} samples/s (median over the second half)")
     if step_s:
-        ratio = f" (measured/predicted = {step_s / pred:.2f})" if pred else ""
+        # Each step's prediction comes from the model as calibrated on the steps before it: close by
+        # construction. The plan made before the first step is the honest comparison (start_vs_measured).
+        ratio = f" (each step's prediction, recalibrated as the run measures: measured/predicted = " \
+            f"{step_s / pred:.2f})" if pred else ""
         lines.append(f"- step time: measured {step_s:.3f} s, planned {pred:.3f} s{ratio}" if pred
                      else f"- step time: measured {step_s:.3f} s")
     phases = {p: median_present([r.phases.get(p) for r in tail]) for p in PHASES}
@@ -212,6 +253,7 @@ def summarize(records: list[StepRecord], plans: list[dict[str, Any]], target: fl
         for p, v in phases.items():
             if v is not None:
                 lines.append(f"| {p} | {v:.4f} | {100 * v / total:.0f}% |")
+    lines += start_vs_measured(plans[0] if plans else None, reached, step_s, sps)
     over = median_present([r.overhead_seconds for r in tail])
     if over is not None and step_s:
         lines.append("\nLoop overhead (step time not spent in generation or training compute): "
@@ -231,7 +273,7 @@ def summarize(records: list[StepRecord], plans: list[dict[str, Any]], target: fl
                          f"lr {p.get('learningRate', 0):.3g}, rollout {p.get('rolloutReplicas')}, "
                          f"learner {p.get('learnerReplicas')} — {p.get('reason', '')}"
                          + (f" (re-planned: {p['why']})" if p.get("why") and p["why"] != p.get("reason") else ""))
-    lines += ["", "![curves](curves.png)", ""]
+    lines.append("")
     return "\n".join(lines)
 
 

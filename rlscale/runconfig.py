@@ -55,7 +55,9 @@ class RunConfig:
     model_dir: str | None = None  # resolved local model directory, when known
     model_cache: str | None = None  # where pods resolve the model (the model volume); None: the user's cache
     object_store_bytes: int | None = None  # each Ray node's object store (published weights live there)
-    seed: int = 0  # moves the prompt order and the sampling seeds (rlscale sweep --seeds); 0 keeps the defaults
+    # Moves the prompt order and the sampling seeds (rlscale run --seed, rlscale sweep --seeds); None: spec.seed,
+    # so a run on Kubernetes (whose config the operator writes) seeds from its spec.
+    seed: int | None = None
     local: LocalOptions | None = None  # None in a pod
 
     def __post_init__(self) -> None:
@@ -66,6 +68,8 @@ class RunConfig:
             self.plan = Plan.from_dict(self.plan) if self.plan else None
         if isinstance(self.local, dict):
             self.local = LocalOptions(**self.local)
+        if self.seed is None:
+            self.seed = self.spec.seed
 
     @classmethod
     def from_rlrun(cls, rlrun: RLRun, plan: Plan, **kw: Any) -> RunConfig:

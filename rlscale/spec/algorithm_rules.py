@@ -15,7 +15,7 @@ from rlscale.spec.algorithm import (
     GROUP_ALGORITHMS,
     KL_IN_REWARD,
 )
-from rlscale.spec.models import RLRunSpec
+from rlscale.spec.models import MAX_NEW_TOKENS_CEL, RLRunSpec
 from rlscale.spec.rule_base import Rule, _cel_list, _err
 
 
@@ -98,7 +98,7 @@ def algorithm_rules() -> list[Rule]:
              + ", ".join(GROUP_ALGORITHMS) + ")",
              _rule_kl_estimator),
         Rule("algorithm.overlongBuffer.length", "!has(self.algorithm.overlongBuffer) || "
-             "self.algorithm.overlongBuffer.length < self.task.maxNewTokens",
+             f"self.algorithm.overlongBuffer.length < {MAX_NEW_TOKENS_CEL}",
              "algorithm.overlongBuffer.length must be smaller than task.maxNewTokens", _rule_overlong_buffer),
         Rule("algorithm.dynamicSampling.enabled", "!self.algorithm.dynamicSampling.enabled || "
              "self.batch.samplesPerPrompt >= 2", "algorithm.dynamicSampling needs batch.samplesPerPrompt >= 2",

@@ -44,6 +44,21 @@ RLRUN_NAME_MAX = 63
 MAX_REPLICAS = 64
 MAX_PROMPTS = 16384
 MAX_SAMPLES_PER_PROMPT = 1024
+# Length defaults with a dataset are TRL's GRPOConfig ones (max_completion_length 256; max_prompt_length 512 in
+# the releases that have it, as verl's data.max_prompt_length);
+# builtin:arithmetic's prompts are at most 9 tokens and its answers at most 5 (BOS "999+999=" -> "1998" EOS).
+DEFAULT_MAX_NEW_TOKENS = 256
+DEFAULT_PROMPT_ROOM = 512
+BUILTIN_MAX_NEW_TOKENS = 8
+BUILTIN_PROMPT_ROOM = 120
+# optimizer.referenceBatch when the planner chooses the batch (a fixed batch is its own reference).
+DEFAULT_REFERENCE_BATCH = 64
+# The same defaults in CEL, for the CRD's rules: the API server sees the object as written (these fields have no
+# CRD default, since theirs depends on task.dataset), and a rule reading an absent field fails to evaluate.
+MAX_NEW_TOKENS_CEL = (f"(has(self.task.maxNewTokens) ? self.task.maxNewTokens : "
+                      f"(has(self.task.dataset) ? {DEFAULT_MAX_NEW_TOKENS} : {BUILTIN_MAX_NEW_TOKENS}))")
+MAX_LENGTH_CEL = (f"(has(self.model.maxLength) ? self.model.maxLength : {MAX_NEW_TOKENS_CEL} + "
+                  f"(has(self.task.dataset) ? {DEFAULT_PROMPT_ROOM} : {BUILTIN_PROMPT_ROOM}))")
 
 
 # What an RLRun may mount: storage the namespace's admin provides (claims), the namespace's
@@ -95,7 +110,10 @@ class ModelSpec(_Model):
         "bfloat16", description="Weights and compute dtype for rollout and training (the learner's "
         "and every rollout replica's copy)."
     )
-    max_length: PosInt = Field(128, description="Longest sequence (prompt + response) in tokens.")
+    max_length: PosInt | None = Field(
+        None, description="Longest sequence (prompt + response) in tokens. Unset: task.maxNewTokens + 512 with "
+        "task.dataset (768 by default: TRL's max_completion_length 256 and the max_prompt_length 512 of the TRL "
+        "releases that have one), task.maxNewTokens + 120 on builtin:arithmetic (128 by default).")
     shape: ModelShapeSpec | None = Field(
         None,
         description="Architecture numbers for planning; optional for builtin models, known "
@@ -207,7 +225,9 @@ class TaskSpec(_Model):
     )
     difficulty: int = Field(1, ge=0, le=3, description="builtin:arithmetic level: 0 one-digit addition, 1 two-digit "
                             "addition (calibrated), 2 two-digit addition and subtraction, 3 three-digit addition.")
-    max_new_tokens: PosInt = Field(8, description="Longest response in tokens.")
+    max_new_tokens: PosInt | None = Field(None, description="Longest response in tokens. Unset: 256 with "
+                                          "task.dataset (TRL's max_completion_length), 8 on builtin:arithmetic (its "
+                                          "answers are at most 4 tokens).")
     expected_prompt_tokens: PosInt = Field(16, description="Planning hint: mean prompt length in tokens (measured "
                                            "values replace it).")
     expected_response_tokens: PosInt = Field(4, description="Planning hint: mean response length in tokens (measured "
@@ -262,13 +282,24 @@ class BatchSpec(_Model):
                                               "whichever limit it reaches first. At least model.maxLength. Unset: "
                                               "sequences only.")
 
+    def fixed_samples(self) -> int | None:
+        """Samples per step when the spec fixes them (prompts a number, or minPrompts = maxPrompts), else None."""
+        if self.prompts != "auto":
+            return self.prompts * self.samples_per_prompt
+        if self.min_prompts == self.max_prompts:
+            return self.min_prompts * self.samples_per_prompt
+        return None
+
 
 class OptimizerSpec(_Model):
     """Adam(W) and the learning-rate scaling rule."""
 
     lr: float = Field(1.0e-5, gt=0, le=1, description="Learning rate tuned at referenceBatch samples per step.")
-    reference_batch: PosInt = Field(64, description="Samples per step (prompts x samplesPerPrompt) at which lr was "
-                                    "tuned.")
+    reference_batch: PosInt | None = Field(None, description="Samples per step (prompts x samplesPerPrompt) at which "
+                                           "lr was tuned; the planned batch's lr is lr scaled from it. Unset: the "
+                                           "spec's own batch when it is fixed (batch.prompts a number, or minPrompts "
+                                           "= maxPrompts), so lr is used as written; 64 when the planner chooses "
+                                           "the batch.")
     scaling: Literal["sqrt", "linear", "none"] = Field("sqrt", description="How lr follows the batch: sqrt (Adam, "
                                                        "Malladi et al. 2022), linear (SGD, Goyal et al. 2017) or none.")
     betas: tuple[float, float] = Field((0.9, 0.999), description="Adam beta1 and beta2, each in [0, 1).")
@@ -501,6 +532,8 @@ class RLRunSpec(_Model):
     scheduling: SchedulingSpec = Field(default_factory=SchedulingSpec, description=SchedulingSpec.__doc__)
     failure_policy: FailurePolicySpec = Field(default_factory=FailurePolicySpec, description=FailurePolicySpec.__doc__)
     suspend: bool = Field(False, description="Scale rollout and learners to zero, keeping config and checkpoints.")
+    seed: int = Field(0, ge=0, description="Seed of the prompt order and the sampling (task.seed keeps the held-out "
+                      "split): repeat a run with other seeds to see its spread. `rlscale run --seed` overrides it.")
 
     @property
     def learner_ranks_per_pod(self) -> int:
@@ -514,6 +547,20 @@ class RLRunSpec(_Model):
         # Only a CPU run defaults to the builtin toy; on GPUs the model must be named (a rule says so).
         if self.model.path is None and self.hardware.accelerator == "cpu":
             self.model.path = BUILTIN_MODELS[0]
+        return self
+
+    @model_validator(mode="after")
+    def _resolve_defaults(self) -> RLRunSpec:
+        # Defaults that depend on other fields, filled in once here so every reader (planner, operator,
+        # trainer) sees numbers; to_dict() writes them out, so a re-parsed spec keeps them.
+        builtin = self.task.dataset is None
+        if self.task.max_new_tokens is None:
+            self.task.max_new_tokens = BUILTIN_MAX_NEW_TOKENS if builtin else DEFAULT_MAX_NEW_TOKENS
+        if self.model.max_length is None:
+            room = BUILTIN_PROMPT_ROOM if builtin else DEFAULT_PROMPT_ROOM
+            self.model.max_length = self.task.max_new_tokens + room
+        if self.optimizer.reference_batch is None:
+            self.optimizer.reference_batch = self.batch.fixed_samples() or DEFAULT_REFERENCE_BATCH
         return self
 
 

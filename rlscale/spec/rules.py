@@ -14,6 +14,8 @@ from rlscale.spec.models import (
     BUILTIN_MODELS,
     BUILTIN_REWARDS,
     BUILTIN_TASKS,
+    MAX_LENGTH_CEL,
+    MAX_NEW_TOKENS_CEL,
     MAX_REPLICAS,
     PROJECTED_SOURCES,
     RAY_TOKEN_SECRET_SUFFIX,
@@ -404,7 +406,7 @@ RULES: list[Rule] = [
          "batch.samplesPerPrompt must be >= 2 for GRPO and the other group-baseline algorithms ("
          + ", ".join(GROUP_ALGORITHMS[1:]) + ")", _rule_grpo_group),
     Rule("batch.microBatchTokens", "!has(self.batch.microBatchTokens) || self.batch.microBatchTokens >= "
-         "self.model.maxLength", "batch.microBatchTokens must hold one sequence of model.maxLength",
+         + MAX_LENGTH_CEL, "batch.microBatchTokens must hold one sequence of model.maxLength",
          _rule_micro_batch_tokens),
     Rule("batch.minPrompts", "self.batch.minPrompts <= self.batch.maxPrompts",
          "batch.minPrompts must be <= batch.maxPrompts", _rule_prompt_bounds),
@@ -412,11 +414,11 @@ RULES: list[Rule] = [
          "type(self.batch.prompts) == string || (int(self.batch.prompts) >= self.batch.minPrompts && "
          "int(self.batch.prompts) <= self.batch.maxPrompts)",
          "batch.prompts must lie within [batch.minPrompts, batch.maxPrompts]", _rule_fixed_prompts),
-    Rule("task.maxNewTokens", "self.task.maxNewTokens < self.model.maxLength",
+    Rule("task.maxNewTokens", f"{MAX_NEW_TOKENS_CEL} < {MAX_LENGTH_CEL}",
          "task.maxNewTokens must be smaller than model.maxLength", _rule_new_tokens),
-    Rule("model.maxLength", "self.task.expectedPromptTokens + self.task.maxNewTokens <= self.model.maxLength",
+    Rule("model.maxLength", f"self.task.expectedPromptTokens + {MAX_NEW_TOKENS_CEL} <= {MAX_LENGTH_CEL}",
          "model.maxLength must hold task.expectedPromptTokens + task.maxNewTokens", _rule_task_prompt_room),
-    Rule("task.expectedResponseTokens", "self.task.expectedResponseTokens <= self.task.maxNewTokens",
+    Rule("task.expectedResponseTokens", f"self.task.expectedResponseTokens <= {MAX_NEW_TOKENS_CEL}",
          "task.expectedResponseTokens must be <= task.maxNewTokens", _rule_response_hint),
     Rule("budget.gpus",
          "self.hardware.accelerator == 'cpu' || self.budget.gpus >= "

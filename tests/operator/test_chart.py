@@ -6,7 +6,7 @@ import subprocess
 
 import pytest
 import yaml
-from clusterkit import K8S_VERSION, OPERATOR_NS, REPO, chart_objects, cp
+from clusterkit import K8S_VERSION, OPERATOR_NS, OPERATOR_SA, REPO, chart_objects, cp
 
 pytestmark = pytest.mark.cluster  # needs `make k8s` for helm
 
@@ -26,8 +26,10 @@ def test_chart_lints_clean():
 def test_default_render_has_operator_rbac_and_dashboard():
     objs = chart_objects(HELM)
     kinds = sorted(o["kind"] for o in objs)
-    assert kinds == ["ClusterRole", "ClusterRoleBinding", "ConfigMap", "Deployment", "PodDisruptionBudget", "Role",
-                     "RoleBinding", "Service", "ServiceAccount"]
+    # The operator's ClusterRole and the two aggregated into the built-in edit and view roles; the Pod is
+    # `helm test`'s (a hook: `helm install` leaves it to `helm test`).
+    assert kinds == ["ClusterRole"] * 3 + ["ClusterRoleBinding", "ConfigMap", "Deployment", "Pod",
+                                           "PodDisruptionBudget", "Role", "RoleBinding", "Service", "ServiceAccount"]
     dep = next(o for o in objs if o["kind"] == "Deployment")
     c = dep["spec"]["template"]["spec"]["containers"][0]
     assert c["args"][0] == "operator"
@@ -37,7 +39,7 @@ def test_default_render_has_operator_rbac_and_dashboard():
     assert env["RLSCALE_NETWORK_POLICY"] == "true" and env["RLSCALE_METRICS_FROM"] == "monitoring"
     assert env["RLSCALE_REQUIRE_POD_SECURITY"] == "true" and env["RLSCALE_IMAGE_PREFIXES"] == ""
     # Least privilege: secrets only created (each run's Ray token), never read; no delete.
-    rules = next(o for o in objs if o["kind"] == "ClusterRole")["rules"]
+    rules = next(o for o in objs if o["kind"] == "ClusterRole" and o["metadata"]["name"] == OPERATOR_SA)["rules"]
     verbs = {v for r in rules for v in r["verbs"]}
     assert "delete" not in verbs and "*" not in verbs
     assert [r["verbs"] for r in rules if "secrets" in r["resources"]] == [["create"]]
@@ -81,7 +83,9 @@ def test_two_replicas_elect_a_leader_over_the_releases_lease():
 
 def test_namespaced_install_uses_roles_in_each_namespace():
     objs = chart_objects(HELM, "--set", "operator.watchNamespaces={team-a,team-b}")
-    assert not [o for o in objs if o["kind"].startswith("Cluster")]
+    # Cluster-wide: only the roles aggregated into edit and view, which grant nothing by themselves.
+    assert [o["metadata"]["name"] for o in objs if o["kind"].startswith("Cluster")] == \
+        [f"{OPERATOR_SA}-rlrun-edit", f"{OPERATOR_SA}-rlrun-view"]
     roles = [o for o in objs if o["kind"] == "Role"]
     assert sorted(r["metadata"]["namespace"] for r in roles) == [OPERATOR_NS, "team-a", "team-b"]
     dep = next(o for o in objs if o["kind"] == "Deployment")
@@ -127,3 +131,231 @@ def test_policy_values_reach_the_operator_env():
     assert env["RLSCALE_IMAGE_PREFIXES"] == "reg.example/ml/,ghcr.io/rlscale/"
     assert env["RLSCALE_RUNTIME_CLASS_NAMES"] == "nvidia" and env["RLSCALE_PRIORITY_CLASS_NAMES"] == "high,low"
     assert env["RLSCALE_REQUIRE_POD_SECURITY"] == "false"
+
+
+# --------------------------------------------------------------------------- notes, roles, alerts, knobs
+
+PROMTOOL = cp.cache_root() / "prometheus" / "promtool"
+JOB = f'job="{OPERATOR_SA}-metrics"'  # the ServiceMonitor's job: the metrics Service's name
+
+
+def rendered_notes(tmp_path, *set_args: str) -> str:
+    """NOTES.txt as `helm install` prints it: `helm template` leaves NOTES out, so a copy of the chart renders
+    the same file through tpl in a template of its own."""
+    import shutil
+
+    chart = tmp_path / "chart"
+    shutil.copytree(CHART, chart)
+    shutil.copy(CHART / "templates" / "NOTES.txt", chart / "notes.txt")
+    (chart / "templates" / "zz-notes.yaml").write_text('kind: Notes\ntext: {{ tpl (.Files.Get "notes.txt") . '
+                                                         '| toJson }}\n')
+    out = subprocess.run([str(HELM), "template", "rlscale", str(chart), "--namespace", OPERATOR_NS,
+                          "--kube-version", K8S_VERSION, "--show-only", "templates/zz-notes.yaml", *set_args],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    return yaml.safe_load(out.stdout)["text"]
+
+
+def test_notes_say_what_to_do_next(tmp_path):
+    text = rendered_notes(tmp_path)
+    assert f"kubectl -n {OPERATOR_NS} rollout status deployment/{OPERATOR_SA}" in text
+    assert "pod-security.kubernetes.io/enforce=restricted" in text  # policy.requirePodSecurity's default
+    assert "Prometheus Operator's CRDs (monitoring.coreos.com/v1)" in text and "helm test rlscale" in text
+    scoped = rendered_notes(tmp_path / "b", "--api-versions", "monitoring.coreos.com/v1", "--set",
+                            "operator.watchNamespaces={team-a}", "--set", "metrics.prometheusRule.enabled=true")
+    assert "kubectl -n team-a get rlrun -w" in scoped and f"alerts PrometheusRule {OPERATOR_SA}" in scoped
+    assert "additionalLabels.release" in scoped  # kube-prometheus-stack selects by it; none is set
+
+
+def test_edit_and_view_gain_rlruns_by_aggregation():
+    roles = {o["metadata"]["name"]: o for o in chart_objects(HELM) if o["kind"] == "ClusterRole"}
+    edit, view = roles[f"{OPERATOR_SA}-rlrun-edit"], roles[f"{OPERATOR_SA}-rlrun-view"]
+    assert edit["metadata"]["labels"]["rbac.authorization.k8s.io/aggregate-to-edit"] == "true"
+    assert edit["metadata"]["labels"]["rbac.authorization.k8s.io/aggregate-to-admin"] == "true"
+    assert {"create", "delete", "patch", "update"} <= set(edit["rules"][0]["verbs"])
+    assert edit["rules"][0] == {**edit["rules"][0], "apiGroups": ["rlscale.dev"], "resources": ["rlruns"]}
+    assert not [r for r in edit["rules"] if "rlruns/status" in r["resources"] and set(r["verbs"]) - {"get"}]
+    assert view["metadata"]["labels"]["rbac.authorization.k8s.io/aggregate-to-view"] == "true"
+    assert {v for r in view["rules"] for v in r["verbs"]} == {"get", "list", "watch"}
+    off = chart_objects(HELM, "--set", "rbac.aggregateToDefaultRoles=false")
+    assert [o["metadata"]["name"] for o in off if o["kind"] == "ClusterRole"] == [OPERATOR_SA]
+
+
+def test_pod_monitor_scrapes_every_run_metrics_port():
+    objs = chart_objects(HELM, "--api-versions", "monitoring.coreos.com/v1")
+    pm = next(o for o in objs if o["kind"] == "PodMonitor")
+    assert [e["port"] for e in pm["spec"]["podMetricsEndpoints"]] == ["metrics", "rollout-metrics"]
+    assert not [o for o in objs if o["kind"] == "PrometheusRule"]  # opt in
+
+
+def rules_of(*set_args: str) -> dict:
+    objs = chart_objects(HELM, "--api-versions", "monitoring.coreos.com/v1", "--set",
+                         "metrics.prometheusRule.enabled=true", *set_args)
+    (rule,) = [o for o in objs if o["kind"] == "PrometheusRule"]
+    return rule
+
+
+def test_prometheus_rule_carries_the_selected_labels_and_passes_promtool(tmp_path):
+    rule = rules_of("--set", "metrics.prometheusRule.additionalLabels.release=kps",
+                    "--set", "metrics.prometheusRule.alertLabels.team=ml")
+    assert rule["metadata"]["labels"]["release"] == "kps"
+    alerts = {r["alert"]: r for r in rule["spec"]["groups"][0]["rules"]}
+    assert set(alerts) == {"RLScaleOperatorNoLeader", "RLScaleOperatorReconcileErrors", "RLRunWithoutSteps",
+                           "RLRunReplicasNotReady", "RLRunFailed"}
+    assert all(r["labels"]["team"] == "ml" for r in alerts.values())
+    f = tmp_path / "rules.yaml"
+    f.write_text(yaml.safe_dump({"groups": rule["spec"]["groups"]}))
+    out = subprocess.run([str(PROMTOOL), "check", "rules", str(f)], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stdout + out.stderr
+
+
+def series(name: str, labels: dict[str, str], values: str) -> dict:
+    inner = ", ".join([JOB] + [f'{k}="{v}"' for k, v in labels.items()])
+    return {"series": f"{name}{{{inner}}}", "values": values}
+
+
+def leader(instance: str, values: str) -> dict:
+    return series("rlscale_operator_leader", {"instance": instance}, values)
+
+
+def run_series(name: str, instance: str, values: str, **labels: str) -> dict:
+    return series(name, {"instance": instance, "namespace": "team-a", "run": "r", **labels}, values)
+
+
+def alert_cases() -> list[tuple[str, str, list[dict], int, list[dict]]]:
+    """(name, alert, input series, minute to evaluate at, the alerts' labels expected then), one scenario
+    that fires each alert and one that must not. Instance b is a replica that stepped down: its per-run
+    series keep their last values and must not count."""
+    run = {"namespace": "team-a", "run": "r", "severity": "warning"}
+    return [
+        ("no replica leads", "RLScaleOperatorNoLeader", [leader("a", "0x20"), leader("b", "0x20")], 10,
+         [{"severity": "critical"}]),
+        ("one replica leads", "RLScaleOperatorNoLeader", [leader("a", "1x20"), leader("b", "0x20")], 10, []),
+        ("no operator at all", "RLScaleOperatorNoLeader", [series("up", {}, "1x20")], 10,
+         [{"severity": "critical", "job": f"{OPERATOR_SA}-metrics"}]),  # absent() keeps the selector's label
+        ("errors for 20 minutes", "RLScaleOperatorReconcileErrors",
+         [series("rlscale_operator_reconcile_errors_total", {"instance": "a", "kind": "ApiException"}, "0+1x40")],
+         25, [{"kind": "ApiException", "severity": "warning"}]),
+        ("one error long ago", "RLScaleOperatorReconcileErrors",
+         [series("rlscale_operator_reconcile_errors_total", {"instance": "a", "kind": "ApiException"}, "0 1x40")],
+         25, []),
+        ("running 40 minutes, no step", "RLRunWithoutSteps",
+         [leader("a", "1x60"), run_series("rlscale_operator_run_phase", "a", "1x60", phase="Running"),
+          run_series("rlscale_operator_run_last_progress_timestamp_seconds", "a", "0x60")], 40,
+         [{**run, "instance": "a", "phase": "Running", "job": f"{OPERATOR_SA}-metrics"}]),
+        ("a step every minute; a stale replica's old clock", "RLRunWithoutSteps",
+         [leader("a", "1x60"), leader("b", "0x60"),
+          run_series("rlscale_operator_run_phase", "a", "1x60", phase="Running"),
+          run_series("rlscale_operator_run_last_progress_timestamp_seconds", "a", "0+60x60"),
+          run_series("rlscale_operator_run_phase", "b", "1x60", phase="Running"),
+          run_series("rlscale_operator_run_last_progress_timestamp_seconds", "b", "0x60")], 40, []),
+        ("one learner of two ready", "RLRunReplicasNotReady",
+         [leader("a", "1x40"), run_series("rlscale_operator_replicas", "a", "2x40", role="learner", state="desired"),
+          run_series("rlscale_operator_replicas", "a", "1x40", role="learner", state="ready")], 20,
+         [{**run, "instance": "a", "role": "learner", "job": f"{OPERATOR_SA}-metrics"}]),
+        ("all ready", "RLRunReplicasNotReady",
+         [leader("a", "1x40"), run_series("rlscale_operator_replicas", "a", "2x40", role="learner", state="desired"),
+          run_series("rlscale_operator_replicas", "a", "2x40", role="learner", state="ready")], 20, []),
+        ("a failed run", "RLRunFailed",
+         [leader("a", "1x10"), run_series("rlscale_operator_run_phase", "a", "1x10", phase="Failed")], 5,
+         [{**run, "instance": "a", "phase": "Failed", "job": f"{OPERATOR_SA}-metrics"}]),
+        ("failed only on the replica that stepped down", "RLRunFailed",
+         [leader("a", "1x10"), leader("b", "0x10"),
+          run_series("rlscale_operator_run_phase", "a", "0x10", phase="Failed"),
+          run_series("rlscale_operator_run_phase", "b", "1x10", phase="Failed")], 5, []),
+    ]
+
+
+@pytest.mark.parametrize("case", alert_cases(), ids=lambda c: c[0])
+def test_each_alert_fires_in_its_scenario_and_only_there(tmp_path, case):
+    """promtool evaluates the rendered rules over series built for each alert (promtool test rules)."""
+    _, alert, inputs, minute, expected = case
+    rule = rules_of()
+    (tmp_path / "rules.yaml").write_text(yaml.safe_dump({"groups": rule["spec"]["groups"]}))
+    annotations = {r["alert"]: r["annotations"] for r in rule["spec"]["groups"][0]["rules"]}
+    exp = [{"exp_labels": labels, "exp_annotations": expand(annotations[alert], labels)} for labels in expected]
+    test = {"rule_files": ["rules.yaml"], "evaluation_interval": "1m",
+            "tests": [{"interval": "1m", "input_series": inputs,
+                       "alert_rule_test": [{"eval_time": f"{minute}m", "alertname": alert, "exp_alerts": exp}]}]}
+    (tmp_path / "test.yaml").write_text(yaml.safe_dump(test))
+    out = subprocess.run([str(PROMTOOL), "test", "rules", "test.yaml"], capture_output=True, text=True,
+                         timeout=60, cwd=tmp_path)
+    assert out.returncode == 0, out.stdout + out.stderr
+
+
+def expand(annotations: dict[str, str], labels: dict[str, str]) -> dict[str, str]:
+    """The annotations as Prometheus fills them in for these labels (the alerts' templates use $labels only,
+    but for the error rate's value, which the error scenario makes 1/60 per second)."""
+    out = {}
+    for k, text in annotations.items():
+        for name, value in labels.items():
+            text = text.replace(f"{{{{ $labels.{name} }}}}", value)
+        out[k] = text.replace("{{ $value | humanize }}", "16.67m")
+    return out
+
+
+def test_common_knobs_reach_the_operator_pod():
+    objs = chart_objects(HELM, "--set", "global.imageRegistry=reg.example", "--set", "fullnameOverride=rl-op",
+                         "--set", "operator.imagePullSecrets[0].name=regcred", "--set", "operator.podLabels.team=ml",
+                         "--set", "operator.podAnnotations.note=x", "--set", "operator.securityContext.runAsGroup=7")
+    dep = next(o for o in objs if o["kind"] == "Deployment")
+    pod = dep["spec"]["template"]
+    assert dep["metadata"]["name"] == "rl-op" and pod["metadata"]["labels"]["team"] == "ml"
+    assert pod["metadata"]["annotations"] == {"note": "x"}
+    assert pod["spec"]["imagePullSecrets"] == [{"name": "regcred"}]
+    c = pod["spec"]["containers"][0]
+    assert c["securityContext"]["runAsGroup"] == 7 and c["securityContext"]["capabilities"] == {"drop": ["ALL"]}
+    env = {e["name"]: e.get("value") for e in c["env"]}
+    assert env["RLSCALE_OPERATOR_LEASE"] == f"{OPERATOR_NS}/rl-op-leader"
+    named = chart_objects(HELM, "--set", "nameOverride=trainer")
+    assert next(o for o in named if o["kind"] == "Deployment")["metadata"]["name"] == "rlscale-trainer"
+    out = helm("template", "x", str(CHART), "--kube-version", K8S_VERSION, "--set", "fullnameOverride=Bad_Name")
+    assert out.returncode != 0 and "fullnameOverride" in out.stderr
+
+
+def test_helm_test_asks_the_metrics_service_for_a_leader():
+    out = helm("template", "rlscale", str(CHART), "--namespace", OPERATOR_NS, "--kube-version", K8S_VERSION,
+               "--show-only", "templates/tests/operator-metrics.yaml")
+    assert out.returncode == 0, out.stderr
+    pod = yaml.safe_load(out.stdout)
+    assert pod["metadata"]["annotations"]["helm.sh/hook"] == "test"
+    script = pod["spec"]["containers"][0]["args"][0]
+    assert f"http://{OPERATOR_SA}-metrics.{OPERATOR_NS}.svc:8080/metrics" in script
+    compile(script, "helm-test", "exec")  # the script the pod runs is Python that parses
+
+
+# A spec's length defaults depend on task.dataset, so the CRD gives them no default and its rules compute them
+# in CEL as the Python rules do: (spec, the message the API server refuses it with, or None: admitted).
+DATASET = "/models/data/q.jsonl"
+QWEN = {"path": "Qwen/Qwen2.5-0.5B-Instruct"}
+DEFAULTED = [
+    ({"model": {"path": "Qwen/Qwen2.5-0.5B-Instruct"}, "task": {"dataset": DATASET, "reward": "exact-match"}}, None),
+    ({"hardware": {"accelerator": "cpu"}}, None),
+    ({"model": {"path": "Qwen/Qwen2.5-0.5B-Instruct", "maxLength": 200}, "task": {"dataset": DATASET}},
+     "task.maxNewTokens must be smaller than model.maxLength"),
+    ({"hardware": {"accelerator": "cpu"}, "model": {"maxLength": 20}},
+     "model.maxLength must hold task.expectedPromptTokens + task.maxNewTokens"),
+    ({"hardware": {"accelerator": "cpu"}, "task": {"expectedResponseTokens": 9}},
+     "task.expectedResponseTokens must be <= task.maxNewTokens"),
+    ({"model": QWEN, "task": {"dataset": DATASET}, "batch": {"microBatchTokens": 768}}, None),
+    ({"model": QWEN, "task": {"dataset": DATASET}, "batch": {"microBatchTokens": 700}},
+     "batch.microBatchTokens must hold one sequence"),
+]
+
+
+@pytest.mark.parametrize("spec,message", DEFAULTED, ids=[m or "admitted" for _, m in DEFAULTED])
+def test_the_crd_rules_see_the_defaults_the_spec_fills_in(kube, ns, spec, message):
+    from rlscale.spec import SpecError, parse_spec
+
+    try:
+        parse_spec(spec)
+        python_refuses = False
+    except SpecError:
+        python_refuses = True
+    assert python_refuses == (message is not None)  # the CEL and the Python rules agree
+    obj = {"apiVersion": "rlscale.dev/v1alpha1", "kind": "RLRun", "metadata": {"name": "defaults"}, "spec": spec}
+    out = kube.apply(obj, ns, check=False)
+    if message is None:
+        assert out.returncode == 0, out.stderr
+    else:
+        assert out.returncode != 0 and message in out.stderr, out.stderr
