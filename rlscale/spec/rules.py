@@ -12,9 +12,9 @@ from rlscale.spec.algorithm_rules import algorithm_rules
 from rlscale.spec.errors import MISSING, FieldError
 from rlscale.spec.models import (
     BUILTIN_MODELS,
-    DEFAULT_GPUS_PER_NODE,
     BUILTIN_REWARDS,
     BUILTIN_TASKS,
+    DEFAULT_GPUS_PER_NODE,
     MAX_REPLICAS,
     PROJECTED_SOURCES,
     RAY_TOKEN_SECRET_SUFFIX,

@@ -124,7 +124,7 @@ def test_candidates_are_sorted_and_the_winner_is_first():
 
 def test_fixed_prompts_and_replicas_are_kept():
     s = parse_spec({**GEN_BOUND, "batch": {**GEN_BOUND["batch"], "prompts": 12},
-                    "rollout": {"replicas": 3}, "learner": {"replicas": 2}})
+                    "rollout": {"replicas": 3}, "learner": {"replicas": 2, "gpusPerReplica": 1}})
     p = make_plan(s)
     assert (p.prompts, p.rollout_replicas, p.learner_replicas) == (12, 3, 2)
     assert p.reason.startswith("N=96 fixed by spec.batch.prompts")
