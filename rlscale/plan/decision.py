@@ -407,7 +407,9 @@ def make_plan(spec: Any, calibration: Calibration | None = None, placement: str 
         cands += candidates(spec, model, cal, feasible, n_noise, e_ref, where, pin)
     if not cands:
         raise PlanError(_refusal(refused))
-    every, kept = cands, using_the_budget(cands, spec.budget.gpus)
+    # A fresh plan leaves no budgeted GPU idle; a re-plan (the running placement and learners kept) may hand
+    # rollout GPUs back to the cluster when measurements show they do not pay (the tie rule in `pick`).
+    every, kept = cands, (using_the_budget(cands, spec.budget.gpus) if placement is None else cands)
     for w in [w for w in models if not any(c.placement == w for c in kept)]:
         most = max(c.gpus for c in cands if c.placement == w)
         refused[w] = f"not chosen: it uses at most {most} of budget.gpus ({spec.budget.gpus}), leaving GPUs idle"
@@ -447,7 +449,7 @@ def _bare(message: str) -> str:
 def _refusal(refused: dict[str, str]) -> str:
     """The PlanError when no placement fits: the memory reason first (a budget shortfall says less), and
     the other placement's reason after it when auto tried both."""
-    ordered = sorted(refused.items(), key=lambda kv: kv[1].startswith("spec.budget."))
+    ordered = sorted(refused.items(), key=lambda kv: (kv[1].startswith("not "), kv[1].startswith("spec.budget.")))
     first_where, first = ordered[0]
     if len(ordered) == 1:
         return first
