@@ -40,6 +40,8 @@ def zero_reason(model: Any, win: Any) -> str:
     is what DeepSpeed runs, and when another stage that fits trains and publishes faster at the winner's
     batch (train + sync) by more than ZERO_MARGIN the sentence names it with the field to set."""
     k, world = win.learner_replicas, model._learner_world(win.learner_replicas)
+    if model.profile.shared_host:
+        return f"{k} learner process(es) x {world // max(1, k)} rank(s) on one cpu host, ZeRO-{model.zero_stage}"
     text = sharding_text(model.zero_stage, world, k, model.learner_gpus, model.gpus_per_node)
     if world <= 1:
         return text

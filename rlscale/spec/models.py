@@ -433,9 +433,10 @@ class HardwareSpec(_Model):
     peak_flops: float | None = Field(None, gt=0, description="Dense peak FLOP/s in the model dtype (e.g. 9.89e14 bf16 "
                                      "on an H100 SXM).")
     memory: float | None = Field(None, gt=0, description="Device memory in bytes.")
-    interconnect_bandwidth: float | None = Field(None, gt=0, description="Bandwidth between nodes in bytes/s, per GPU: "
-                                                 "learner-to-rollout weight transfer and the learner's collectives "
-                                                 "across nodes.")
+    interconnect_bandwidth: float | None = Field(None, gt=0, description="Bandwidth of the link between two nodes "
+                                                 "in bytes/s (without RDMA in the images, the pod network's): the "
+                                                 "learner-to-rollout weight broadcast and the learner's collectives "
+                                                 "across nodes. Unset: the profile's (25 GB/s on H100).")
     gpus_per_node: int | None = Field(None, ge=1, le=16, description="GPUs of one node (joined by NVLink); a pod runs "
                                       "on one node, so gpusPerReplica must not exceed it. Unset: 8 on GPU "
                                       "accelerators (ignored on cpu).")
