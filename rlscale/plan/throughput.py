@@ -31,9 +31,10 @@ OPTIMIZER_BYTES_PER_PARAM = 28
 PLUGIN_REWARD_SECONDS = 1e-3
 # Activations a Hugging Face Qwen2 decoder layer keeps for the backward pass, bytes per token per layer per
 # 2 bytes of dtype, in units of the hidden size h: about twice GPT's 34 h (Korthikanti et al. 2022). Measured
-# in bf16 on CPU, the most of the shapes measured (0.5B: 64.1 h, 1.5B: 67.4 h; the same at 256 and 1,024
-# tokens, so no s^2 term), by
+# in bf16 on CPU, the most of the shipped shapes measured (0.5B: 64.1 h, 1.5B: 67.4 h, 7B: 62.9 h; 0.5B the
+# same at 256 and 2 x 1,024 tokens, so no s^2 term), by
 #   .venv/bin/python bench/learner_memory.py --per-layer qwen/qwen2.5-0.5b,qwen/qwen2.5-1.5b --sequences 2 --length 1024
+#   .venv/bin/python bench/learner_memory.py --per-layer qwen/qwen2.5-7b,qwen/qwen2.5-0.5b --sequences 1 --length 256
 # With gradient checkpointing only each layer's input (2 h) and one layer's full set during its recompute.
 ACTIVATION_BYTES_PER_HIDDEN = 67.4
 CHECKPOINTED_BYTES_PER_HIDDEN = 2.0
