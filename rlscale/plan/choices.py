@@ -42,7 +42,7 @@ def zero_reason(model: Any, win: Any) -> str:
     k, world = win.learner_replicas, model._learner_world(win.learner_replicas)
     if model.profile.shared_host:
         return f"{k} learner process(es) x {world // max(1, k)} rank(s) on one cpu host, ZeRO-{model.zero_stage}"
-    text = sharding_text(model.zero_stage, world, k, model.learner_gpus, model.gpus_per_node)
+    text = sharding_text(model.zero_stage, world, k, model.learner_gpus, model.node_gpus)
     if world <= 1:
         return text
     own = model.train_seconds(win.batch, k) + model.sync_seconds(win.rollout_replicas, k)
@@ -55,7 +55,7 @@ def zero_reason(model: Any, win: Any) -> str:
         if t < own * (1 - ZERO_MARGIN) and (best is None or t < best[1]):
             best = (stage, t)
     link = ("NVLink" if model.learner_nodes(k) == 1 else
-            f"the {model.profile.interconnect_bandwidth / 1e9:.0f} GB/s link between nodes")
+            f"the {model.profile.interconnect_bandwidth / 1e9:.0f} GB/s network between pods")
     if best is None:
         return f"{text}: learner.zeroStage; no other stage that fits trains and publishes faster over {link}"
     stage, t = best

@@ -479,7 +479,8 @@ def feasible_splits(spec: Any, model: SystemModel, placement: str = "disaggregat
                             f"({spec.learner.gpus_per_replica} GPUs) to colocate the engines on; raise budget.gpus")
         need = spec.rollout.gpus_per_replica + spec.learner.gpus_per_replica
         raise PlanError(f"spec.budget.gpus: {spec.budget.gpus} does not fit one rollout and one learner replica "
-                        f"({need} GPUs); raise budget.gpus or lower gpusPerReplica")
+                        f"({need} GPUs); raise budget.gpus, or lower learner.gpusPerReplica "
+                        f"({spec.learner.gpus_per_replica}) to leave GPUs for rollout replicas")
     verdicts = [(r, k, model.infeasible(r, k)) for r, k in splits]
     feasible = [(r, k) for r, k, bad in verdicts if not bad]
     if not feasible:  # the reason at the most learners (the least state per GPU): what is left to change

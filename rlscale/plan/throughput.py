@@ -241,8 +241,11 @@ class SystemModel:
 
     @property
     def node_gpus(self) -> int:
-        """Ranks that share a node's NVLink: every rank on a cpu host, else hardware.gpusPerNode."""
-        return 1 << 30 if self.profile.shared_host else max(1, self.gpus_per_node)
+        """Ranks whose collectives run over NVLink: every rank on a cpu host, else one learner pod's (a pod is
+        at most a node; NCCL sees two pods, even on one node, as two hosts and goes over the network)."""
+        if self.profile.shared_host:
+            return 1 << 30
+        return max(1, min(self.gpus_per_node, self.ranks_per_pod or self.learner_gpus))
 
     def learner_nodes(self, replicas: int) -> int:
         return 1 if self.profile.shared_host else nodes_of(self._learner_world(replicas), self.node_gpus)
@@ -386,7 +389,7 @@ class SystemModel:
 
     def infeasible(self, rollout: int, learner: int) -> str | None:
         """Why this split cannot run (naming the field to change), or None."""
-        return self.learner_infeasible(learner) or self.rollout_infeasible(rollout)
+        return self.tensor_parallel_infeasible() or self.learner_infeasible(learner) or self.rollout_infeasible(rollout)
 
     def learner_infeasible(self, learner: int) -> str | None:
         """While training: state + activations within a GPU's usable memory (colocated: beside the sleeping
@@ -432,11 +435,28 @@ class SystemModel:
                 "or set placement: disaggregated")
 
     def tensor_parallel_for_group(self) -> int | None:
-        """The fewest GPUs per engine that hold the weights and one group's KV cache, or None."""
+        """The fewest GPUs per engine that hold the weights and one group's KV cache and that vLLM can shard
+        the attention over, or None."""
         p = self.profile
         need = self.group_size * (self.prompt_tokens + self.max_new_tokens) * self.kv_bytes
         per_gpu = p.memory * self.rollout_utilization - p.engine_overhead_bytes
-        return next((t for t in TP_DEGREES if per_gpu * t - self.weight_bytes >= need), None)
+        return next((t for t in TP_DEGREES if per_gpu * t - self.weight_bytes >= need and self.shape.splits_over(t)),
+                    None)
+
+    def tensor_parallel_infeasible(self) -> str | None:
+        """vLLM shards the attention heads over the engine's GPUs: a degree that does not divide them cannot
+        start. Colocated, the engine spans its learner pod, so the fix is the pod's GPUs."""
+        t, sh = self.rollout_gpus, self.shape
+        if self.profile.shared_host or sh.splits_over(t):
+            return None
+        fits = [d for d in TP_DEGREES if d < t and sh.splits_over(d)]
+        what = (f"tensor parallelism {t}, and vLLM needs it to divide the model's {sh.attention_heads} attention "
+                f"heads ({sh.kv_heads} KV heads)")
+        if self.placement == "colocated":
+            return (f"learner.gpusPerReplica: {t} GPUs a learner pod give its colocated engine {what}; set "
+                    f"learner.gpusPerReplica: {fits[-1] if fits else 1} (more learner pods, one engine each), "
+                    "or set placement: disaggregated")
+        return f"rollout.gpusPerReplica: {t}: {what}; use {fits[-1] if fits else 1}"
 
     def rollout_infeasible(self, rollout: int) -> str | None:
         """The engine (its share of memory less overhead) must hold the weights and the KV cache of one

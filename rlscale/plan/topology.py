@@ -13,20 +13,21 @@ TRANSFER_BUCKET_BYTES = 512 * 2**20
 LEARNER_CONTEXT_BYTES = 1e9
 
 
-def nodes_of(world: int, gpus_per_node: int) -> int:
-    """Nodes `world` ranks span, packed a node at a time (a learner pod is one node's GPUs or fewer)."""
-    return max(1, math.ceil(world / max(1, gpus_per_node)))
+def nodes_of(world: int, nvlink_ranks: int) -> int:
+    """NVLink domains `world` ranks span, `nvlink_ranks` to each: a learner pod's GPUs (a pod is at most one
+    node, and NCCL sees two pods, even on one node, as two hosts)."""
+    return max(1, math.ceil(world / max(1, nvlink_ranks)))
 
 
-def collective_seconds(total_bytes: float, world: int, gpus_per_node: int, node_bandwidth: float,
+def collective_seconds(total_bytes: float, world: int, nvlink_ranks: int, node_bandwidth: float,
                        network_bandwidth: float) -> float:
     """One ring all-gather or reduce-scatter of `total_bytes` over `world` ranks: each rank moves
-    (w-1)/w of the bytes, and a ring runs at its slowest link, the node's NVLink (`node_bandwidth`, the
-    profile's collective bandwidth) inside one node, the link between nodes (`network_bandwidth`,
-    hardware.interconnectBandwidth) once the ranks span several. An all-reduce is two of these."""
+    (w-1)/w of the bytes, and a ring runs at its slowest link, NVLink (`node_bandwidth`, the profile's
+    collective bandwidth) inside one pod, the network (`network_bandwidth`, hardware.interconnectBandwidth)
+    once the ranks span several pods. An all-reduce is two of these."""
     if world <= 1:
         return 0.0
-    link = node_bandwidth if nodes_of(world, gpus_per_node) == 1 else min(node_bandwidth, network_bandwidth)
+    link = node_bandwidth if nodes_of(world, nvlink_ranks) == 1 else min(node_bandwidth, network_bandwidth)
     return (world - 1) / world * total_bytes / link
 
 
@@ -84,10 +85,10 @@ def expected_longest(mean: float, cap: float, n: int) -> float:
     return min(cap, mu * total)
 
 
-def sharding_text(stage: int, world: int, pods: int, gpus_per_pod: int, gpus_per_node: int) -> str:
+def sharding_text(stage: int, world: int, pods: int, gpus_per_pod: int, nvlink_ranks: int) -> str:
     """The learner's layout in words: pods x GPUs, the ZeRO stage and what it shards over which link."""
-    nodes = nodes_of(world, gpus_per_node)
-    where = "inside one node's NVLink" if nodes == 1 else f"across {nodes} nodes"
+    domains = nodes_of(world, nvlink_ranks)
+    where = "inside one pod's NVLink" if domains == 1 else f"across {domains} pods over the network"
     what = {0: "nothing sharded", 1: "optimizer states sharded", 2: "optimizer states and gradients sharded",
             3: "weights, gradients and optimizer states sharded"}[min(3, stage)]
     if world <= 1:

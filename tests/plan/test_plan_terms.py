@@ -102,14 +102,30 @@ def test_zero3_across_two_nodes_gathers_the_weights_over_the_link():
     assert one.collective_seconds(512, 1) == pytest.approx(32 * 7 / 8 * W7 / 300e9)
 
 
-def test_the_plan_names_a_faster_zero_stage_across_nodes():
-    p = make_plan(spec7b(16, learner={"zeroStage": 3}))
-    assert p.zero_stage == 3
-    assert p.learner_topology.startswith("2 pod(s) x 8 GPUs, ZeRO-3 over 16 ranks")
-    assert "across 2 nodes" in p.learner_topology and "set learner.zeroStage: " in p.learner_topology
-    one_node = make_plan(spec7b(8, learner={"zeroStage": 3}))
-    assert "inside one node's NVLink" in one_node.learner_topology
-    assert "no other stage that fits trains and publishes faster" in one_node.learner_topology
+def test_the_plan_names_a_faster_zero_stage_across_pods():
+    p = make_plan(spec7b(16, learner={"zeroStage": 3, "gpusPerReplica": 4}))
+    assert p.zero_stage == 3 and p.placement == "colocated"
+    assert p.learner_topology.startswith("4 pod(s) x 4 GPUs, ZeRO-3 over 16 ranks")
+    assert "across 4 pods over the network" in p.learner_topology
+    # a stage that does not gather the weights for every pass over every micro-batch
+    assert int(p.learner_topology.rsplit("set learner.zeroStage: ", 1)[1]) < 3
+    one_pod = make_plan(spec7b(16, learner={"zeroStage": 1}))  # one 8-GPU learner pod + 8 engines
+    assert one_pod.learner_topology.startswith("1 pod(s) x 8 GPUs, ZeRO-1 over 8 ranks")
+    assert "inside one pod's NVLink" in one_pod.learner_topology
+
+
+def test_tensor_parallelism_must_divide_the_attention_heads():
+    # Qwen2.5-7B: 28 heads, 4 KV heads; vLLM shards them over TP: 1, 2, 4 do, 8 does not
+    shape = system_model(spec7b(16)).shape
+    assert (shape.attention_heads, shape.kv_heads) == (28, 4)
+    assert [t for t in (1, 2, 4, 8) if shape.splits_over(t)] == [1, 2, 4]
+    # a colocated engine spans its 8-GPU learner pod: refused, naming the pod size that works
+    with pytest.raises(PlanError, match=r"^spec\.learner\.gpusPerReplica: 8 GPUs a learner pod give its colocated "
+                                        r"engine tensor parallelism 8, .* 28 attention heads .*set "
+                                        r"learner\.gpusPerReplica: 4"):
+        make_plan(spec7b(8))
+    with pytest.raises(PlanError, match=r"^spec\.rollout\.gpusPerReplica: 8: .*; use 4"):
+        make_plan(spec7b(16, placement="disaggregated", rollout={"gpusPerReplica": 8}, learner={"gpusPerReplica": 4}))
 
 
 # --------------------------------------------------------------------------- transfer backend, memory
@@ -211,7 +227,7 @@ def test_max_num_seqs_is_the_plans_concurrency_and_the_engine_takes_it():
     from rlscale.runconfig import RunConfig
     from rlscale.trainer.run_env import rollout_engine_config
 
-    spec = spec7b(8)
+    spec = spec7b(8, learner={"gpusPerReplica": 4})
     p = make_plan(spec)
     assert p.max_num_seqs == p.candidates[0].concurrency > 0
     assert p.to_dict()["maxNumSeqs"] == p.max_num_seqs
