@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 
 from rlscale.cpu_split import split_cores
 from rlscale.plan.placement import (
+    TRANSFER_BUCKET_BYTES,
     WAKE_KV_SECONDS,
     broadcast_seconds,
     handover_seconds,
@@ -17,7 +18,6 @@ from rlscale.plan.shapes import DTYPE_BYTES, ModelShape
 from rlscale.plan.staleness import overlapped_step
 from rlscale.plan.topology import (
     LEARNER_CONTEXT_BYTES,
-    TRANSFER_BUCKET_BYTES,
     collective_seconds,
     expected_longest,
     nodes_of,

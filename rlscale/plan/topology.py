@@ -5,9 +5,6 @@ from __future__ import annotations
 
 import math
 
-# The bucket the weight transfer packs tensors into (vLLM's packed weight transfer at the rollout's default
-# size): under ZeRO-3 the learner gathers one bucket at a time, and a receiver holds one at a time.
-TRANSFER_BUCKET_BYTES = 512 * 2**20
 # A colocated learner's CUDA context and allocator residue once its states are offloaded and the cache emptied
 # (an assumption, not measured: the context of a CUDA 12 process is 0.5-1 GB).
 LEARNER_CONTEXT_BYTES = 1e9

@@ -13,10 +13,15 @@ import pytest
 from rlscale.plan import PlanError, make_plan
 from rlscale.plan.choices import using_the_budget
 from rlscale.plan.decision import system_model
-from rlscale.plan.placement import WAKE_KV_SECONDS, colocated_unavailable, layout_model, placements_for
+from rlscale.plan.placement import (
+    TRANSFER_BUCKET_BYTES,
+    WAKE_KV_SECONDS,
+    colocated_unavailable,
+    layout_model,
+    placements_for,
+)
 from rlscale.plan.throughput import ACTIVATION_BYTES_PER_HIDDEN
 from rlscale.plan.topology import (
-    TRANSFER_BUCKET_BYTES,
     collective_seconds,
     expected_longest,
     response_scale,
