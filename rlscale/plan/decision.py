@@ -250,7 +250,8 @@ class Plan:
                    rollout_memory_utilization=float(d.get("rolloutMemoryUtilization") or 0.9),
                    tensor_parallel=int(d.get("tensorParallel") or 1), ranks_per_pod=int(d.get("ranksPerPod") or 1),
                    staleness=int(d.get("staleness") or 0), learner_topology=str(d.get("learnerTopology") or ""),
-                   zero_stage=int(d.get("zeroStage", 1)), transfer_backend=str(d.get("transferBackend") or ""),
+                   zero_stage=int(d["zeroStage"]) if d.get("zeroStage") is not None else 1,
+                   transfer_backend=str(d.get("transferBackend") or ""),
                    max_num_seqs=int(d.get("maxNumSeqs") or 0))
 
 

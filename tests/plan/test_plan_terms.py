@@ -238,3 +238,17 @@ def test_max_num_seqs_is_the_plans_concurrency_and_the_engine_takes_it():
     assert p.to_dict()["maxNumSeqs"] == p.max_num_seqs
     cfg = RunConfig(run="r", spec=spec, plan=p, model_dir="/m", seed=1)
     assert rollout_engine_config(cfg).max_num_seqs == p.max_num_seqs
+
+
+def test_the_new_plan_fields_round_trip_and_old_plans_load():
+    from rlscale.plan.decision import Plan
+
+    p = make_plan(spec7b(16))
+    d = p.to_dict(candidates=False)
+    back = Plan.from_dict(d)
+    assert (back.zero_stage, back.learner_topology, back.transfer_backend, back.max_num_seqs) == (
+        p.zero_stage, p.learner_topology, p.transfer_backend, p.max_num_seqs)
+    for key in ("zeroStage", "learnerTopology", "transferBackend", "maxNumSeqs"):
+        d.pop(key)
+    old = Plan.from_dict(d)  # a status.plan written before these keys
+    assert (old.zero_stage, old.learner_topology, old.transfer_backend, old.max_num_seqs) == (1, "", "", 0)
