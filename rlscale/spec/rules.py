@@ -87,7 +87,8 @@ def _rule_gpu_budget(s: RLRunSpec):
                 else "the rollout and learner replicas")
         return _err("budget.gpus", s.budget.gpus,
                     f"does not cover {what} ({_gpu_need(s)} GPUs: replicas x gpusPerReplica, one each when auto)",
-                    f"raise budget.gpus to at least {_gpu_need(s)}, or lower the replicas")
+                    f"raise budget.gpus to at least {_gpu_need(s)}, or lower the replicas or gpusPerReplica "
+                    f"(learner.gpusPerReplica is {s.learner.gpus_per_replica}; unset, it is a node's GPUs)")
 
 
 def _rule_ranks_per_replica(s: RLRunSpec):
