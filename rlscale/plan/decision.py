@@ -439,7 +439,11 @@ def make_plan(spec: Any, calibration: Calibration | None = None, placement: str 
         placement=win.placement, weight_sync=model.weight_sync,
         rollout_memory_utilization=model.rollout_utilization, tensor_parallel=model.rollout_gpus,
         ranks_per_pod=ranks_per_pod(spec), staleness=win.staleness, learner_topology=zero_reason(model, win),
-        zero_stage=model.zero_stage, transfer_backend=model.transfer_backend, max_num_seqs=win.concurrency,
+        zero_stage=model.zero_stage, transfer_backend=model.transfer_backend,
+        # the step's sequences in flight, and the evals' (EVAL_PROMPTS greedy) when more: what the model timed;
+        # on cpu vLLM's default (the stand-in engine's token budget is small)
+        max_num_seqs=0 if model.profile.shared_host else
+        max(win.concurrency, model.generation(EVAL_PROMPTS, 1, win.rollout_replicas).concurrency),
     )
 
 

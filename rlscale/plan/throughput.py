@@ -40,6 +40,10 @@ ACTIVATION_BYTES_PER_HIDDEN = 67.4
 CHECKPOINTED_BYTES_PER_HIDDEN = 2.0
 # The log-probs are gathered from an fp32 log-softmax over the vocabulary, one row per token.
 LOGIT_BYTES = 4.0
+# The most sequences an engine is planned to decode at once (its max_num_seqs): vLLM's largest default,
+# and within the token budget a step schedules (max_num_batched_tokens, which vLLM requires to be at least
+# max_num_seqs; 8,192 and more by default on GPUs).
+MAX_NUM_SEQS = 1024
 # Sizes a tensor-parallel degree is suggested from.
 TP_DEGREES = (1, 2, 4, 8, 16)
 
@@ -174,7 +178,7 @@ class SystemModel:
         cap = max_concurrency(mem, self.weight_bytes, self.kv_bytes, self.prompt_tokens + self.max_new_tokens)
         prompts_r = math.ceil(prompts / replicas)  # a group stays on one replica
         n = prompts_r * samples_per_prompt
-        b = max(1, min(n, cap))
+        b = max(1, min(n, cap, MAX_NUM_SEQS))
         context = self.prompt_tokens + self.response_tokens / 2.0
         t_iter = decode_step_seconds(b, self.weight_bytes, self.kv_bytes, context, bw, fl, self.shape.active)
         mem_t = (self.weight_bytes + b * context * self.kv_bytes) / bw

@@ -234,7 +234,10 @@ def test_max_num_seqs_is_the_plans_concurrency_and_the_engine_takes_it():
 
     spec = spec7b(8, learner={"gpusPerReplica": 4})
     p = make_plan(spec)
-    assert p.max_num_seqs == p.candidates[0].concurrency > 0
+    # the step's sequences in flight per replica, or the evals' 500 prompts over the replicas when more
+    m = layout_model(system_model(spec), spec, p.placement)
+    evals = m.generation(500, 1, p.rollout_replicas).concurrency
+    assert p.max_num_seqs == max(p.candidates[0].concurrency, evals) > 0
     assert p.to_dict()["maxNumSeqs"] == p.max_num_seqs
     cfg = RunConfig(run="r", spec=spec, plan=p, model_dir="/m", seed=1)
     assert rollout_engine_config(cfg).max_num_seqs == p.max_num_seqs
@@ -252,3 +255,20 @@ def test_the_new_plan_fields_round_trip_and_old_plans_load():
         d.pop(key)
     old = Plan.from_dict(d)  # a status.plan written before these keys
     assert (old.zero_stage, old.learner_topology, old.transfer_backend, old.max_num_seqs) == (1, "", "", 0)
+
+
+def test_max_num_seqs_is_capped_and_left_to_vllm_on_cpu():
+    from rlscale.plan.throughput import MAX_NUM_SEQS
+
+    # a 0.5B model's KV cache holds thousands of sequences on an H100; the engine is planned at 1024
+    small = parse_spec({"model": {"path": "Qwen/Qwen2.5-0.5B", "maxLength": 1024},
+                        "task": {"maxNewTokens": 256, "expectedPromptTokens": 128, "expectedResponseTokens": 128},
+                        "batch": {"samplesPerPrompt": 16, "prompts": 512, "minPrompts": 512, "maxPrompts": 512},
+                        "budget": {"gpus": 2}, "placement": "disaggregated",
+                        "learner": {"gpusPerReplica": 1}, "rollout": {"replicas": 1},
+                        "hardware": {"accelerator": "H100"}})
+    m = layout_model(system_model(small), small, "disaggregated")
+    assert m.generation(512, 16, 1).concurrency == MAX_NUM_SEQS == 1024
+    assert make_plan(small).max_num_seqs == 1024
+    # cpu: the stand-in engine keeps vLLM's default
+    assert make_plan(parse_spec({"hardware": {"accelerator": "cpu"}})).max_num_seqs == 0
