@@ -8,6 +8,15 @@ Each variant runs in a process of its own. Peak: on CUDA, torch.cuda.max_memory_
 allocation before the forward; on CPU, the peak resident set (VmHWM, reset through /proc/self/clear_refs
 after set-up) minus the resident set before the forward. Prints each variant's peak, its ratio to the
 baseline (no checkpointing, full logits) and its loss and gradient norm (the same within float tolerance).
+
+    .venv/bin/python bench/learner_memory.py --per-layer qwen/qwen2.5-0.5b,qwen/qwen2.5-7b [--dtype bfloat16]
+
+measures instead the activation bytes one decoder layer keeps for the backward pass, per token, in units
+of the hidden size h: the shipped shape's layer (rlscale/plan/shapes.py's table: hidden, MLP, heads) built
+with 1 and then 2 layers and a 1,024-token vocabulary, one forward of the policy loss through the
+trainer's code path under torch's saved-tensor hooks, summing each saved storage once (parameters
+excluded); the 2-layer sum less the 1-layer sum is one layer's. The planner's
+ACTIVATION_BYTES_PER_HIDDEN (rlscale/plan/throughput.py) is this figure.
 """
 
 from __future__ import annotations
@@ -92,13 +101,78 @@ def one(variant: str, sequences: int, length: int, device: str) -> dict:
             "entropy": (entropy.detach() * mb.mask).sum().item() / mb.mask.sum().item()}
 
 
+def saved_bytes(shape: str, layers: int, sequences: int, length: int, dtype: str) -> dict:
+    """Bytes of the tensors autograd keeps for the backward pass of one micro-batch's policy loss, each
+    storage counted once, the model's parameters left out."""
+    import torch
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    from rlscale.plan.shapes import KNOWN_CONFIGS
+    from rlscale.trainer.batching import RolloutBatch, pack
+
+    c = KNOWN_CONFIGS[shape]
+    cfg = Qwen2Config(vocab_size=1024, hidden_size=c["hidden_size"], intermediate_size=c["intermediate_size"],
+                      num_hidden_layers=layers, num_attention_heads=c["num_attention_heads"],
+                      num_key_value_heads=c["num_key_value_heads"], head_dim=c["head_dim"],
+                      max_position_embeddings=length, tie_word_embeddings=True, use_cache=False)
+    torch.manual_seed(0)
+    model = Qwen2ForCausalLM(cfg).to(getattr(torch, dtype))
+    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    gen = torch.Generator().manual_seed(1)
+    ids = torch.randint(3, 1024, (sequences, length), generator=gen).tolist()
+    prompt = length // 4
+    batch = RolloutBatch([s[:prompt] for s in ids], [s[prompt:] for s in ids], [float(i % 2) for i in range(sequences)],
+                         samples_per_prompt=sequences)
+    mb = pack(batch, list(range(sequences)), torch.linspace(-0.5, 1.0, sequences), "cpu")
+    seen: dict[int, int] = {}
+
+    def keep(t):
+        st = t.untyped_storage()
+        if st.data_ptr() not in params:
+            seen[st.data_ptr()] = st.nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(keep, lambda t: t):
+        _loss(model, mb, 0)
+    return {"shape": shape, "layers": layers, "tokens": sequences * length, "hidden": c["hidden_size"],
+            "intermediate": c["intermediate_size"], "saved_bytes": sum(seen.values()),
+            "attention": model.config._attn_implementation}
+
+
+def per_layer(shapes: list[str], sequences: int, length: int, dtype: str) -> None:
+    print(f"activation bytes kept per token per layer, {dtype}, {sequences} x {length} tokens, forward of the "
+          "policy loss (saved-tensor hooks)")
+    print(f"{'shape':<22} {'h':>6} {'mlp':>6} {'attention':>10} {'bytes/token/layer':>18} {'/ h':>7}")
+    for shape in shapes:
+        runs = []
+        for layers in (1, 2):
+            cmd = [sys.executable, __file__, "--saved", shape, "--layers", str(layers), "--sequences",
+                   str(sequences), "--length", str(length), "--dtype", dtype]
+            out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, check=True).stdout
+            runs.append(json.loads(out.strip().splitlines()[-1]))
+        one_layer = (runs[1]["saved_bytes"] - runs[0]["saved_bytes"]) / runs[0]["tokens"]
+        print(f"{shape:<22} {runs[0]['hidden']:6d} {runs[0]['intermediate']:6d} {runs[0]['attention']:>10} "
+              f"{one_layer:18,.0f} {one_layer / runs[0]['hidden']:7.2f}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--sequences", type=int, default=4)
     ap.add_argument("--length", type=int, default=512)
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--one", help=argparse.SUPPRESS)  # run one variant in this process
+    ap.add_argument("--per-layer", help="comma-separated shapes of rlscale/plan/shapes.py's table: measure the "
+                    "activation bytes a layer keeps per token instead")
+    ap.add_argument("--dtype", default="bfloat16")
+    ap.add_argument("--saved", help=argparse.SUPPRESS)  # one --per-layer measurement in this process
+    ap.add_argument("--layers", type=int, default=1, help=argparse.SUPPRESS)
     a = ap.parse_args()
+    if a.saved:
+        print(json.dumps(saved_bytes(a.saved, a.layers, a.sequences, a.length, a.dtype)))
+        return
+    if a.per_layer:
+        per_layer(a.per_layer.split(","), a.sequences, a.length, a.dtype)
+        return
     if a.one:
         print(json.dumps(one(a.one, a.sequences, a.length, a.device)))
         return

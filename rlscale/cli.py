@@ -173,6 +173,8 @@ def _plan_table(rlrun, d: dict) -> Table:
                                f"at {opt.reference_batch} samples)")
     t.add_row("replicas", f"rollout {d['rolloutReplicas']}, learner {d['learnerReplicas']}")
     t.add_row("placement", _placement_text(d))
+    if d.get("learnerTopology"):
+        t.add_row("learner", str(d["learnerTopology"]))
     t.add_row("staleness", _staleness_text(d, rlrun.spec))
     t.add_row("throughput", f"{pred['samplesPerSecond']:.1f} samples/s")
     t.add_row("step time", fmt_duration(pred["stepSeconds"]))
@@ -189,12 +191,19 @@ def _placement_text(d: dict) -> str:
     where = d.get("placement") or "disaggregated"
     tp, util = d.get("tensorParallel") or 1, d.get("rolloutMemoryUtilization") or 0.9
     ranks = d.get("ranksPerPod") or 1
-    if where == "colocated":
-        sync = "on-GPU handover (the engine sleeps while the learner trains)"
+    backend = d.get("transferBackend")
+    if backend:
+        how = {"nccl": "broadcast from learner rank 0 over the network", "gloo": "broadcast from learner rank 0",
+               "ipc": "CUDA IPC on each pod's GPUs, the engine asleep while the learner trains",
+               "shm": "shared memory on the host"}.get(backend, "")
+        sync = f"transfer backend {backend} ({how})"
+    elif where == "colocated":
+        sync = "weight sync on-GPU handover (the engine sleeps while the learner trains)"
     else:
-        sync = f"{d.get('weightSync') or 'broadcast'} over the network"
-    return (f"{where}: rollout TP {tp} (GPUs per engine), engine memory {util:.2g}; "
-            f"learner {ranks} rank(s) per pod; weight sync {sync}")
+        sync = f"weight sync {d.get('weightSync') or 'broadcast'} over the network"
+    seqs = f", max_num_seqs {d['maxNumSeqs']}" if d.get("maxNumSeqs") else ""
+    return (f"{where}: rollout TP {tp} (GPUs per engine), engine memory {util:.2g}{seqs}; "
+            f"learner {ranks} rank(s) per pod; {sync}")
 
 
 def _staleness_text(d: dict, spec) -> str:

@@ -177,6 +177,9 @@ def rollout_engine_config(cfg: RunConfig):
         engine.tensor_parallel_size = engine_gpus(cfg)
         engine.gpu_memory_utilization = rollout_memory_utilization(spec, cfg.plan)
         engine.enable_sleep_mode = rollout_placement(spec, cfg.plan) == "colocated"
+    # the sequences a replica decodes at once in the plan (its KV cap); plans written before it: vLLM's default
+    if int(getattr(cfg.plan, "max_num_seqs", 0) or 0) > 0:
+        engine.max_num_seqs = int(cfg.plan.max_num_seqs)
     return engine
 
 

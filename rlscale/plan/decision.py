@@ -6,8 +6,10 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from rlscale.plan.calibration import PHASES, Calibration
+from rlscale.plan.choices import idle_note, using_the_budget, zero_reason
 from rlscale.plan.errors import PlanError
 from rlscale.plan.placement import (
+    colocated_unavailable,
     gpus_for,
     layout_model,
     placement_reason,
@@ -175,6 +177,13 @@ class Plan:
     # Steps the rollout may generate ahead of the learner (0: the synchronous loop); at most
     # spec.algorithm.maxStaleness. A sample generated with weights v trains at version <= v + staleness.
     staleness: int = 0
+    # The learner's layout and ZeRO stage in words, and why (choices.zero_reason); the stage DeepSpeed runs.
+    learner_topology: str = ""
+    zero_stage: int = 1
+    # vLLM's weight transfer backend (placement.transfer_backend) and the engine's max_num_seqs: the
+    # sequences a replica decodes at once in the plan (0: plans written before it, vLLM's default).
+    transfer_backend: str = ""
+    max_num_seqs: int = 0
 
     @property
     def batch(self) -> int:
@@ -220,7 +229,8 @@ class Plan:
                "calibrated": self.calibrated, "notes": list(self.notes), "placement": self.placement,
                "weightSync": self.weight_sync, "rolloutMemoryUtilization": self.rollout_memory_utilization,
                "tensorParallel": self.tensor_parallel, "ranksPerPod": self.ranks_per_pod,
-               "staleness": self.staleness}
+               "staleness": self.staleness, "learnerTopology": self.learner_topology, "zeroStage": self.zero_stage,
+               "transferBackend": self.transfer_backend, "maxNumSeqs": self.max_num_seqs}
         if candidates:
             out["candidates"] = [c.to_dict() for c in self.candidates]
         return out
@@ -239,7 +249,10 @@ class Plan:
                    weight_sync=str(d.get("weightSync") or "broadcast"),
                    rollout_memory_utilization=float(d.get("rolloutMemoryUtilization") or 0.9),
                    tensor_parallel=int(d.get("tensorParallel") or 1), ranks_per_pod=int(d.get("ranksPerPod") or 1),
-                   staleness=int(d.get("staleness") or 0))
+                   staleness=int(d.get("staleness") or 0), learner_topology=str(d.get("learnerTopology") or ""),
+                   zero_stage=int(d["zeroStage"]) if d.get("zeroStage") is not None else 1,
+                   transfer_backend=str(d.get("transferBackend") or ""),
+                   max_num_seqs=int(d.get("maxNumSeqs") or 0))
 
 
 def replan_key(c: Candidate | Plan) -> tuple[int, ...]:
@@ -280,6 +293,7 @@ def system_model(spec: Any, calibration: Calibration | None = None, host_cores: 
         micro_batch=spec.batch.micro_batch // spec.batch.samples_per_prompt * spec.batch.samples_per_prompt
         or spec.batch.micro_batch,
         rollout_gpus=spec.rollout.gpus_per_replica, learner_gpus=spec.learner.gpus_per_replica,
+        gpus_per_node=spec.hardware.node_gpus,
         reward_seconds_per_sample=profile.reward_seconds_per_sample if builtin_reward else PLUGIN_REWARD_SECONDS,
         weight_sync=weight_sync_for(spec), ranks_per_pod=ranks_per_pod(spec),
         gradient_checkpointing=bool(getattr(spec.learner, "gradient_checkpointing", False)),
@@ -381,6 +395,8 @@ def make_plan(spec: Any, calibration: Calibration | None = None, placement: str 
     cands: list[Candidate] = []
     models: dict[str, SystemModel] = {}
     refused: dict[str, str] = {}
+    if placement is None and spec.rollout.replicas == "auto" and (why := colocated_unavailable(spec)):
+        refused["colocated"] = why
     for where in placements_for(spec, placement):
         model = calibrate(layout_model(base, spec, where), cal)
         try:
@@ -392,11 +408,19 @@ def make_plan(spec: Any, calibration: Calibration | None = None, placement: str 
         cands += candidates(spec, model, cal, feasible, n_noise, e_ref, where, pin)
     if not cands:
         raise PlanError(_refusal(refused))
+    # A fresh plan leaves no budgeted GPU idle; a re-plan (the running placement and learners kept) may hand
+    # rollout GPUs back to the cluster when measurements show they do not pay (the tie rule in `pick`).
+    every, kept = cands, (using_the_budget(cands, spec.budget.gpus) if placement is None else cands)
+    for w in [w for w in models if not any(c.placement == w for c in kept)]:
+        most = max(c.gpus for c in cands if c.placement == w)
+        refused[w] = f"not chosen: it uses at most {most} of budget.gpus ({spec.budget.gpus}), leaving GPUs idle"
+        del models[w]
+    cands = kept
     win = pick(cands)
     model = models[win.placement]
     best = {w: min((c for c in cands if c.placement == w), key=lambda c: c.predicted.time_to_target_seconds)
             for w in models}
-    shown = _shown_candidates(cands, win, cal)
+    shown = _shown_candidates(cands, win, cal, every)
     # the batch rule against the winner's own placement and staleness; the placement's sentence against
     # the other placement
     own = [c for c in cands if (c.placement, c.staleness) == (win.placement, win.staleness)]
@@ -414,7 +438,12 @@ def make_plan(spec: Any, calibration: Calibration | None = None, placement: str 
         samples_to_target_ref=e_ref, notes=_notes(spec, model, cal, win, n_noise, noise_from, e_ref, e_known),
         placement=win.placement, weight_sync=model.weight_sync,
         rollout_memory_utilization=model.rollout_utilization, tensor_parallel=model.rollout_gpus,
-        ranks_per_pod=ranks_per_pod(spec), staleness=win.staleness,
+        ranks_per_pod=ranks_per_pod(spec), staleness=win.staleness, learner_topology=zero_reason(model, win),
+        zero_stage=model.zero_stage, transfer_backend=model.transfer_backend,
+        # the step's sequences in flight, and the evals' (EVAL_PROMPTS greedy) when more: what the model timed;
+        # on cpu vLLM's default (the stand-in engine's token budget is small)
+        max_num_seqs=0 if model.profile.shared_host else
+        max(win.concurrency, model.generation(EVAL_PROMPTS, 1, win.rollout_replicas).concurrency),
     )
 
 
@@ -425,7 +454,7 @@ def _bare(message: str) -> str:
 def _refusal(refused: dict[str, str]) -> str:
     """The PlanError when no placement fits: the memory reason first (a budget shortfall says less), and
     the other placement's reason after it when auto tried both."""
-    ordered = sorted(refused.items(), key=lambda kv: kv[1].startswith("spec.budget."))
+    ordered = sorted(refused.items(), key=lambda kv: (kv[1].startswith("not "), kv[1].startswith("spec.budget.")))
     first_where, first = ordered[0]
     if len(ordered) == 1:
         return first
@@ -455,7 +484,8 @@ def feasible_splits(spec: Any, model: SystemModel, placement: str = "disaggregat
                             f"({spec.learner.gpus_per_replica} GPUs) to colocate the engines on; raise budget.gpus")
         need = spec.rollout.gpus_per_replica + spec.learner.gpus_per_replica
         raise PlanError(f"spec.budget.gpus: {spec.budget.gpus} does not fit one rollout and one learner replica "
-                        f"({need} GPUs); raise budget.gpus or lower gpusPerReplica")
+                        f"({need} GPUs); raise budget.gpus, or lower learner.gpusPerReplica "
+                        f"({spec.learner.gpus_per_replica}) to leave GPUs for rollout replicas")
     verdicts = [(r, k, model.infeasible(r, k)) for r, k in splits]
     feasible = [(r, k) for r, k, bad in verdicts if not bad]
     if not feasible:  # the reason at the most learners (the least state per GPU): what is left to change
@@ -499,12 +529,13 @@ def candidates(spec: Any, model: SystemModel, cal: Calibration, feasible: list[t
     return cands
 
 
-def _shown_candidates(cands: list[Candidate], win: Candidate, cal: Calibration) -> list[Candidate]:
-    """The best split per batch and staleness, plus the configuration running now (at every staleness)
-    when calibrated (callers compare)."""
+def _shown_candidates(cands: list[Candidate], win: Candidate, cal: Calibration,
+                      every: list[Candidate]) -> list[Candidate]:
+    """The best split per batch and staleness, plus the configuration running now (at every staleness, even
+    one the budget rule leaves out: `every`) when calibrated (callers compare)."""
     shown = _best_per_batch(cands, win)
     if cal.has_phases:
-        now = [c for c in cands if (c.prompts, c.samples_per_prompt, c.rollout_replicas, c.learner_replicas)
+        now = [c for c in every if (c.prompts, c.samples_per_prompt, c.rollout_replicas, c.learner_replicas)
                == (cal.prompts, cal.samples_per_prompt, cal.rollout_replicas, cal.learner_replicas)]
         new = [c for c in dict.fromkeys(now) if c not in shown]
         if new:
@@ -528,6 +559,9 @@ def _notes(spec: Any, model: SystemModel, cal: Calibration, win: Candidate, n_no
     if win.predicted.samples_to_target > spec.budget.max_samples:
         notes.append(f"predicted samples to target {win.predicted.samples_to_target:,.0f} exceed budget.maxSamples "
                      f"({spec.budget.max_samples:,}): the run may stop first")
+    idle = idle_note(win, spec.budget.gpus, spec)
+    if idle:
+        notes.append(idle)
     activations = model.activation_note(win.learner_replicas)
     if activations:
         notes.append(activations)

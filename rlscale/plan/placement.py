@@ -10,10 +10,10 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-# A colocated engine's share of each GPU while awake: the learner's resident states need the rest
-# (colocated examples of verl and OpenRLHF set vLLM to about 0.4-0.6).
+# A colocated engine's share of each GPU while awake (colocated examples of verl and OpenRLHF set vLLM to
+# about 0.4-0.6); the learner's states are offloaded meanwhile, so the memory check allows more.
 COLOCATED_MEMORY_UTILIZATION = 0.5
-# Re-creating the KV cache and its block tables when a sleeping engine wakes.
+# Waking a sleeping engine: its weight and KV cache memory re-allocated, the block tables rebuilt.
 WAKE_KV_SECONDS = 0.1
 # Each extra receiver of a pipelined broadcast adds one hop's start-up, not another copy of the weights.
 BROADCAST_HOP_SECONDS = 0.005
@@ -26,22 +26,6 @@ def broadcast_seconds(weight_bytes: float, bandwidth: float, latency: float, rep
     """Pipelined broadcast from learner rank 0: every byte crosses each link once, so the time is
     W / bandwidth whatever the replica count, plus a hop's start-up per extra replica."""
     return weight_bytes / bandwidth + latency + BROADCAST_HOP_SECONDS * max(0, replicas - 1)
-
-
-def object_store_seconds(weight_bytes: float, bandwidth: float, latency: float, replicas: int) -> float:
-    """Ray's object store: each replica pulls its own copy from rank 0's node, whose NIC sends W x R bytes."""
-    return weight_bytes * max(1, replicas) / bandwidth + latency
-
-
-def sleep_seconds(weight_bytes: float, tensor_parallel: int, host_bandwidth: float) -> float:
-    """A colocated engine going to sleep before the learner trains (vLLM sleep level 1): its weight
-    shard offloaded to the host, the KV cache dropped. The driver times it in the train phase."""
-    return weight_bytes / max(1, tensor_parallel) / host_bandwidth
-
-
-def wake_seconds(weight_bytes: float, tensor_parallel: int, host_bandwidth: float) -> float:
-    """Waking before the weights land: the shard back from the host, the KV cache re-allocated (sync phase)."""
-    return weight_bytes / max(1, tensor_parallel) / host_bandwidth + WAKE_KV_SECONDS
 
 
 def handover_seconds(weight_bytes: float, device_bandwidth: float) -> float:
@@ -99,13 +83,25 @@ def ranks_per_pod(spec: Any) -> int:
 
 def placements_for(spec: Any, placement: str | None = None) -> list[str]:
     """The placements to predict: the one asked for; on auto, both on a GPU accelerator when the rollout
-    replica count is free (colocated ties it to the learner pods), disaggregated on cpu (as before)."""
+    replica count is free (colocated ties it to the learner pods) and the learner image can run an engine
+    (colocated_unavailable), disaggregated on cpu (as before)."""
     asked = placement or spec_placement(spec)
     if asked != "auto":
         return [asked]
-    if spec.hardware.accelerator == "cpu" or spec.rollout.replicas != "auto":
+    if spec.hardware.accelerator == "cpu" or spec.rollout.replicas != "auto" or colocated_unavailable(spec):
         return ["disaggregated"]
     return ["colocated", "disaggregated"]
+
+
+def colocated_unavailable(spec: Any) -> str | None:
+    """Why auto does not offer colocated on a GPU accelerator where it otherwise could: the engine runs in the
+    learner pod, and the chart's default learner image carries vLLM, a custom spec.learner.image may not."""
+    image = getattr(spec.learner, "image", None)
+    if spec_placement(spec) != "auto" or spec.hardware.accelerator == "cpu" or not image:
+        return None
+    return (f"not offered: learner.image {image!r} is not the chart's default learner image, which carries vLLM "
+            "for the engine a colocated pod runs; unset learner.image, or set placement: colocated if that image "
+            "has vLLM")
 
 
 def tensor_parallel(spec: Any, placement: str) -> int:
@@ -170,6 +166,8 @@ def placement_reason(spec: Any, win: Any, best: dict[str, Any], refused: dict[st
         return f"{p}: set by spec.placement"
     other = "disaggregated" if p == "colocated" else "colocated"
     if other in refused:
+        if refused[other].startswith("not "):
+            return f"{p}: {other} {refused[other]}"
         return f"{p}: {other} does not fit ({refused[other]})"
     rival = best.get(other)
     if rival is None:
@@ -191,9 +189,7 @@ def describe(c: Any) -> str:
     gpus = f" on {c.gpus} GPUs" if c.gpus else ""
     share = f"the engine at {c.memory_utilization:.2g} of memory" if c.memory_utilization else "the engine"
     if c.placement == "colocated":
-        weights = "weights on the GPU" + (" in rank 0's pod, over the network to the others"
-                                          if c.learner_replicas > 1 else "")
         return (f"{c.learner_replicas} learner pod(s) with {share}{gpus}, asleep while the learner trains, "
-                f"{weights}")
+                "weights by CUDA IPC on each pod's GPUs")
     return (f"{c.rollout_replicas} rollout + {c.learner_replicas} learner replicas{gpus}, {share}, "
-            "weights over the network")
+            "weights broadcast over the network")

@@ -24,6 +24,15 @@ class ModelShape:
     vocab_size: int
     active_params: int | None = None  # mixture-of-experts: parameters used per token
     source: str = "spec"  # where the numbers came from: spec, builtin, table, config.json
+    attention_heads: int = 0  # query heads (0: not known, as from a spec's model.shape)
+
+    def splits_over(self, tensor_parallel: int) -> bool:
+        """Whether vLLM can shard the attention over `tensor_parallel` GPUs: the query heads divide evenly,
+        and the KV heads divide evenly or are replicated (TP a multiple of them). Unknown heads: assumed yes."""
+        t = max(1, tensor_parallel)
+        if t == 1 or not self.attention_heads:
+            return True
+        return self.attention_heads % t == 0 and (self.kv_heads % t == 0 or t % self.kv_heads == 0)
 
     @property
     def active(self) -> int:
@@ -82,6 +91,7 @@ def shape_from_config(cfg: dict[str, Any], source: str) -> ModelShape:
         head_dim=int(cfg.get("head_dim") or int(cfg["hidden_size"]) // heads),
         vocab_size=int(cfg["vocab_size"]),
         source=source,
+        attention_heads=heads,
     )
 
 

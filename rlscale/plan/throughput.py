@@ -7,28 +7,43 @@ from dataclasses import dataclass, field
 
 from rlscale.cpu_split import split_cores
 from rlscale.plan.placement import (
+    TRANSFER_BUCKET_BYTES,
+    WAKE_KV_SECONDS,
     broadcast_seconds,
     handover_seconds,
-    object_store_seconds,
-    sleep_seconds,
-    wake_seconds,
+    transfer_backend,
 )
 from rlscale.plan.profiles import AcceleratorProfile
 from rlscale.plan.shapes import DTYPE_BYTES, ModelShape
 from rlscale.plan.staleness import overlapped_step
+from rlscale.plan.topology import (
+    LEARNER_CONTEXT_BYTES,
+    collective_seconds,
+    expected_longest,
+    nodes_of,
+    zero_collectives,
+)
 
 # Adam update traffic per parameter: read weight, grad, m, v, fp32 master; write them back
 # (mixed precision: 2 + 2 + 8 + 8 + 8 bytes; fp32: 8 + 4 + 8 + 8).
 OPTIMIZER_BYTES_PER_PARAM = 28
 # A plug-in reward is arbitrary Python (parsing, a sandboxed check): ~1 ms a sample until measured.
 PLUGIN_REWARD_SECONDS = 1e-3
-# Activations kept for the backward pass, bytes per token per layer per 2 bytes of dtype, in units of the
-# hidden size: 34 h without recomputation (Korthikanti et al. 2022, flash attention: no s^2 term); with
-# gradient checkpointing only each layer's input (2 h) and one layer's full set during its recompute.
-ACTIVATION_BYTES_PER_HIDDEN = 34.0
+# Activations a Hugging Face Qwen2 decoder layer keeps for the backward pass, bytes per token per layer per
+# 2 bytes of dtype, in units of the hidden size h: about twice GPT's 34 h (Korthikanti et al. 2022). Measured
+# in bf16 on CPU, the most of the shipped shapes measured (0.5B: 64.1 h, 1.5B: 67.4 h, 7B: 62.9 h; 0.5B the
+# same at 256 and 2 x 1,024 tokens, so no s^2 term), by
+#   .venv/bin/python bench/learner_memory.py --per-layer qwen/qwen2.5-0.5b,qwen/qwen2.5-1.5b --sequences 2 --length 1024
+#   .venv/bin/python bench/learner_memory.py --per-layer qwen/qwen2.5-7b,qwen/qwen2.5-0.5b --sequences 1 --length 256
+# With gradient checkpointing only each layer's input (2 h) and one layer's full set during its recompute.
+ACTIVATION_BYTES_PER_HIDDEN = 67.4
 CHECKPOINTED_BYTES_PER_HIDDEN = 2.0
 # The log-probs are gathered from an fp32 log-softmax over the vocabulary, one row per token.
 LOGIT_BYTES = 4.0
+# The most sequences an engine is planned to decode at once (its max_num_seqs): vLLM's largest default,
+# and within the token budget a step schedules (max_num_batched_tokens, which vLLM requires to be at least
+# max_num_seqs; 8,192 and more by default on GPUs).
+MAX_NUM_SEQS = 1024
 # Sizes a tensor-parallel degree is suggested from.
 TP_DEGREES = (1, 2, 4, 8, 16)
 
@@ -119,6 +134,7 @@ class SystemModel:
     ranks_per_pod: int = 0  # learner ranks per pod; 0: one per GPU (one on cpu)
     gradient_checkpointing: bool = False
     group_size: int = 1  # samples per prompt: a replica must hold one group's KV cache at full length
+    gpus_per_node: int = 8  # hardware.gpusPerNode: ranks within a node share NVLink, across nodes the network
     micro_batch_tokens: int | None = None  # batch.microBatchTokens: padded tokens per micro-batch
     # A shared cpu host's cores (`rlscale run`): generating ahead, the run splits them between the rollout
     # and the learner (rlscale/cpu_split.py) and each phase runs on its side's share. 0: each role has
@@ -162,21 +178,31 @@ class SystemModel:
         cap = max_concurrency(mem, self.weight_bytes, self.kv_bytes, self.prompt_tokens + self.max_new_tokens)
         prompts_r = math.ceil(prompts / replicas)  # a group stays on one replica
         n = prompts_r * samples_per_prompt
-        b = max(1, min(n, cap))
+        b = max(1, min(n, cap, MAX_NUM_SEQS))
         context = self.prompt_tokens + self.response_tokens / 2.0
         t_iter = decode_step_seconds(b, self.weight_bytes, self.kv_bytes, context, bw, fl, self.shape.active)
         mem_t = (self.weight_bytes + b * context * self.kv_bytes) / bw
-        iterations = n * self.response_tokens / b  # continuous batching refills freed slots
+        # continuous batching refills freed slots, and the step waits for the longest response of the whole
+        # batch (whichever replica has it)
+        iterations = max(n * self.response_tokens / b, self.longest_response(prompts * samples_per_prompt))
         decode = iterations * (self.profile.decode_iteration_overhead_s + t_iter)
         prefill = 2.0 * self.shape.active * prompts_r * self.prompt_tokens / fl
         seconds = prefill + decode + self.profile.generate_overhead_s
         tps = replicas * n * self.response_tokens / decode if decode > 0 else 0.0
         return Generation(seconds, b, "memory" if mem_t >= t_iter else "compute", tps)
 
+    def longest_response(self, n: int) -> float:
+        """Expected longest of n responses (topology.expected_longest): a step's generation ends with it."""
+        return expected_longest(self.response_tokens, float(self.max_new_tokens), n)
+
+    def logprob_passes(self) -> int:
+        """Forward-only passes over the batch besides training's: the old-policy recompute, the reference."""
+        return 1 + (1 if self.reference_model else 0)
+
     def train_flops_per_token(self) -> float:
         """6P for forward+backward, 2P per extra logprob pass (old-policy recompute, reference); PPO adds a critic."""
         p = self.shape.active
-        passes = 1 + (1 if self.reference_model else 0) + (1 if self.gradient_checkpointing else 0)
+        passes = self.logprob_passes() + (1 if self.gradient_checkpointing else 0)
         flops = 6.0 * p + 2.0 * p * passes  # gradient checkpointing: the forward once more
         if self.algorithm == "ppo":
             flops += 6.0 * p + 2.0 * p  # critic: train + the value pass for GAE
@@ -193,15 +219,40 @@ class SystemModel:
         devices = 1.0 if p.shared_host else float(world)
         tokens = samples * (self.prompt_tokens + self.response_tokens)
         compute = self.train_flops_per_token() * tokens / (p.flops(self.dtype) * p.train_mfu * devices)
-        # ranks run their micro-batches in parallel, except on a cpu host whose cores are already busy
-        micro = math.ceil(samples / (self.micro_batch * (1 if p.shared_host else replicas))) * p.micro_batch_overhead_s
+        micro = self.micro_batches(samples, replicas) * p.micro_batch_overhead_s
         models = 2 if self.algorithm == "ppo" else 1
-        grad_bytes = self.shape.params * DTYPE_BYTES[self.dtype] * models
-        allreduce = 2.0 * (world - 1) / world * grad_bytes / p.collective_bandwidth if world > 1 else 0.0
         shards = world if (self.zero_stage >= 1 and not p.shared_host) else 1
         optimizer_bytes = OPTIMIZER_BYTES_PER_PARAM * self.shape.params * models
         optimizer = optimizer_bytes / (p.memory_bandwidth * p.bandwidth_efficiency * shards)
-        return compute + micro + allreduce + optimizer + self.sleep_seconds()
+        return compute + micro + self.collective_seconds(samples, replicas) + optimizer + self.offload_seconds(replicas)
+
+    def micro_batches(self, samples: int, replicas: int) -> int:
+        """Micro-batches each rank runs in a step: the ranks split the batch (on a cpu host they share the same
+        cores, so every micro-batch counts)."""
+        ranks = 1 if self.profile.shared_host else self._learner_world(replicas)
+        return math.ceil(samples / (self.micro_batch * max(1, ranks)))
+
+    def collective_seconds(self, samples: int, replicas: int) -> float:
+        """The learner's ZeRO collectives of one step (topology.zero_collectives), each over the ring's slowest
+        link: NVLink inside a node, hardware.interconnectBandwidth across nodes (topology.collective_seconds)."""
+        p, world = self.profile, self._learner_world(replicas)
+        models = 2 if self.algorithm == "ppo" else 1
+        nbytes = self.shape.params * DTYPE_BYTES[self.dtype] * models
+        passes = 1 + self.logprob_passes() + (1 if self.gradient_checkpointing else 0)
+        weights, grads = zero_collectives(self.zero_stage, self.micro_batches(samples, replicas), passes)
+        one = collective_seconds(nbytes, world, self.node_gpus, p.collective_bandwidth, p.interconnect_bandwidth)
+        return (weights + grads) * one
+
+    @property
+    def node_gpus(self) -> int:
+        """Ranks whose collectives run over NVLink: every rank on a cpu host, else one learner pod's (a pod is
+        at most a node; NCCL sees two pods, even on one node, as two hosts and goes over the network)."""
+        if self.profile.shared_host:
+            return 1 << 30
+        return max(1, min(self.gpus_per_node, self.ranks_per_pod or self.learner_gpus))
+
+    def learner_nodes(self, replicas: int) -> int:
+        return 1 if self.profile.shared_host else nodes_of(self._learner_world(replicas), self.node_gpus)
 
     @property
     def overlaps(self) -> bool:
@@ -240,31 +291,46 @@ class SystemModel:
         allows, else the sum."""
         return phases.step(staleness if self.overlaps else 0)
 
-    def sleep_seconds(self) -> float:
-        """Colocated on GPUs: the engine's sleep before training, which the driver times in the train phase."""
+    @property
+    def transfer_backend(self) -> str:
+        """How weights reach the engines (placement.transfer_backend): nccl or ipc on GPUs, gloo or shm on cpu."""
+        return transfer_backend(self.profile.name, self.placement)
+
+    def offload_seconds(self, replicas: int) -> float:
+        """Colocated on GPUs, in the train phase: the learner reloads its offloaded states before training and
+        offloads them after (DeepSpeed reload_states / offload_states), each way over the host link. The
+        engine sleeps at level 2, its weights discarded (the update replaces them), so it copies nothing."""
         if self.placement != "colocated" or self.profile.shared_host:
             return 0.0
-        return sleep_seconds(self.weight_bytes, self.rollout_gpus, self.profile.host_bandwidth)
+        return 2.0 * self.learner_memory(replicas) / self.profile.host_bandwidth
+
+    def gather_seconds(self, learner: int) -> float:
+        """ZeRO-3: the weights gathered from the ranks' shards before they are sent, one bucket at a time
+        (the whole model once, not overlapped with the send)."""
+        if self.zero_stage < 3:
+            return 0.0
+        p = self.profile
+        return collective_seconds(self.weight_bytes, self._learner_world(learner), self.node_gpus,
+                                  p.collective_bandwidth, p.interconnect_bandwidth)
 
     def sync_seconds(self, rollout: int = 1, learner: int = 1) -> float:
-        """New weights into every engine: broadcast (flat in replicas) or the object store (W x R through
-        rank 0's NIC). Colocated: the engines wake, rank 0's own pod takes the weights on the GPU and the
-        other pods' engines over the network by the same method; ZeRO-3 gathers the shards first."""
+        """New weights into every engine by the transfer backend, after the ZeRO-3 gather. nccl / gloo
+        (disaggregated): a pipelined broadcast from learner rank 0, W over its link whatever the replica count.
+        ipc / shm (colocated): every pod's engine wakes and copies the weights from its own learner ranks'
+        bucket on the device (or host memory), none over the network."""
         p, w = self.profile, self.weight_bytes
-        if self.placement != "colocated":
-            return self._network_sync(rollout)
-        world = self._learner_world(learner)
-        gather = (world - 1) / world * w / p.collective_bandwidth if self.zero_stage >= 3 and world > 1 else 0.0
-        local = handover_seconds(w, p.memory_bandwidth * p.bandwidth_efficiency)
-        remote = self._network_sync(rollout - 1) - p.sync_latency_s if rollout > 1 else 0.0
-        wake = 0.0 if p.shared_host else wake_seconds(w, self.rollout_gpus, p.host_bandwidth)
-        return wake + max(local, remote) + gather + p.sync_latency_s
+        gather = self.gather_seconds(learner)
+        if self.transfer_backend in ("ipc", "shm"):
+            wake = 0.0 if p.shared_host else WAKE_KV_SECONDS
+            return wake + gather + handover_seconds(w, p.memory_bandwidth * p.bandwidth_efficiency) + p.sync_latency_s
+        return gather + broadcast_seconds(w, p.interconnect_bandwidth, p.sync_latency_s, rollout)
 
-    def _network_sync(self, replicas: int) -> float:
-        p = self.profile
-        if self.weight_sync == "object-store":
-            return object_store_seconds(self.weight_bytes, p.interconnect_bandwidth, p.sync_latency_s, replicas)
-        return broadcast_seconds(self.weight_bytes, p.interconnect_bandwidth, p.sync_latency_s, replicas)
+    def transfer_bytes(self, rollout: int) -> tuple[float, float]:
+        """(bytes out of the learner over the network, bytes copied on the device) of one publish: nccl/gloo
+        send W once (a broadcast), ipc/shm copy W on each pod's device (or host) and send nothing."""
+        if self.transfer_backend in ("ipc", "shm"):
+            return 0.0, self.weight_bytes
+        return self.weight_bytes, 0.0
 
     def phases(self, prompts: int, samples_per_prompt: int, rollout: int, learner: int) -> Phases:
         """Calibrated phase seconds of one step."""
@@ -327,11 +393,11 @@ class SystemModel:
 
     def infeasible(self, rollout: int, learner: int) -> str | None:
         """Why this split cannot run (naming the field to change), or None."""
-        return self.learner_infeasible(learner) or self.rollout_infeasible(rollout)
+        return self.tensor_parallel_infeasible() or self.learner_infeasible(learner) or self.rollout_infeasible(rollout)
 
     def learner_infeasible(self, learner: int) -> str | None:
-        """Training state + activations within a GPU's usable memory (colocated: the state also beside the
-        awake engine's share); on cpu the whole host's training state."""
+        """While training: state + activations within a GPU's usable memory (colocated: beside the sleeping
+        engine's context); colocated, while generating: generate_phase_infeasible. On cpu the host's state."""
         p, gb = self.profile, 1e9
         states = self.learner_memory(learner)
         if p.shared_host:
@@ -345,27 +411,56 @@ class SystemModel:
         acts = (self.prompt_tokens + self.max_new_tokens) * self.activation_bytes_per_token()
         zero = "raise learner.zeroStage, " if self.zero_stage < 3 else ""
         ckpt = "set learner.gradientCheckpointing: true, " if not self.gradient_checkpointing else ""
-        if states + acts > limit:
+        colocated = self.placement == "colocated"
+        asleep = p.engine_overhead_bytes if colocated else 0.0  # a sleeping engine keeps its context and graphs
+        if states + acts + asleep > limit:
+            engine = f" + {asleep / gb:.0f} GB of the sleeping engine" if asleep else ""
+            more = ("lower task.maxNewTokens, raise budget.gpus (more learner GPUs to shard over), "
+                    "or set placement: disaggregated" if colocated else
+                    "raise learner.gpusPerReplica, or allow more learner replicas (learner.maxReplicas, budget.gpus)")
             return (f"learner.replicas: {learner} learner replica(s) need {states / gb:.0f} GB of training state "
-                    f"+ {acts / gb:.1f} GB of activations (one sequence) per GPU, above {limit / gb:.0f} GB usable; "
-                    f"{zero}{ckpt}"
-                    "raise learner.gpusPerReplica, or allow more learner replicas "
-                    "(learner.maxReplicas, budget.gpus)")
-        if self.placement == "colocated":
-            engine = p.memory * self.rollout_utilization
-            if states + engine > limit:
-                return (f"rollout.gpuMemoryUtilization: {self.rollout_utilization:.2g} (colocated) gives the engine "
-                        f"{engine / gb:.0f} GB of each GPU beside {states / gb:.0f} GB of learner state, above "
-                        f"{limit / gb:.0f} GB usable; lower it, {zero}allow more learner replicas, "
-                        "or set placement: disaggregated")
-        return None
+                    f"+ {acts / gb:.1f} GB of activations (one sequence){engine} per GPU, above {limit / gb:.0f} GB "
+                    f"usable; {zero}{ckpt}{more}")
+        return self.generate_phase_infeasible() if colocated else None
+
+    def generate_phase_infeasible(self) -> str | None:
+        """Colocated, while the engine generates: the learner's states are offloaded (its context remains)
+        and the engine holds its share of the card plus one transfer bucket: u M + bucket + context <= M."""
+        p, gb = self.profile, 1e9
+        engine = p.memory * self.rollout_utilization
+        need = engine + TRANSFER_BUCKET_BYTES + LEARNER_CONTEXT_BYTES
+        if need <= p.memory:
+            return None
+        top = (p.memory - TRANSFER_BUCKET_BYTES - LEARNER_CONTEXT_BYTES) / p.memory
+        return (f"rollout.gpuMemoryUtilization: {self.rollout_utilization:.2g} (colocated) gives the engine "
+                f"{engine / gb:.0f} GB of each GPU, which with a {TRANSFER_BUCKET_BYTES / gb:.1f} GB transfer bucket "
+                f"and the offloaded learner's {LEARNER_CONTEXT_BYTES / gb:.0f} GB context exceeds its "
+                f"{p.memory / gb:.0f} GB; lower it to at most {math.floor(top * 100) / 100:.2f}, "
+                "or set placement: disaggregated")
 
     def tensor_parallel_for_group(self) -> int | None:
-        """The fewest GPUs per engine that hold the weights and one group's KV cache, or None."""
+        """The fewest GPUs per engine that hold the weights and one group's KV cache and that vLLM can shard
+        the attention over, or None."""
         p = self.profile
         need = self.group_size * (self.prompt_tokens + self.max_new_tokens) * self.kv_bytes
         per_gpu = p.memory * self.rollout_utilization - p.engine_overhead_bytes
-        return next((t for t in TP_DEGREES if per_gpu * t - self.weight_bytes >= need), None)
+        return next((t for t in TP_DEGREES if per_gpu * t - self.weight_bytes >= need and self.shape.splits_over(t)),
+                    None)
+
+    def tensor_parallel_infeasible(self) -> str | None:
+        """vLLM shards the attention heads over the engine's GPUs: a degree that does not divide them cannot
+        start. Colocated, the engine spans its learner pod, so the fix is the pod's GPUs."""
+        t, sh = self.rollout_gpus, self.shape
+        if self.profile.shared_host or sh.splits_over(t):
+            return None
+        fits = [d for d in TP_DEGREES if d < t and sh.splits_over(d)]
+        what = (f"tensor parallelism {t}, and vLLM needs it to divide the model's {sh.attention_heads} attention "
+                f"heads ({sh.kv_heads} KV heads)")
+        if self.placement == "colocated":
+            return (f"learner.gpusPerReplica: {t} GPUs a learner pod give its colocated engine {what}; set "
+                    f"learner.gpusPerReplica: {fits[-1] if fits else 1} (more learner pods, one engine each), "
+                    "or set placement: disaggregated")
+        return f"rollout.gpusPerReplica: {t}: {what}; use {fits[-1] if fits else 1}"
 
     def rollout_infeasible(self, rollout: int) -> str | None:
         """The engine (its share of memory less overhead) must hold the weights and the KV cache of one
@@ -384,7 +479,8 @@ class SystemModel:
         t = self.tensor_parallel_for_group()
         if self.placement == "colocated":
             fix = (f"set learner.gpusPerReplica: {t} (a colocated engine spans its learner pod's GPUs), "
-                   if t else "") + "raise rollout.gpuMemoryUtilization, or set placement: disaggregated"
+                   if t else "") + ("lower batch.samplesPerPrompt (fewer samples a group), raise "
+                                    "rollout.gpuMemoryUtilization, or set placement: disaggregated")
             return f"learner.gpusPerReplica: {self.rollout_gpus} GPU(s) per colocated engine: {what}; {fix}"
         fix = f"set rollout.gpusPerReplica: {t} (tensor parallelism)" if t else "use a smaller model"
         return f"rollout.gpusPerReplica: {self.rollout_gpus} GPU(s) per replica: {what}; {fix}"

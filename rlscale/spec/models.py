@@ -437,6 +437,9 @@ class RolloutSpec(_RoleSpec):
 class LearnerSpec(_RoleSpec):
     """DeepSpeed learner ranks."""
 
+    gpus_per_replica: int | None = Field(None, ge=0, description="GPUs per learner pod. Unset: one pod per node "
+                                         "with all its GPUs (hardware.gpusPerNode, at most budget.gpus), so ZeRO's "
+                                         "collectives run inside the node's NVLink; ignored on accelerator cpu.")
     zero_stage: int = Field(1, ge=0, le=3, description="DeepSpeed ZeRO stage, 0 to 3.")
     ranks_per_replica: PosInt | None = Field(None, le=16, description="DeepSpeed ranks in one learner pod (one pod "
                                              "per node; global rank = pod index x ranks + local rank). Unset: "
@@ -444,6 +447,17 @@ class LearnerSpec(_RoleSpec):
                                              "must equal gpusPerReplica (one rank per GPU).")
     gradient_checkpointing: bool = Field(False, description="Recompute activations in the backward pass: less "
                                          "learner memory per micro-batch for about a third more training compute.")
+
+
+# GPUs of one node when hardware.gpusPerNode is unset: an 8-GPU HGX/DGX board, the common H100/H200 node.
+DEFAULT_GPUS_PER_NODE = 8
+
+
+def default_learner_gpus(hardware: HardwareSpec, budget_gpus: int) -> int:
+    """learner.gpusPerReplica when unset: the node's GPUs, at most the budget's (1 on cpu)."""
+    if hardware.accelerator == "cpu":
+        return 1
+    return max(1, min(hardware.node_gpus, budget_gpus))
 
 
 class HardwareSpec(_Model):
@@ -456,8 +470,20 @@ class HardwareSpec(_Model):
     peak_flops: float | None = Field(None, gt=0, description="Dense peak FLOP/s in the model dtype (e.g. 9.89e14 bf16 "
                                      "on an H100 SXM).")
     memory: float | None = Field(None, gt=0, description="Device memory in bytes.")
-    interconnect_bandwidth: float | None = Field(None, gt=0, description="Learner-to-rollout weight-sync bandwidth in "
-                                                 "bytes/s.")
+    interconnect_bandwidth: float | None = Field(None, gt=0, description="Bandwidth of the link between two nodes "
+                                                 "in bytes/s (without RDMA in the images, the pod network's): the "
+                                                 "learner-to-rollout weight broadcast and the learner's collectives "
+                                                 "across nodes. Unset: the profile's (25 GB/s on H100).")
+    gpus_per_node: int | None = Field(None, ge=1, le=16, description="GPUs of one node (joined by NVLink); a pod runs "
+                                      "on one node, so gpusPerReplica must not exceed it. Unset: 8 on GPU "
+                                      "accelerators (ignored on cpu).")
+
+    @property
+    def node_gpus(self) -> int:
+        """GPUs of one node: gpusPerNode, else DEFAULT_GPUS_PER_NODE (1 on cpu)."""
+        if self.accelerator == "cpu":
+            return 1
+        return self.gpus_per_node or DEFAULT_GPUS_PER_NODE
 
 
 class CheckpointSpec(_Model):
@@ -541,6 +567,13 @@ class RLRunSpec(_Model):
         if self.learner.ranks_per_replica is not None:
             return self.learner.ranks_per_replica
         return 1 if self.hardware.accelerator == "cpu" else max(1, self.learner.gpus_per_replica)
+
+    @model_validator(mode="after")
+    def _default_learner_gpus(self) -> RLRunSpec:
+        # Unset: one learner pod per node with all its GPUs (ZeRO inside NVLink), no more than the budget.
+        if self.learner.gpus_per_replica is None:
+            self.learner.gpus_per_replica = default_learner_gpus(self.hardware, self.budget.gpus)
+        return self
 
     @model_validator(mode="after")
     def _cpu_default_model(self) -> RLRunSpec:

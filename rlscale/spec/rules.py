@@ -14,6 +14,7 @@ from rlscale.spec.models import (
     BUILTIN_MODELS,
     BUILTIN_REWARDS,
     BUILTIN_TASKS,
+    DEFAULT_GPUS_PER_NODE,
     MAX_LENGTH_CEL,
     MAX_NEW_TOKENS_CEL,
     MAX_REPLICAS,
@@ -88,7 +89,8 @@ def _rule_gpu_budget(s: RLRunSpec):
                 else "the rollout and learner replicas")
         return _err("budget.gpus", s.budget.gpus,
                     f"does not cover {what} ({_gpu_need(s)} GPUs: replicas x gpusPerReplica, one each when auto)",
-                    f"raise budget.gpus to at least {_gpu_need(s)}, or lower the replicas")
+                    f"raise budget.gpus to at least {_gpu_need(s)}, or lower the replicas or gpusPerReplica "
+                    f"(learner.gpusPerReplica is {s.learner.gpus_per_replica}; unset, it is a node's GPUs)")
 
 
 def _rule_ranks_per_replica(s: RLRunSpec):
@@ -97,6 +99,18 @@ def _rule_ranks_per_replica(s: RLRunSpec):
         return _err("learner.ranksPerReplica", k, f"differs from learner.gpusPerReplica ({s.learner.gpus_per_replica}) "
                     f"on accelerator {s.hardware.accelerator}: each rank drives one GPU",
                     "leave ranksPerReplica unset (one rank per GPU), or set gpusPerReplica to the same number")
+
+
+def _rule_pod_on_node(s: RLRunSpec):
+    if s.hardware.accelerator == "cpu":
+        return None
+    node = s.hardware.node_gpus
+    for role in ("learner", "rollout"):
+        g = getattr(s, role).gpus_per_replica
+        if g > node:
+            return _err(f"{role}.gpusPerReplica", g, f"is above hardware.gpusPerNode ({node}): a pod runs on one node",
+                        f"use at most {node} GPUs a pod (more {role} replicas instead), or set hardware.gpusPerNode")
+    return None
 
 
 def _rule_colocated_replicas(s: RLRunSpec):
@@ -400,6 +414,13 @@ def _pod_rules(role: str) -> list[Rule]:
 
 _REPLICA_CEL = "(type(self.{r}.replicas) == string ? 1 : int(self.{r}.replicas))"
 
+# CEL for the resolved GPU counts (the CRD leaves learner.gpusPerReplica and hardware.gpusPerNode unset
+# when the spec does; RLRunSpec._default_learner_gpus resolves them so in Python).
+_NODE_GPUS_CEL = f"(has(self.hardware.gpusPerNode) ? self.hardware.gpusPerNode : {DEFAULT_GPUS_PER_NODE})"
+_LEARNER_GPUS_CEL = ("(has(self.learner.gpusPerReplica) ? self.learner.gpusPerReplica : "
+                     f"({_NODE_GPUS_CEL} < self.budget.gpus ? {_NODE_GPUS_CEL} : "
+                     "(self.budget.gpus > 0 ? self.budget.gpus : 1)))")
+
 RULES: list[Rule] = [
     Rule("batch.samplesPerPrompt",
          f"!(self.algorithm.name in {_cel_list(GROUP_ALGORITHMS)}) || self.batch.samplesPerPrompt >= 2",
@@ -424,11 +445,11 @@ RULES: list[Rule] = [
          "self.hardware.accelerator == 'cpu' || self.budget.gpus >= "
          "(self.placement == 'colocated' || (self.placement == 'auto' && type(self.rollout.replicas) == string) ? 0 : "
          + _REPLICA_CEL.format(r="rollout") + " * self.rollout.gpusPerReplica) + "
-         + _REPLICA_CEL.format(r="learner") + " * self.learner.gpusPerReplica",
+         + _REPLICA_CEL.format(r="learner") + " * " + _LEARNER_GPUS_CEL,
          "budget.gpus must cover at least one learner replica, and one rollout replica unless colocated",
          _rule_gpu_budget),
     Rule("learner.ranksPerReplica", "self.hardware.accelerator == 'cpu' || !has(self.learner.ranksPerReplica) || "
-         "self.learner.ranksPerReplica == self.learner.gpusPerReplica",
+         "self.learner.ranksPerReplica == " + _LEARNER_GPUS_CEL,
          "learner.ranksPerReplica must equal learner.gpusPerReplica on a GPU accelerator", _rule_ranks_per_replica),
     Rule("rollout.replicas", "self.placement != 'colocated' || type(self.rollout.replicas) == string",
          "rollout.replicas must be auto with placement colocated (one engine per learner pod)",
@@ -438,8 +459,12 @@ RULES: list[Rule] = [
          "rollout.maxReplicas must be >= learner.replicas with placement colocated (an engine on every learner pod)",
          _rule_colocated_engines),
     Rule("rollout.gpusPerReplica",
-         "self.hardware.accelerator == 'cpu' || (self.rollout.gpusPerReplica > 0 && self.learner.gpusPerReplica > 0)",
+         "self.hardware.accelerator == 'cpu' || (self.rollout.gpusPerReplica > 0 && " + _LEARNER_GPUS_CEL + " > 0)",
          "gpusPerReplica must be >= 1 unless hardware.accelerator is cpu", _rule_gpus_per_replica),
+    Rule("learner.gpusPerReplica", "self.hardware.accelerator == 'cpu' || (self.rollout.gpusPerReplica <= "
+         + _NODE_GPUS_CEL + " && " + _LEARNER_GPUS_CEL + " <= " + _NODE_GPUS_CEL + ")",
+         "gpusPerReplica must not exceed hardware.gpusPerNode (8 unless set): a pod runs on one node",
+         _rule_pod_on_node),
     Rule("rollout.replicas", "type(self.rollout.replicas) == string || int(self.rollout.replicas) <= "
          "self.rollout.maxReplicas",
          "rollout.replicas must be <= rollout.maxReplicas", _rule_replica_bounds("rollout")),

@@ -267,7 +267,7 @@ def test_progress_reported_by_the_learner_feeds_status_and_re_plans_at_two_agree
     assert cannot.stdout.strip() == "no"
     # What the driver measured at its first re-plan point: generation 3x faster and training 3x slower
     # than predicted, so fewer prompts on fewer rollout replicas look clearly faster.
-    m25 = measured(plan0, 25, generate=0.3, train=3)
+    m25 = measured(plan0, 25, generate=0.3, train=3, noise=512.0)
     report = {"step": 25, "samples": 25 * plan0.batch, "reward": 0.42, "targetMetric": 0.61,
               "samplesPerSecond": 20.0, "measurements": m25}
     reporter = reporter_for(kube, cluster, "prog", ns)
@@ -287,7 +287,7 @@ def test_progress_reported_by_the_learner_feeds_status_and_re_plans_at_two_agree
     row = kube.run("get", "rlrun", "prog", "-n", ns).stdout.splitlines()[1]
     assert "0.42" in row.split() and re.search(r"eta \d", row)
     # The next re-plan agrees: the operator switches, and the children follow.
-    m50 = measured(plan0, 50, generate=0.3, train=3)
+    m50 = measured(plan0, 50, generate=0.3, train=3, noise=512.0)
     assert send(reporter, **dict(report, step=50, samples=50 * plan0.batch, measurements=m50))
     r = wait_for("re-plan", lambda: (x := rlrun(kube, "prog", ns))
                  and cond(x, C.COND_PLANNED).get("reason") == "PlannedReplan" and x)
@@ -457,7 +457,7 @@ def test_a_smaller_plan_removes_exactly_the_rollout_pods_the_driver_drained(kube
                "rolloutPods": pods}
     for step in (25, 50):  # generation faster, training slower than predicted: fewer replicas win
         assert send(reporter, step=step, samples=step * plan0.batch, samplesPerSecond=20.0,
-                    measurements=measured(plan0, step, generate=0.3, train=3), **serving)
+                    measurements=measured(plan0, step, generate=0.3, train=3, noise=512.0), **serving)
         if step == 25:
             wait_for("first re-plan", lambda: (rlrun(kube, "order", ns)["status"].get("replan") or {}).get("count"))
     r = wait_for("re-plan", lambda: (x := rlrun(kube, "order", ns))

@@ -68,7 +68,7 @@ GEN_BOUND = {"model": {"path": "Qwen/Qwen2.5-1.5B", "maxLength": 4096},
              "task": {"maxNewTokens": 2048, "expectedPromptTokens": 128, "expectedResponseTokens": 1024},
              "batch": {"samplesPerPrompt": 8, "minPrompts": 4, "maxPrompts": 256},
              "optimizer": {"referenceBatch": 64, "lr": 1e-6}, "budget": {"gpus": 8},
-             "hardware": {"accelerator": "H100"}}
+             "hardware": {"accelerator": "H100"}, "learner": {"gpusPerReplica": 1}}
 
 
 def _spec(scaling: str = "sqrt", **over):
@@ -86,7 +86,10 @@ def test_memory_bound_generation_makes_a_larger_batch_win():
     gain = eff(win) / eff(ref)
     penalty = win.predicted.samples_to_target / ref.predicted.samples_to_target
     assert gain > penalty > 1
-    assert p.reason.startswith(f"N={p.batch} beats N=64: throughput x{gain:.2f} > samples penalty x{penalty:.2f}")
+    # the reason compares within the winner's placement, the row above may be the other's best at N=64
+    said = float(p.reason.split("throughput x")[1].split(" ")[0])
+    assert p.reason.startswith(f"N={p.batch} beats N=64: throughput x") and said == pytest.approx(gain, rel=0.02)
+    assert f"samples penalty x{penalty:.2f}" in p.reason
     assert p.learning_rate == pytest.approx(1e-6 * (p.batch / 64) ** 0.5)
 
 
@@ -124,7 +127,7 @@ def test_candidates_are_sorted_and_the_winner_is_first():
 
 def test_fixed_prompts_and_replicas_are_kept():
     s = parse_spec({**GEN_BOUND, "batch": {**GEN_BOUND["batch"], "prompts": 12},
-                    "rollout": {"replicas": 3}, "learner": {"replicas": 2}})
+                    "rollout": {"replicas": 3}, "learner": {"replicas": 2, "gpusPerReplica": 1}})
     p = make_plan(s)
     assert (p.prompts, p.rollout_replicas, p.learner_replicas) == (12, 3, 2)
     assert p.reason.startswith("N=96 fixed by spec.batch.prompts")

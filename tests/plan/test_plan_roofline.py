@@ -14,6 +14,7 @@ from rlscale.plan.throughput import (
     decode_step_seconds,
     max_concurrency,
 )
+from rlscale.plan.topology import expected_longest
 from rlscale.spec import parse_spec
 
 QWEN7B_PARAMS = 7_615_616_512  # published total of Qwen2.5-7B
@@ -80,7 +81,7 @@ def _system(spec_dict) -> SystemModel:
 
 GPU_7B = {"model": {"path": "Qwen/Qwen2.5-7B", "maxLength": 2048},
           "task": {"maxNewTokens": 1024, "expectedPromptTokens": 256, "expectedResponseTokens": 512},
-          "hardware": {"accelerator": "H100"}, "budget": {"gpus": 16}}
+          "hardware": {"accelerator": "H100"}, "budget": {"gpus": 16}, "learner": {"gpusPerReplica": 1}}
 
 
 def test_generation_concurrency_is_capped_by_kv_memory():
@@ -113,7 +114,9 @@ def test_generation_hand_computed_one_replica():
     fl = 989e12 * p.decode_flops_efficiency
     n, ctx = 64, 256 + 512 / 2
     t_iter = max((W + n * ctx * 57_344) / bw, 2 * QWEN7B_PARAMS * n / fl)
-    decode = 512 * (p.decode_iteration_overhead_s + t_iter)
+    # all 64 sequences run at once, so the step lasts as long as the longest of them (test_plan_terms.py
+    # checks expected_longest by hand), not the mean's 512 iterations
+    decode = expected_longest(512, 1024, 64) * (p.decode_iteration_overhead_s + t_iter)
     prefill = 2 * QWEN7B_PARAMS * 8 * 256 / fl  # one prefill per prompt (prefix cache)
     # plus the fixed cost of the call (the Serve round trip), whatever the batch
     assert m.generation(8, 8, 1).seconds == pytest.approx(decode + prefill + p.generate_overhead_s)
@@ -125,9 +128,16 @@ def test_train_seconds_scale_with_tokens_and_learners():
     tokens = 512 * (256 + 512)
     compute = (6 + 2) * QWEN7B_PARAMS * tokens / (989e12 * p.train_mfu * 8)
     t = m.train_seconds(512, 8)
-    assert compute < t < compute * 1.1  # the rest: all-reduce, optimizer, micro-batch overhead
-    assert m.train_seconds(1024, 8) / t == pytest.approx(2, rel=0.05)
-    assert m.train_seconds(512, 4) / t == pytest.approx(2, rel=0.1)
+    # the rest: optimizer, micro-batch overhead and the all-reduce, which crosses the network between the
+    # eight 1-GPU pods: 2 x 7/8 x W / 25 GB/s
+    assert compute < t < compute * 1.1 + 2 * 7 / 8 * W / 25e9
+    # twice the samples: twice the compute; the one all-reduce a step is the same
+    coll = m.collective_seconds(512, 8)
+    assert coll == pytest.approx(2 * 7 / 8 * W / 25e9)
+    assert (m.train_seconds(1024, 8) - coll) / (t - coll) == pytest.approx(2, rel=0.05)
+    # half the learners: twice the compute (the all-reduce over the network barely changes: 3/4 vs 7/8 of W)
+    four = m.train_seconds(512, 4) - m.collective_seconds(512, 4)
+    assert four / (t - m.collective_seconds(512, 8)) == pytest.approx(2, rel=0.1)
 
 
 def test_reference_model_and_ppo_add_passes():
