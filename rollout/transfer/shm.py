@@ -59,7 +59,7 @@ class ShmUpdateInfo(WeightTransferUpdateInfo):
 
 
 class ShmWeightTransferEngine(WeightTransferEngine[ShmInitInfo, ShmUpdateInfo]):
-    """The worker side: maps this host's segment, loads the bucket from it in place (no receive buffer)."""
+    """The worker side: maps this host's segment and loads the bucket from a copy of it."""
 
     init_info_cls = ShmInitInfo
     update_info_cls = ShmUpdateInfo
@@ -67,7 +67,6 @@ class ShmWeightTransferEngine(WeightTransferEngine[ShmInitInfo, ShmUpdateInfo]):
     def __init__(self, config, vllm_config, device, model) -> None:
         super().__init__(config, vllm_config, device, model)
         self.stats = TransferStats()
-        self._held: list[shared_memory.SharedMemory] = []
 
     def init_transfer_engine(self, init_info: ShmInitInfo) -> None:
         pass
@@ -83,22 +82,23 @@ class ShmWeightTransferEngine(WeightTransferEngine[ShmInitInfo, ShmUpdateInfo]):
             raise ValueError(f"shm weight transfer: no segment for host {here!r} (have {sorted(update_info.handles)}); "
                              "the trainer rank colocated with this engine did not send one")
         meta = update_info.meta()
-        seg = shared_memory.SharedMemory(name=name)
         nbytes = bucket_nbytes(meta, (0, len(meta)))
-        buf = torch.frombuffer(seg.buf, dtype=torch.uint8, count=nbytes)
+        seg = shared_memory.SharedMemory(name=name)
+        try:
+            # A copy, as vLLM's ipc consumer makes: the trainer refills the segment with the next bucket, and the
+            # layerwise reload keeps a layer's tensors until the whole layer arrived (some only at finish), so they
+            # must not live in the mapping. One bucket is held at a time; the mapping closes at once.
+            buf = torch.frombuffer(seg.buf, dtype=torch.uint8, count=nbytes).clone()
+        finally:
+            seg.close()
+        self.stats.hold(nbytes)
         self.stats.received += nbytes
         self.model.load_weights(unpack(buf, meta))
         del buf
-        try:
-            seg.close()
-        except BufferError:  # a layer still holds views (it was not complete): close it at finish
-            self._held.append(seg)
+        self.stats.release()
 
     def finish_weight_update(self) -> None:
         layerwise_finish(self.model, self.model_config)
-        for seg in self._held:
-            seg.close()
-        self._held = []
         self.stats.end()
 
     def shutdown(self) -> None:

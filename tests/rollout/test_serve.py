@@ -170,6 +170,7 @@ def test_a_killed_replicas_requests_complete_elsewhere(client, model_dirs):
     client.on_behind = catch_up(client, 2, decisive_state_dict(model_dirs[0], seed=0))
     client.scale(2)
     client.wait_replicas(2, timeout_s=300)
+    client.on_behind()  # both replicas current before the load (the driver's previous request did it)
     victims = list(_live(client).values())
     assert len(victims) == 2, victims
     retries_before = client.retries

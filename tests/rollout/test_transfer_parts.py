@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from rlscale.rollout.transfer import gloo
-from rlscale.rollout.transfer.buckets import Meta, bucket_nbytes, metas, plan_buckets
+from rlscale.rollout.transfer.buckets import Meta, bucket_nbytes, largest_bucket, metas, plan_buckets
 from rlscale.rollout.transfer.control import Member, member_init_infos
 from rlscale.trainer.transfer.gloo_trainer import GlooTrainerInitInfo, GlooTrainerWeightTransferEngine
 from rlscale.trainer.transfer.sources import TensorsSource
@@ -189,6 +189,8 @@ def test_the_driver_hands_the_accelerator_over_in_the_colocated_order(caplog):
 
 
 def test_shm_maps_each_bucket_in_place_and_a_rank_clears_its_stale_segments(monkeypatch):
+    import os
+    import subprocess
     from multiprocessing import shared_memory
     from pathlib import Path
 
@@ -197,17 +199,27 @@ def test_shm_maps_each_bucket_in_place_and_a_rank_clears_its_stale_segments(monk
 
     monkeypatch.setattr(shm, "layerwise_start", lambda model: None)
     monkeypatch.setattr(shm, "layerwise_finish", lambda model, cfg: None)
-    stale = shared_memory.SharedMemory(name="rlscale-w-r0-stale0test", create=True, size=64)
-    stale.close()  # left behind by a crashed rank 0: only its name in /dev/shm
+    dead = subprocess.Popen(["true"])
+    dead.wait()  # a pid no process has now
+    stale = shared_memory.SharedMemory(name=f"rlscale-w-{dead.pid}-stale", create=True, size=64)
+    stale.close()  # left behind by a trainer that crashed: only its name in /dev/shm
+    alive = shared_memory.SharedMemory(name=f"rlscale-w-{os.getppid()}-alive", create=True, size=64)
     cfg = SimpleNamespace(parallel_config=None, model_config=None)
     (worker,) = engines = [shm.ShmWeightTransferEngine(None, cfg, torch.device("cpu"), FakeModel())]
     w = weights(3)
     trainer = ShmTrainerWeightTransferEngine.trainer_init(
         ShmTrainerInitInfo(rank=0, bucket_bytes=2048), client=ThreadClient(engines), source=TensorsSource(w))
     trainer.send_weights()
-    assert not Path("/dev/shm/rlscale-w-r0-stale0test").exists()
+    assert not Path(f"/dev/shm/rlscale-w-{dead.pid}-stale").exists()
+    assert Path(f"/dev/shm/{alive.name}").exists()  # a live trainer's (another run on this machine) stays
+    alive.close()
+    alive.unlink()
     assert all(torch.equal(worker.model.loaded[k], v) for k, v in w.items())
-    assert worker.stats.buffer_peak == 0 and worker.stats.received == trainer.last_bytes > 0  # mapped, not received
+    # Each bucket copied out of the segment (the next one refills it): one bucket held at a time, the largest
+    # being layer 0, which is larger than 2048 bytes and travels alone.
+    meta = metas(TensorsSource(w).metadata())
+    assert worker.stats.buffer_peak == largest_bucket(meta, plan_buckets(meta, 2048)) > 2048
+    assert worker.stats.received == trainer.last_bytes > 0
     name = trainer.seg.name
     trainer.shutdown()
     assert not Path(f"/dev/shm/{name}").exists()

@@ -69,12 +69,12 @@ class TransferRanks:
     def _offload_states(self) -> dict[str, float]:
         if not torch.cuda.is_available() or self.device.type != "cuda":
             return {}
+        if self.config.zero_stage == 0:
+            log.warning("colocated: ZeRO stage 0 has no offload_states; the learner's states stay on the GPU")
+            return {}
         before = torch.cuda.memory_reserved(self.device)
         for engine in filter(None, (self.engine, getattr(self, "critic", None))):
-            if self.config.zero_stage == 0:
-                log.warning("colocated: ZeRO stage 0 has no offload_states; the learner's states stay on the GPU")
-                break
-            engine.offload_states()
+            engine.offload_states(include=offloadable(engine, self.config.zero_stage))
         torch.cuda.empty_cache()
         self._offloaded = True
         return {"freed_bytes": float(before - torch.cuda.memory_reserved(self.device))}
@@ -85,3 +85,23 @@ class TransferRanks:
         for engine in filter(None, (self.engine, getattr(self, "critic", None))):
             engine.reload_states()
         self._offloaded = False
+
+
+_SAID: set[str] = set()
+
+
+def offloadable(engine: Any, zero_stage: int):
+    """What DeepSpeed's offload_states may move (None: everything). At ZeRO-3 it moves the fp32 master weights
+    and Adam's state only for its own FusedAdam (an assertion in its stage-3 optimizer); the learner steps with
+    torch's AdamW, so those stay on the GPU and the rest goes: the bf16 weights, the gradients and the
+    contiguous gradient buffer (make gpu-check's offload check measures what that frees)."""
+    from deepspeed.ops.adam import FusedAdam
+    from deepspeed.runtime.zero.offload_config import OffloadStateTypeEnum as S
+
+    if zero_stage < 3 or isinstance(getattr(engine.optimizer, "optimizer", None), FusedAdam):
+        return None
+    if "zero3" not in _SAID:
+        _SAID.add("zero3")
+        log.warning("colocated at ZeRO-3 with torch's AdamW: DeepSpeed offloads the fp32 master weights and Adam's "
+                    "state only for its FusedAdam, so they stay on the GPU while the engines generate")
+    return [S.lp_params, S.lp_grads, S.contiguous_grad_buffer]

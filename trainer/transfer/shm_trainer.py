@@ -4,6 +4,7 @@ bucket by bucket, and all ranks meet at a barrier before the next (as vLLM's ipc
 
 from __future__ import annotations
 
+import os
 import time
 import uuid
 from dataclasses import asdict, dataclass
@@ -32,6 +33,29 @@ class ShmTrainerInitInfo(TrainerInitInfo):
     bucket_bytes: int = DEFAULT_BUCKET_BYTES
 
 
+PREFIX = "rlscale-w-"
+
+
+def clear_stale_segments() -> None:
+    """Remove the segments of trainer processes that are gone: a rank that crashed left its segment in /dev/shm,
+    which outlives a container restart in its pod (a memory-backed emptyDir). Each name carries its owner's pid;
+    another live trainer's (a second run on the machine) is left alone."""
+    for path in Path("/dev/shm").glob(PREFIX + "*"):
+        pid = path.name[len(PREFIX):].split("-", 1)[0]
+        if pid.isdigit() and not _alive(int(pid)):
+            path.unlink(missing_ok=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 class ShmTrainerWeightTransferEngine(TrainerWeightTransferEngine[ShmTrainerInitInfo]):
     """Every trainer rank: packs each bucket into its segment; rank 0 ships all ranks' handles, bucket by bucket.
     Multi-rank trainers gather the handles and meet at barriers on the default process group, as vLLM's
@@ -57,13 +81,9 @@ class ShmTrainerWeightTransferEngine(TrainerWeightTransferEngine[ShmTrainerInitI
     def _segment(self, nbytes: int) -> shared_memory.SharedMemory:
         if self.seg is None or self.seg.size < nbytes:
             self._free()
-            prefix = f"rlscale-w-r{self.info.rank}-"
-            # A rank that crashed left its segment in /dev/shm, which outlives a container restart in its pod
-            # (a memory-backed emptyDir): this rank's earlier ones go before a new one takes the memory.
-            for old in Path("/dev/shm").glob(prefix + "*"):
-                old.unlink(missing_ok=True)
-            self.seg = shared_memory.SharedMemory(name=prefix + uuid.uuid4().hex[:16], create=True,
-                                                  size=max(1, nbytes))
+            clear_stale_segments()
+            self.seg = shared_memory.SharedMemory(name=f"{PREFIX}{os.getpid()}-{uuid.uuid4().hex[:12]}",
+                                                  create=True, size=max(1, nbytes))
         return self.seg
 
     def send_weights(self) -> None:
@@ -96,7 +116,7 @@ class ShmTrainerWeightTransferEngine(TrainerWeightTransferEngine[ShmTrainerInitI
     def _free(self) -> None:
         if self.seg is not None:
             self.seg.close()
-            self.seg.unlink()
+            Path("/dev/shm", self.seg.name.lstrip("/")).unlink(missing_ok=True)
             self.seg = None
 
     def shutdown(self) -> None:
