@@ -41,12 +41,16 @@ VARIANT ?= $(or $(RLSCALE_IMAGES_VARIANT),cpu)
 REGISTRY ?=
 TAG ?=
 PUSH_TLS_VERIFY ?= true
-.PHONY: images push
+.PHONY: images push push-check
 images:
 	@bash hack/images/build.sh $(VARIANT)
 
-push: images
+# push-check first: a missing or malformed REGISTRY fails before a build of several minutes.
+push: push-check images
 	@RLSCALE_PUSH_TLS_VERIFY=$(PUSH_TLS_VERIFY) bash hack/images/push.sh "$(REGISTRY)" $(VARIANT) $(TAG)
+
+push-check:
+	@RLSCALE_PUSH_DRY_RUN=1 RLSCALE_PUSH_TLS_VERIFY=$(PUSH_TLS_VERIFY) bash hack/images/push.sh "$(REGISTRY)" $(VARIANT) $(TAG) >/dev/null
 
 ## make run: install, then run the quickstart RLRun on the embedded default (CPU).
 run: venv

@@ -75,6 +75,14 @@ def test_bad_input_is_refused_naming_the_value_and_the_fix(args, env, words):
     assert r.returncode == 2 and words in r.stderr and r.stdout == "", (r.stdout, r.stderr)
 
 
+def test_make_push_without_a_registry_fails_before_it_builds():
+    t0 = time.monotonic()
+    r = subprocess.run(["make", "--no-print-directory", "push", "REGISTRY=", "VARIANT=cpu"], cwd=REPO,
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode != 0 and "REGISTRY is empty" in r.stderr, r.stdout + r.stderr
+    assert "[images]" not in r.stdout and time.monotonic() - t0 < 30
+
+
 def get(url: str, accept: str | None = None, method: str = "GET") -> tuple[int, bytes, dict[str, str]]:
     req = urllib.request.Request(url, method=method, headers={"Accept": accept} if accept else {})
     try:
