@@ -3,7 +3,7 @@
 A random-initialised model of the learner shape is saved once; each config (ZeRO-1 and 3, gradient
 checkpointing off and on) runs in a process of its own (learner_worker.py: a fresh allocator, a fresh
 process group). Predictions come from the planner's public model (SystemModel.train_seconds,
-learner_memory, activation_bytes_per_token, micro_batch_tokens_max; placement.sleep_seconds for the
+learner_memory, activation_bytes_per_token, micro_batch_tokens_max; offload_seconds, each way, for the
 host copies), so a corrected constant in rlscale/plan shows here without a change.
 
 Where DeepSpeed or rlscale.trainer.learner cannot be imported (wheels not carried), a plain torch step
@@ -60,7 +60,7 @@ def predictions(s, planner, profile, cfg: dict) -> dict:
     host = profile.host_bandwidth
     return {"seconds": seconds, "tokens_per_s": s.learner_samples * (s.learner_prompt + s.learner_response) / seconds,
             "state": state, "activations": activations, "grads": grads, "peak": state + activations,
-            "resident": state - grads, "host_copy_s": planner.placement.sleep_seconds(state - grads, 1, host),
+            "resident": state - grads, "host_copy_s": (state - grads) / host,  # one way of SystemModel.offload_seconds
             "host_bandwidth": host, "dropped": dropped}
 
 
@@ -119,7 +119,7 @@ def offload_rows(s, cfg: dict, off: dict, p: dict | None) -> list[dict]:
         host_s = resident / p["host_bandwidth"] if resident else None
     what = "the weights' bytes" if off.get("refused") else "learner_memory less gradients"
     first, last = off["cycles"][0], off["cycles"][-1]
-    host = f"planner: placement.sleep_seconds at host_bandwidth {p['host_bandwidth'] / 1e9:g} GB/s" if p else ""
+    host = f"planner: offload_seconds' one way at host_bandwidth {p['host_bandwidth'] / 1e9:g} GB/s" if p else ""
     freed = last.get("freed_allocated")
     if freed is None:
         freed_note, back = "no allocator statistics on the CPU (the calls ran, host to host)", ""

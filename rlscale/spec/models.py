@@ -437,9 +437,10 @@ class RolloutSpec(_RoleSpec):
 class LearnerSpec(_RoleSpec):
     """DeepSpeed learner ranks."""
 
-    gpus_per_replica: int | None = Field(None, ge=0, description="GPUs per learner pod. Unset: one pod per node "
-                                         "with all its GPUs (hardware.gpusPerNode, at most budget.gpus), so ZeRO's "
-                                         "collectives run inside the node's NVLink; ignored on accelerator cpu.")
+    gpus_per_replica: int | None = Field(None, ge=0, description="GPUs per learner pod. Unset: half of budget.gpus, "
+                                         "at most a node's (hardware.gpusPerNode): across nodes one pod per node, so "
+                                         "ZeRO's collectives run inside NVLink; on one node the other half is the "
+                                         "rollout's. Ignored on accelerator cpu.")
     zero_stage: int = Field(1, ge=0, le=3, description="DeepSpeed ZeRO stage, 0 to 3.")
     ranks_per_replica: PosInt | None = Field(None, le=16, description="DeepSpeed ranks in one learner pod (one pod "
                                              "per node; global rank = pod index x ranks + local rank). Unset: "
@@ -454,10 +455,13 @@ DEFAULT_GPUS_PER_NODE = 8
 
 
 def default_learner_gpus(hardware: HardwareSpec, budget_gpus: int) -> int:
-    """learner.gpusPerReplica when unset: the node's GPUs, at most the budget's (1 on cpu)."""
+    """learner.gpusPerReplica when unset: half the budget, at most a node's GPUs (1 on cpu). Across nodes a learner
+    pod is a node (ZeRO's collectives inside NVLink); on one node the other half is left to the rollout engines, since
+    a pod of the whole node leaves none disaggregated and, colocated, gives its engine a tensor parallelism of 8,
+    which most models' head counts refuse (Qwen2.5's 14 and 28 heads)."""
     if hardware.accelerator == "cpu":
         return 1
-    return max(1, min(hardware.node_gpus, budget_gpus))
+    return max(1, min(hardware.node_gpus, budget_gpus // 2))
 
 
 class HardwareSpec(_Model):

@@ -418,8 +418,8 @@ _REPLICA_CEL = "(type(self.{r}.replicas) == string ? 1 : int(self.{r}.replicas))
 # when the spec does; RLRunSpec._default_learner_gpus resolves them so in Python).
 _NODE_GPUS_CEL = f"(has(self.hardware.gpusPerNode) ? self.hardware.gpusPerNode : {DEFAULT_GPUS_PER_NODE})"
 _LEARNER_GPUS_CEL = ("(has(self.learner.gpusPerReplica) ? self.learner.gpusPerReplica : "
-                     f"({_NODE_GPUS_CEL} < self.budget.gpus ? {_NODE_GPUS_CEL} : "
-                     "(self.budget.gpus > 0 ? self.budget.gpus : 1)))")
+                     "(self.budget.gpus / 2 < 1 ? 1 : "
+                     f"({_NODE_GPUS_CEL} < self.budget.gpus / 2 ? {_NODE_GPUS_CEL} : self.budget.gpus / 2)))")
 
 RULES: list[Rule] = [
     Rule("batch.samplesPerPrompt",

@@ -103,7 +103,7 @@ def test_zero3_across_two_nodes_gathers_the_weights_over_the_link():
     z1 = layout_model(system_model(spec7b(16, learner={"zeroStage": 1})), spec, "disaggregated")
     assert z1.collective_seconds(512, 2) == pytest.approx(2 * 15 / 16 * W7 / 25e9)
     # one node: the same ZeRO-3 over NVLink, 16 x 7/8 W / 300 GB/s (1 pod, 8 micro-batches a rank: 32)
-    one = layout_model(system_model(spec7b(8, learner={"zeroStage": 3})), spec, "colocated")
+    one = layout_model(system_model(spec7b(8, learner={"zeroStage": 3, "gpusPerReplica": 8})), spec, "colocated")
     assert one.collective_seconds(512, 1) == pytest.approx(32 * 7 / 8 * W7 / 300e9)
 
 
@@ -128,7 +128,7 @@ def test_tensor_parallelism_must_divide_the_attention_heads():
     with pytest.raises(PlanError, match=r"^spec\.learner\.gpusPerReplica: 8 GPUs a learner pod give its colocated "
                                         r"engine tensor parallelism 8, .* 28 attention heads .*set "
                                         r"learner\.gpusPerReplica: 4"):
-        make_plan(spec7b(8))
+        make_plan(spec7b(8, learner={"gpusPerReplica": 8}))
     with pytest.raises(PlanError, match=r"^spec\.rollout\.gpusPerReplica: 8: .*; use 4"):
         make_plan(spec7b(16, placement="disaggregated", rollout={"gpusPerReplica": 8}, learner={"gpusPerReplica": 4}))
 
@@ -160,7 +160,7 @@ def test_activation_bytes_per_token_hf_qwen2():
 
 
 def test_colocated_memory_in_both_phases_by_hand():
-    spec = spec7b(8, placement="colocated", learner={"zeroStage": 3})
+    spec = spec7b(8, placement="colocated", learner={"zeroStage": 3, "gpusPerReplica": 8})
     m = layout_model(system_model(spec), spec, "colocated")
     # train: ZeRO-3 over 8 ranks, 16 bytes a parameter / 8 = 2 P = 15.23 GB, + one sequence's activations,
     # + the sleeping engine's 2 GB, within 0.9 x 80 GB
@@ -193,9 +193,11 @@ def test_colocated_refusal_names_what_to_change():
 # --------------------------------------------------------------------------- the plan's choices
 
 
-def test_default_learner_topology_is_one_pod_per_node():
-    assert spec7b(16).learner.gpus_per_replica == 8
-    assert spec7b(4).learner.gpus_per_replica == 4  # at most the budget
+def test_default_learner_pod_is_half_the_budget_at_most_a_node():
+    assert spec7b(16).learner.gpus_per_replica == 8  # two nodes: one pod per node
+    assert spec7b(8).learner.gpus_per_replica == 4  # one node: the other half is the rollout's (or 2 colocated pods)
+    assert spec7b(4).learner.gpus_per_replica == 2
+    assert spec7b(1).learner.gpus_per_replica == 1  # one GPU: colocated
     assert spec7b(16, hardware={"accelerator": "H100", "gpusPerNode": 4}).learner.gpus_per_replica == 4
     assert spec7b(16, learner={"gpusPerReplica": 2}).learner.gpus_per_replica == 2  # the spec's word
     assert parse_spec({"hardware": {"accelerator": "cpu"}}).learner.gpus_per_replica == 1
@@ -213,7 +215,7 @@ def test_colocated_is_offered_only_with_the_charts_learner_image():
     assert colocated_unavailable(spec7b(16)) is None
     # one node with an 8-GPU learner pod and a custom image: nothing fits, and the refusal says why
     with pytest.raises(PlanError, match=r"^spec\.budget\.gpus: 8 .*; colocated: not offered: learner\.image"):
-        make_plan(spec7b(8, learner={"image": "me/learner:1"}))
+        make_plan(spec7b(8, learner={"image": "me/learner:1", "gpusPerReplica": 8}))
 
 
 def test_no_budgeted_gpu_stays_idle_when_a_split_uses_them_all():
