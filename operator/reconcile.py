@@ -27,6 +27,7 @@ from . import metrics as M
 from . import queueing as Q
 from . import scaling as SC
 from . import status as S
+from .finite import finite_only, nonfinite
 from .kube import KubeAPI, NamespaceTerminating, get_rlrun
 from .observed import ApiObserver, Observed, Observer
 from .planning import PlanError, plan_for
@@ -227,6 +228,14 @@ class Controller:
         except PlanError as exc:
             o.refusal = ("PlanFailed", str(exc))
             return
+        except Exception as exc:  # a spec the planner cannot take: ended, not retried (it would fail again)
+            log.exception("%s/%s: the planner failed", o.namespace, o.name)
+            o.refusal = ("PlanFailed", planner_failure(f"failed with {type(exc).__name__}"))
+            return
+        if bad := nonfinite(o.plan.to_dict()):
+            o.plan, o.refusal = None, ("PlanFailed", planner_failure("made a plan with non-finite "
+                                                                     + ", ".join(bad[:3])))
+            return
         o.planned = o.trigger
         if st.get("replan"):  # a proposal made for the old spec does not count for the new one
             o.replan = ReplanState(ReplanState.from_dict(st["replan"]).last_step)
@@ -245,8 +254,12 @@ class Controller:
             return
         state = o.replan or ReplanState.from_dict(o.status.get("replan"))
         limits = self._admitted_limits(o) if o.spec.scheduling.queue_name and due(m.step, state) else None
-        d = replan(o.spec, o.plan, m, state, limits)
-        if d is None:
+        try:
+            d = replan(o.spec, o.plan, m, state, limits)
+        except (ArithmeticError, KeyError, TypeError, ValueError) as exc:  # the report is the driver's word
+            log.warning("%s/%s: no re-plan from these measurements (%s)", o.namespace, o.name, type(exc).__name__)
+            return
+        if d is None or nonfinite(d.plan.to_dict()):
             return
         o.plan, o.replan, o.replan_message = d.plan, d.state, d.message
         if d.switched:
@@ -454,6 +467,9 @@ class Controller:
     def _write(self, o: Observed) -> dict[str, Any] | None:
         """The status the pass computed, written if it changed; None when nothing was written."""
         new = S.compute_status(o)
+        if bad := nonfinite(new):  # what the API server cannot store is left out, not retried for ever
+            log.warning("%s/%s: status leaves out non-finite %s", o.namespace, o.name, ", ".join(bad[:5]))
+            new = finite_only(new)
         if new == o.status:
             return None
         self.api.update_status(o.rlrun, new)
@@ -498,6 +514,14 @@ class Controller:
 # Conditions a pass's steps read from the previous status (besides its plan, gate and calibration).
 _DECIDING_CONDITIONS = (C.COND_PLANNED, C.COND_INVALID, C.COND_FAILED, C.COND_SUCCEEDED, C.COND_BUDGET_EXHAUSTED,
                         C.COND_ADMITTED)
+
+
+def planner_failure(what: str) -> str:
+    """The PlanFailed message for a planner that did not raise a PlanError of its own: the figures of the
+    spec it plans from, to look at."""
+    return (f"the planner {what} on this spec: a figure it plans from is out of the range it can take; check "
+            "spec.hardware (memoryBandwidth, peakFlops, memory, interconnectBandwidth), spec.model.shape, "
+            "spec.optimizer.noiseScale and spec.target.expectedSamples, or report the spec as a planner bug")
 
 
 def _decided_from(rlrun: dict[str, Any]) -> tuple:
