@@ -24,6 +24,7 @@ from . import constants as C
 from . import faults as F
 from . import guard as G
 from . import metrics as M
+from . import policy as P
 from . import queueing as Q
 from . import scaling as SC
 from . import status as S
@@ -201,8 +202,7 @@ class Controller:
             return
         st = self.settings
         assert o.images is not None
-        msg = G.policy_refusal(o.spec, o.images, st.image_prefixes, st.runtime_class_names,
-                               st.priority_class_names)
+        msg = P.refusal(o.spec, G.images(o.spec, o.images), st.policy)
         if msg:
             o.refusal = (G.NOT_ALLOWED, msg)
 

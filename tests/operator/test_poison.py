@@ -13,6 +13,7 @@ import pytest
 import yaml
 from driverkit import measured
 from fakekube import FakeKube
+from policykit import SETTINGS
 
 from rlscale.operator import constants as C
 from rlscale.operator import reconcile as R
@@ -53,7 +54,7 @@ def test_a_planner_exception_ends_the_run_as_invalid_naming_the_fields(fake, mon
         raise ZeroDivisionError("float division by zero")
 
     monkeypatch.setattr(R, "plan_for", broken)
-    ctl = R.Controller(fake, OS.OperatorSettings())
+    ctl = R.Controller(fake, SETTINGS)
     o = ctl.reconcile(NS, RUN, "create")  # does not raise: kopf has nothing to retry
     assert o is not None and o.refusal is not None and o.refusal[0] == "PlanFailed"
     c = cond(fake, C.COND_INVALID)
@@ -69,7 +70,7 @@ def test_a_plan_with_a_non_finite_number_is_refused_not_written(fake, monkeypatc
         return dataclasses.replace(p, predicted=dataclasses.replace(p.predicted, time_to_target_seconds=math.inf))
 
     monkeypatch.setattr(R, "plan_for", infinite)
-    R.Controller(fake, OS.OperatorSettings()).reconcile(NS, RUN, "create")
+    R.Controller(fake, SETTINGS).reconcile(NS, RUN, "create")
     c = cond(fake, C.COND_INVALID)
     assert c["reason"] == "PlanFailed" and "non-finite predicted.timeToTargetSeconds" in c["message"], c
     assert not nonfinite(rlrun(fake)["status"]) and "plan" not in rlrun(fake)["status"]
@@ -84,7 +85,7 @@ def _phases(value: float):
 @pytest.mark.parametrize("value", [math.nan, math.inf, 0.0, -1.0, 1e-300])
 def test_a_driver_report_of_hostile_measurements_neither_raises_nor_reaches_status(fake, value):
     """The progress annotation is the run's pods' word (Python's json reads NaN and Infinity in it)."""
-    ctl = R.Controller(fake, OS.OperatorSettings())
+    ctl = R.Controller(fake, SETTINGS)
     ctl.reconcile(NS, RUN, "create")
     plan = Plan.from_dict(rlrun(fake)["status"]["plan"])
     for step in (25, 50):  # two re-plan points: a switch needs both to agree
@@ -106,7 +107,7 @@ def test_a_status_with_a_non_finite_number_is_written_without_it(fake, monkeypat
         return {**st, "progress": {**(st.get("progress") or {}), "reward": math.nan, "step": 3}}
 
     monkeypatch.setattr(R.S, "compute_status", with_nan)
-    R.Controller(fake, OS.OperatorSettings()).reconcile(NS, RUN, "create")
+    R.Controller(fake, SETTINGS).reconcile(NS, RUN, "create")
     st = rlrun(fake)["status"]
     assert st["progress"] == {"step": 3} and st["phase"] and not nonfinite(st)
 
