@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import threading
 import time
 from collections.abc import MutableMapping
 from typing import Any
@@ -75,10 +76,20 @@ class Controller:
         # (namespace, run, uid) -> since when (self.clock()) its rollout Deployment is kept above the
         # plan's count while the driver drains (operator/scaling.py)
         self._holds: dict[tuple[str, str, str], float] = {}
+        # One pass per run at a time: kopf runs the handlers of one run (its timer, its children's events)
+        # in a thread pool, and two passes at once would apply children from two different reads.
+        self._passes: dict[tuple[str, str], threading.Lock] = {}
+        self._passes_lock = threading.Lock()
+
+    def _pass_lock(self, namespace: str, name: str) -> threading.Lock:
+        with self._passes_lock:
+            return self._passes.setdefault((namespace, name), threading.Lock())
 
     def forget(self, namespace: str, name: str) -> None:
         """Drop what the controller remembers of a deleted run."""
         self._backoff.pop((namespace, name), None)
+        with self._passes_lock:
+            self._passes.pop((namespace, name), None)
         for memory in (self._owned, self._holds):
             for key in [k for k in memory if k[:2] == (namespace, name)]:
                 del memory[key]
@@ -94,7 +105,18 @@ class Controller:
 
         A status write that meets a newer RLRun (409) is made again on it: the status alone computed
         anew when what the steps decided from does not differ (another pass wrote readiness, say),
-        else the whole pass again."""
+        else the whole pass again. Passes over one run take turns (the second reads the run anew)."""
+        lock = self._pass_lock(namespace, name)
+        if not lock.acquire(blocking=False):
+            lock.acquire()
+            body = None  # read before the other pass wrote: stale
+        try:
+            return self._reconcile(namespace, name, trigger, body, observer, memo)
+        finally:
+            lock.release()
+
+    def _reconcile(self, namespace: str, name: str, trigger: str, body: dict[str, Any] | None,
+                   observer: Observer | None, memo: MutableMapping[str, Any] | None) -> Observed | None:
         t0 = time.monotonic()
         observer = observer or ApiObserver(self.api)
         o: Observed | None = None
