@@ -4,7 +4,7 @@ the run's pods, and none of it reaches what the operator or Kubernetes' own cont
 
 from __future__ import annotations
 
-from rlscale.spec.models import RESERVED_MOUNTS, RLRunSpec
+from rlscale.spec.models import RAY_TOKEN_SECRET_SUFFIX, RESERVED_MOUNTS, RLRunSpec
 from rlscale.spec.rule_base import Rule, _cel_list, _err
 from rlscale.spec.syntax import (
     DNS_LABEL_MAX,
@@ -121,6 +121,22 @@ def _rule_env_total(role: str):
     return check
 
 
+def _rule_pull_secrets(role: str):
+    def check(s: RLRunSpec):
+        for i, name in enumerate(getattr(s, role).pod.image_pull_secrets):
+            if name.endswith(RAY_TOKEN_SECRET_SUFFIX):
+                return _err(f"{role}.pod.imagePullSecrets[{i}]", name, "names a run's Ray token Secret (the "
+                            f"operator's *{RAY_TOKEN_SECRET_SUFFIX}), which would hand its token to the kubelet as "
+                            "registry credentials", "name a pull secret of your own")
+    return check
+
+
+def _pull_rule(role: str) -> Rule:
+    x = f"self.{role}.pod.imagePullSecrets"
+    return Rule(f"{role}.pod.imagePullSecrets", f"!has({x}) || {x}.all(n, !n.endsWith('{RAY_TOKEN_SECRET_SUFFIX}'))",
+                f"{role}.pod.imagePullSecrets must name no Secret *{RAY_TOKEN_SECRET_SUFFIX}", _rule_pull_secrets(role))
+
+
 def input_rules() -> list[Rule]:
     """Keys, paths and sizes, for both roles and the checkpoint directory."""
     out: list[Rule] = [
@@ -131,7 +147,7 @@ def input_rules() -> list[Rule]:
     ]
     for role in ("rollout", "learner"):
         env = f"self.{role}.pod.env"
-        out += [*_key_rules(role), _mount_rule(role),
+        out += [*_key_rules(role), _mount_rule(role), _pull_rule(role),
                 Rule(f"{role}.pod.env", f"!has({env}) || {env}.map(e, size(e.name) + "
                      f"(has(e.value) ? size(e.value) : 0)).sum() <= {ENV_TOTAL_MAX}",
                      f"{role}.pod.env names and values must hold at most {ENV_TOTAL_MAX} characters in all",

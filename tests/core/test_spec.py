@@ -130,6 +130,10 @@ CROSS_FIELD = [
     ({"rollout": {"resources": {"limits": {"nvidia.com/gpu": 8}}}}, "spec.rollout.resources",
      "set rollout.gpusPerReplica"),
     ({"learner": {"resources": {"claims": [{"name": "gpu"}]}}}, "spec.learner.resources", "only requests and limits"),
+    ({"rollout": {"pod": {"imagePullSecrets": ["r-ray-token"]}}}, "spec.rollout.pod.imagePullSecrets",
+     "a pull secret of your own"),
+    ({"learner": {"pod": {"imagePullSecrets": ["other-ray-token"]}}}, "spec.learner.pod.imagePullSecrets",
+     "a pull secret of your own"),
 ]
 
 

@@ -52,6 +52,7 @@ REFUSED = [
     (_pod("learner", env=[{"name": f"V{i}", "value": "x" * (ENV_VALUE_MAX - 8)} for i in range(3)]),
      f"learner.pod.env names and values must hold at most {ENV_TOTAL_MAX} characters"),
     ({"task": {"reward": "exact-match\n"}}, "task.reward must be exact-match, math, format"),
+    (_pod("learner", imagePullSecrets=["other-ray-token"]), "learner.pod.imagePullSecrets must name no Secret"),
 ]
 
 
