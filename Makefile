@@ -32,10 +32,21 @@ prometheus:
 
 ## make images: the operator, trainer and rollout images (CPU variant) built here from a pinned
 ## Debian base, no registry (docs/operations.md, "Images"); hack/images/load.sh SOCKET imports
-## them into a node's containerd.
-.PHONY: images
+## them into a node's containerd. VARIANT=gpu builds the GPU variants (docs/gpu.md, "Images").
+## make push REGISTRY=host[:port]/path [VARIANT=gpu] [TAG=...]: builds, then pushes that variant's
+## images under the names the chart's defaults use (TAG: the chart's appVersion), e.g.
+## `make images VARIANT=gpu REGISTRY=registry.example.com/ml/rlscale push`; PUSH_TLS_VERIFY=false
+## for a plain-http registry (hack/images/push.sh).
+VARIANT ?= $(or $(RLSCALE_IMAGES_VARIANT),cpu)
+REGISTRY ?=
+TAG ?=
+PUSH_TLS_VERIFY ?= true
+.PHONY: images push
 images:
-	@bash hack/images/build.sh
+	@bash hack/images/build.sh $(VARIANT)
+
+push: images
+	@RLSCALE_PUSH_TLS_VERIFY=$(PUSH_TLS_VERIFY) bash hack/images/push.sh "$(REGISTRY)" $(VARIANT) $(TAG)
 
 ## make run: install, then run the quickstart RLRun on the embedded default (CPU).
 run: venv

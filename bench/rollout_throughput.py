@@ -98,7 +98,7 @@ def measure_weight_update(engine, model_dir: Path, reps: int = 9) -> dict:
         if torch.cuda.is_available():
             torch.cuda.synchronize()
 
-    raw, upd, reload, parts = [], [], [], []
+    raw, upd = [], []
     for _ in range(reps):
         sync()
         t0 = time.perf_counter()
@@ -106,25 +106,14 @@ def measure_weight_update(engine, model_dir: Path, reps: int = 9) -> dict:
             dst[k].copy_(v)
         sync()
         raw.append(time.perf_counter() - t0)
-        for use_plan, times in ((True, upd), (False, reload)):
-            t0 = time.perf_counter()
-            engine.load_weights(sd, version=engine.version + 1, use_plan=use_plan)  # includes the prefix-cache reset
-            sync()
-            times.append(time.perf_counter() - t0)
-            if use_plan:
-                parts.append(engine.last_update)
+        t0 = time.perf_counter()
+        engine.load_weights(sd, version=engine.version + 1)  # vLLM's layerwise reload + the prefix-cache reset
+        sync()
+        upd.append(time.perf_counter() - t0)
     med = statistics.median
-    r, u, v = med(raw), med(upd), med(reload)
-    last = parts[-1]
-    out = dict(bytes=nbytes, raw_copy_s=r, update_s=u, ratio=u / r, raw_copy_gb_s=nbytes / r / 1e9,
-               reload_s=v, reload_ratio=v / r, path=last.get("path"), reason=last.get("reason"))
-    if last.get("path") == "plan":
-        # Where the planned update's time goes (worker side; the rest is the RPC and the
-        # prefix-cache reset). repack: the CPU kernels' packed weights made again.
-        for k in ("check_s", "copy_s", "repack_s"):
-            out[k] = med(p[k] for p in parts)
-        out["repacked"] = last["repacked"]
-    return out
+    r, u = med(raw), med(upd)
+    return dict(bytes=nbytes, raw_copy_s=r, update_s=u, ratio=u / r, raw_copy_gb_s=nbytes / r / 1e9,
+                path=engine.last_update.get("path"))
 
 
 def plot(rows, upd, args, title: str) -> None:
@@ -146,9 +135,8 @@ def plot(rows, upd, args, title: str) -> None:
     for r in rows:
         a.annotate(f"{r['tokens_ratio']:.1f}x", (r["concurrency"], r["tokens_ratio"]),
                    textcoords="offset points", xytext=(4, -12), fontsize=8)
-    b.bar(["raw copy", "in-place update", "vLLM reload"],
-          [upd["raw_copy_s"] * 1e3, upd["update_s"] * 1e3, upd["reload_s"] * 1e3],
-          color=["#999", "#1f77b4", "#ff7f0e"])
+    b.bar(["raw copy", "vLLM layerwise reload"], [upd["raw_copy_s"] * 1e3, upd["update_s"] * 1e3],
+          color=["#999", "#1f77b4"])
     b.set_ylabel("milliseconds")
     b.set_title(f"weight update = {upd['ratio']:.1f}x raw copy ({upd['bytes'] / 2**20:.0f} MiB)", fontsize=9)
     fig.suptitle(title, fontsize=10)
@@ -191,27 +179,12 @@ def main(argv=None) -> int:
     for r in rows:
         print(f"{r['concurrency']:>11} {r['tokens_per_s']:>10.0f} {r['tokens_ratio']:>7.2f} "
               f"{r['samples_per_s']:>10.1f} {r['samples_ratio']:>7.2f} {r['call_s_median']:>8.3f}")
-    # Measured 2026-12-01 on the 2-core CPU machine while a venv build loaded it (load
-    # average 7.6-9.4), `.venv/bin/python bench/rollout_throughput.py --concurrency 1`
-    # (3.4M params, 13.0 MiB float32, one engine thread), medians of 9: raw copy 3.6 ms;
-    # vLLM's reload 48.6 ms (13.4x; the issue's figure on a quieter machine: 55 ms, 17.6x); planned
-    # update 28.7 ms (7.9x): checks 0.2 ms, copies 3.4 ms, packing 23.9 ms for 17 layers
-    # (16 linear and the tied head). The packing is the CPU floor: vLLM's oneDNN kernel
-    # computes from its own packed copy of each weight, made only by creating a new handle
-    # (~0.45 ms fixed, then a reorder 5-13x slower than a plain copy of the same bytes,
-    # timed alone with vllm._custom_ops.create_onednn_mm), and offers no way to refill one
-    # in place: 1.5x is out of reach on CPU. On GPU vLLM packs nothing and the planned
-    # update is the copies alone (not measured: this venv's vLLM is the CPU build).
-    print(f"weight update: {upd['update_s'] * 1e3:.1f} ms in place ({upd['path']}) vs {upd['raw_copy_s'] * 1e3:.1f} ms "
-          f"raw copy of the same {upd['bytes'] / 2**20:.1f} MiB -> {upd['ratio']:.1f}x the copy "
-          f"({upd['raw_copy_gb_s']:.1f} GB/s raw); vLLM's reload {upd['reload_s'] * 1e3:.1f} ms "
-          f"({upd['reload_ratio']:.1f}x)")
-    if "repack_s" in upd:
-        print(f"  planned update: check {upd['check_s'] * 1e3:.1f} ms, copies {upd['copy_s'] * 1e3:.1f} ms, "
-              f"packing {upd['repacked']} layers' kernel weights {upd['repack_s'] * 1e3:.1f} ms, "
-              f"RPC and prefix-cache reset the rest")
-    elif upd.get("reason"):
-        print(f"  the plan was refused: {upd['reason']}")
+    # The update is vLLM's layerwise reload, what its weight transfer engines load through. On CPU it includes
+    # packing every linear layer's weight again for the oneDNN kernel (the CPU floor: a new handle per layer);
+    # on GPU nothing is packed.
+    print(f"weight update: {upd['update_s'] * 1e3:.1f} ms by vLLM's layerwise reload vs {upd['raw_copy_s'] * 1e3:.1f} "
+          f"ms raw copy of the same {upd['bytes'] / 2**20:.1f} MiB -> {upd['ratio']:.1f}x the copy "
+          f"({upd['raw_copy_gb_s']:.1f} GB/s raw)")
     plot(rows, upd, args, title)
     record = dict(title=title, load_average=load, params=n_params, dtype=args.dtype, device=device, throughput=rows,
                   weight_update=upd, seconds=time.perf_counter() - t_start)

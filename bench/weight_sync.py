@@ -1,26 +1,22 @@
-"""Weight updates by broadcast vs by the object store, at 1, 2 and 4 rollout replicas, in one run.
+"""Weight updates through vLLM's weight transfer protocol at 1, 2 and 4 rollout replicas, in one run.
 
-Per update: seconds until every replica holds the new version, and bytes the learner's side sends.
-Baseline: the object-store path at the same replica count (every figure is printed as a ratio to it).
-
-- broadcast: `bytes sent` is what the sender wrote into the group (counted in its code), checked
-  against the kernel's own count: TCP bytes acknowledged on this process's sockets during the update
-  (tcp_info, which also holds Ray's own small traffic);
-- object store: every replica pulls the whole weights from the learner's node, so `bytes sent` is
-  size x pulls (on this one machine the pulls are shared-memory reads; across nodes they are the
-  learner node's egress, which is what the issue measured: ~122 GB per update at 7B and 8 replicas).
+Per update and replica count: the seconds until every replica holds the new version; the bytes each side
+sent (the learner's side into the wire, each replica's forward along the chain) against the naive fan-out
+baseline, where the learner sends the whole weights to every replica (R x W); and each receiver's peak
+extra memory against one bucket: its receive buffers (counted in the engine) and its process's peak RSS
+above the RSS at the update's start (Linux's VmHWM, reset per update). Backends: `gloo` (the CPU stand-in
+for vLLM's nccl, disaggregated) at every replica count, and `shm` (the stand-in for ipc, colocated) at 1.
 
     .venv/bin/python bench/weight_sync.py                       # CPU, ~14M parameters, 1 2 4 replicas
-    .venv/bin/python bench/weight_sync.py --hidden 256 --layers 2 --updates 2
+    .venv/bin/python bench/weight_sync.py --hidden 256 --layers 2 --updates 2 --replicas 1 2
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
-import socket
 import statistics
-import struct
 import sys
 import tempfile
 import time
@@ -30,7 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-TCPI_BYTES_ACKED = 120  # offset of tcpi_bytes_acked in Linux's struct tcp_info
+MiB = 2**20
 
 
 def parse_args(argv=None):
@@ -39,136 +35,95 @@ def parse_args(argv=None):
     p.add_argument("--layers", type=int, default=4)
     p.add_argument("--intermediate", type=int, default=1536)
     p.add_argument("--replicas", type=int, nargs="+", default=[1, 2, 4])
-    p.add_argument("--updates", type=int, default=3, help="measured updates per method and replica count")
-    p.add_argument("--chunk-kib", type=int, default=4096, help="gloo chain chunk size")
+    p.add_argument("--updates", type=int, default=3, help="measured updates per replica count")
+    p.add_argument("--bucket-mib", type=float, default=8.0, help="the transfer's bucket (several per update)")
     p.add_argument("--out", type=Path, default=Path(__file__).parent / "out" / "weight_sync.json")
     return p.parse_args(argv)
 
 
-def tcp_bytes_sent() -> int:
-    """Bytes the kernel counts as sent and acknowledged on this process's open TCP sockets."""
-    total = 0
-    for fd in os.listdir("/proc/self/fd"):
-        try:
-            if not os.readlink(f"/proc/self/fd/{fd}").startswith("socket:"):
-                continue
-            s = socket.socket(fileno=os.dup(int(fd)))
-        except OSError:
-            continue
-        try:
-            if s.family in (socket.AF_INET, socket.AF_INET6) and s.type == socket.SOCK_STREAM:
-                info = s.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 232)
-                if len(info) >= TCPI_BYTES_ACKED + 8:
-                    total += struct.unpack_from("Q", info, TCPI_BYTES_ACKED)[0]
-        except OSError:
-            pass
-        finally:
-            s.close()
-    return total
-
-
-def weights(path: Path, version: int) -> dict:
-    """The model's own tensors, nudged per version (every update changes every byte that matters)."""
+def state_dicts(model_dir: str, n: int) -> list[dict]:
+    """n different sets of the model's weights (each update changes every byte)."""
+    import torch
     from safetensors.torch import load_file
 
-    return {k: v + version * 1e-3 if v.is_floating_point() else v
-            for k, v in load_file(str(path / "model.safetensors")).items()}
+    base = load_file(os.path.join(model_dir, "model.safetensors"))
+    return [{k: v + 0.01 * (i + 1) * torch.randn_like(v) for k, v in base.items()} for i in range(n)]
 
 
-def wait_loaded(client, version: int, n: int, timeout_s: float = 300.0) -> list[tuple]:
-    import ray
-
-    deadline = time.monotonic() + timeout_s
-    while len(rows := [r for r in ray.get(client._store.loads.remote()) if r[1] == version]) < n:
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"{len(rows)} of {n} replicas loaded v{version}")
-        time.sleep(0.01)
-    return rows
-
-
-def measure(client, model: Path, version: int, n: int, method: str) -> dict:
-    client.options.weight_sync = method
-    ws = weights(model, version)
-    tcp0, t0 = tcp_bytes_sent(), time.perf_counter()
-    res = client.publish_weights(version, ws)
-    rows = wait_loaded(client, version, n)
-    wall = time.perf_counter() - t0
-    tcp = tcp_bytes_sent() - tcp0
-    t1 = time.perf_counter()
-    client._publisher.flush()  # a broadcast's object-store copy is put behind it: not on the update's path
-    behind = time.perf_counter() - t1
-    pulls = sum(1 for r in rows if r[2] == "object-store")
-    return {"wall": wall, "publish": res.seconds, "put": res.put_seconds, "bcast": res.broadcast_seconds,
-            "critical": res.put_seconds + max(r[3] for r in rows) if method == "object-store" else res.seconds,
-            "bytes": res.bytes_sent + pulls * res.tensor_bytes, "tcp": tcp, "size": res.tensor_bytes,
-            "method": res.method, "replicas": res.replicas, "put_behind_wait": behind}
-
-
-def run(args) -> list[dict]:
-    import ray
-
+def measure(model_dir: str, backend: str, replicas: int, weights: list[dict], bucket: int) -> dict:
+    """Deploy `replicas` replicas built for `backend`, publish each of `weights`; the per-update figures."""
     from rlscale.rollout.engine import EngineConfig
     from rlscale.rollout.serve import RolloutClient, RolloutOptions
-    from rlscale.trainer.modeling import save_random_model
+    from rlscale.rollout.transfer.buckets import largest_bucket, metas, plan_buckets
+    from rlscale.trainer.transfer.sources import TensorsSource
 
-    tmp = Path(tempfile.mkdtemp(prefix="rlscale-bench-ws-"))
-    model = save_random_model(tmp / "m", seed=0, hidden_size=args.hidden, num_layers=args.layers,
-                              num_heads=args.hidden // 64, head_dim=64, intermediate_size=args.intermediate)
-    ray.init(address="local", num_cpus=2, resources={"rollout": max(args.replicas)}, include_dashboard=False,
-             log_to_driver=False)
     client = RolloutClient.deploy(
-        EngineConfig(model=str(model), kv_cache_bytes=64 * 2**20, max_num_seqs=16),
-        RolloutOptions(app_name="bench-ws", num_replicas=args.replicas[0], sync_chunk_bytes=args.chunk_kib * 1024,
-                       version_wait_s=120.0))
-    rows, version = [], 0
+        EngineConfig(model=model_dir, kv_cache_bytes=64 * MiB, max_num_seqs=16, transfer_backend=backend),
+        RolloutOptions(app_name=f"bench-ws-{backend}-{replicas}", num_replicas=replicas, sync_timeout_s=300,
+                       bucket_bytes=bucket))
     try:
-        for n in args.replicas:
-            client.scale(n)
-            client.wait_replicas(n, timeout_s=900)
-            for method in ("object-store", "auto"):
-                version += 1
-                measure(client, model, version, n, method)  # warm-up; "auto" forms the group for this n
-                for _ in range(args.updates):
-                    version += 1
-                    rows.append({"n": n, **measure(client, model, version, n, method)})
-                    print(f"  n={n} {rows[-1]['method']:12s} {rows[-1]['wall']:.3f} s", flush=True)
+        client.wait_replicas(replicas, timeout_s=900)
+        meta = metas(TensorsSource(weights[0]).metadata())
+        bound = largest_bucket(meta, plan_buckets(meta, bucket))
+        client.publish_weights(1, weights[0])  # forms the group; not measured
+        rows = []
+        for i, w in enumerate(weights[1:], start=2):
+            res = client.publish_weights(i, w)
+            assert res.replicas == replicas, res.describe()
+            recv = list(res.receivers.values())
+            rows.append(dict(seconds=res.seconds, sent=res.bytes_sent, weights=res.tensor_bytes,
+                             received=[r["received"] for r in recv], forwarded=[r["forwarded"] for r in recv],
+                             buffer_peak=max(r["buffer_peak"] for r in recv),
+                             rss_growth=max((r["rss_growth"] or 0) for r in recv)))
+        med = statistics.median
+        return dict(backend=backend, replicas=replicas, bucket=bound, updates=rows,
+                    seconds=med(r["seconds"] for r in rows), weights=rows[0]["weights"],
+                    sent=med(r["sent"] for r in rows), forwarded=med(sum(r["forwarded"]) for r in rows),
+                    buffer_peak=max(r["buffer_peak"] for r in rows), rss_growth=max(r["rss_growth"] for r in rows))
     finally:
         client.shutdown()
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    import ray
+
+    from rlscale.trainer.modeling import save_random_model
+
+    tmp = tempfile.mkdtemp(prefix="bench-ws-")
+    model_dir = str(save_random_model(Path(tmp) / "m", seed=0, hidden_size=args.hidden, num_layers=args.layers,
+                                      num_heads=args.hidden // 64, head_dim=64,
+                                      intermediate_size=args.intermediate))
+    weights = state_dicts(model_dir, args.updates + 1)
+    bucket = int(args.bucket_mib * MiB)
+    ray.init(address="local", num_cpus=2, resources={"rollout": max(args.replicas)}, include_dashboard=False,
+             log_to_driver=False)
+    results = []
+    try:
+        for r in args.replicas:
+            results.append(measure(model_dir, "gloo", r, weights, bucket))
+        results.append(measure(model_dir, "shm", 1, weights, bucket))
+    finally:
+        from ray import serve
+
+        serve.shutdown()
         ray.shutdown()
-    return rows
-
-
-def report(rows: list[dict]) -> None:
-    def med(n, method, key):
-        return statistics.median(r[key] for r in rows if r["n"] == n and r["method"] == method)
-
-    size = rows[0]["size"]
-    print(f"\nweights: {size / 2**20:.1f} MiB per update; medians of the measured updates\n")
-    print(f"{'replicas':>8} {'method':>12} {'s/update':>9} {'ratio':>6} {'crit s':>7} {'ratio':>6} "
-          f"{'learner MiB':>11} {'ratio':>6} {'TCP MiB':>8}")
-    for n in sorted({r["n"] for r in rows}):
-        base = {k: med(n, "object-store", k) for k in ("wall", "critical", "bytes")}
-        for method in ("object-store", "broadcast"):
-            if not any(r["n"] == n and r["method"] == method for r in rows):
-                continue
-            w, c, b, t = (med(n, method, k) for k in ("wall", "critical", "bytes", "tcp"))
-            print(f"{n:>8} {method:>12} {w:>9.3f} {w / base['wall']:>6.2f} {c:>7.3f} {c / base['critical']:>6.2f} "
-                  f"{b / 2**20:>11.1f} {b / base['bytes'] if base['bytes'] else 0:>6.2f} {t / 2**20:>8.1f}")
-    print("\n".join([
-        "",
-        "s/update: publish until every replica holds the version (object store: includes the replicas' 0.25 s poll);",
-        "crit s: object store: put + the slowest replica's fetch and load; broadcast: the publish (stream, load,",
-        "  acks; the object-store copy is put behind it);",
-        "learner MiB: bytes out of the learner's side (broadcast: counted by the sender; object store: size x pulls);",
-        "TCP MiB: measured on this process's TCP sockets (the broadcast's bytes plus Ray's own traffic).",
-    ]))
+    w = results[0]["weights"]
+    print(f"weights {w / MiB:.1f} MiB, bucket {bucket / MiB:.0f} MiB (largest {results[0]['bucket'] / MiB:.1f} MiB), "
+          f"{args.updates} updates each; baseline: the learner sends the weights to every replica (R x W)")
+    print(f"{'backend':>7} {'R':>2} {'s/update':>9} {'learner sent':>13} {'vs R x W':>9} {'forwarded/replica':>18} "
+          f"{'recv buffer peak':>17} {'RSS peak growth':>16}")
+    for x in results:
+        b, r = x["bucket"], x["replicas"]
+        print(f"{x['backend']:>7} {r:>2} {x['seconds']:>9.3f} {x['sent'] / MiB:>9.1f} MiB {x['sent'] / (r * w):>8.2f}x "
+              f"{x['forwarded'] / max(1, r) / MiB:>14.1f} MiB {x['buffer_peak'] / b:>12.2f} bkt "
+              f"{x['rss_growth'] / b:>11.2f} bkt")
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(dict(args={k: str(v) for k, v in vars(args).items()}, results=results,
+                                        at=time.strftime("%Y-%m-%d %H:%M:%S")), indent=1))
+    print(f"wrote {args.out}")
+    return 0
 
 
 if __name__ == "__main__":
-    import json
-
-    args = parse_args()
-    rows = run(args)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(rows, indent=1))
-    report(rows)
+    sys.exit(main())

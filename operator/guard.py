@@ -14,13 +14,11 @@ from .builders import Images
 # Refusal reasons that come from the cluster (its policy, its existing objects, its API server),
 # not from the spec alone: they set the Failed condition, and clear once the cause is gone.
 NOT_ALLOWED = "NotAllowed"
-# A colocated plan runs vLLM in the learner pods; the default learner image (images/trainer) has DeepSpeed
-# and no vLLM, the rollout image vLLM and no DeepSpeed.
+# A colocated plan runs vLLM in the learner pods. Operators before the trainer image carried vLLM
+# refused such a run with the default images (this reason); the default trainer image (images/trainer)
+# now has DeepSpeed and vLLM, so nothing sets it any more. It stays a cluster refusal so that a run an
+# earlier operator failed with it is taken up again (its Failed condition clears) after the upgrade.
 COLOCATED_IMAGE = "ColocatedNeedsImage"
-COLOCATED_IMAGE_MESSAGE = (
-    "the plan is colocated (spec.placement, or auto on this budget): each learner pod runs its rollout engine, "
-    "and the default learner image has no vLLM; set spec.learner.image to an image with both DeepSpeed and "
-    "vLLM (docs/operations.md, \"Colocated rollout\"), or spec.placement: disaggregated")
 NAMESPACE_NOT_ENFORCED = "NamespaceNotEnforced"
 NAME_COLLISION = "NameCollision"
 APPLY_REFUSED = "ApplyRefused"

@@ -7,7 +7,7 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from rlscale.plan import model_shape_for
+from rlscale.plan.placement import TRANSFER_BUCKET_BYTES, ranks_per_pod
 from rlscale.spec import RLRunSpec
 
 from . import constants as C
@@ -16,14 +16,16 @@ from .naming import RunRef, labels, names
 
 
 def object_store_bytes(spec: RLRunSpec) -> int:
-    """Ray object store per node: room for a few published weight versions, 256 MiB at least."""
-    weights = model_shape_for(spec.model).weight_bytes(spec.model.dtype)
-    return int(max(256 * 2**20, 3 * weights))
+    """Ray object store per node: requests, samples and reward batches. Weights never pass through it (they move
+    through vLLM's weight transfer engines), so it does not grow with the model."""
+    return 512 * 2**20
 
 
 def shm_size(spec: RLRunSpec) -> str:
-    """The memory-backed /dev/shm: the object store plus room for torch's shared memory."""
-    return f"{(object_store_bytes(spec) + 512 * 2**20) // 2**20}Mi"
+    """The memory-backed /dev/shm: the object store, one transfer bucket per learner rank of the pod (the shm
+    backend's segments on a cpu node; ipc keeps its buckets in GPU memory), and room for torch's shared memory."""
+    buckets = ranks_per_pod(spec) * TRANSFER_BUCKET_BYTES if spec.hardware.accelerator == "cpu" else 0
+    return f"{(object_store_bytes(spec) + buckets + 512 * 2**20) // 2**20}Mi"
 
 
 def role_resources(role_spec: Any, gpu: bool) -> dict[str, Any]:

@@ -345,9 +345,8 @@ class Controller:
                 o.refusal = (G.NAMESPACE_NOT_ENFORCED, msg)
                 return
         assert o.spec is not None and o.plan is not None
-        if B.colocated(o.plan) and not o.spec.learner.image:
-            o.refusal = (G.COLOCATED_IMAGE, G.COLOCATED_IMAGE_MESSAGE)
-            return
+        # A colocated plan needs no check of its image: the default trainer image runs vLLM too, and
+        # a spec.learner.image of the run's own must (docs/operations.md, "Colocated rollout").
         run = o.run_ref()
         children = B.build_children(run, o.spec, o.plan, o.images)
         if o.spec.scheduling.queue_name:

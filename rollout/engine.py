@@ -36,7 +36,6 @@ if TYPE_CHECKING:
     import torch
 
 log = logging.getLogger(__name__)
-_FALLBACK_SAID: set[str] = set()  # reasons already logged
 
 # raw_logprobs: log-softmax of the model's logits before temperature, top-p or any
 # logits processor, in float32. That is exactly what the learner recomputes
@@ -83,7 +82,10 @@ class EngineConfig:
     # None: eager on CPU (start-up matters more than torch.compile there), CUDA graphs
     # and compilation on GPU (decode throughput at small batches depends on them).
     enforce_eager: bool | None = None
-    multiprocess: bool = False  # True: vLLM's default engine process (path reloads)
+    multiprocess: bool = False  # True: vLLM's default engine process
+    # vLLM's weight transfer backend the driver publishes through (rlscale.rollout.transfer): nccl or ipc on
+    # GPUs, rlscale's gloo or shm stand-ins on CPU; None: no transfer engine (load_weights only).
+    transfer_backend: str | None = None
     extra: dict[str, Any] = field(default_factory=dict)  # more LLM(...) arguments
 
     @classmethod
@@ -161,6 +163,10 @@ def engine_kwargs(config: EngineConfig, on_gpu: bool) -> dict[str, Any]:
         kwargs["kv_cache_memory_bytes"] = config.kv_cache_bytes
     if config.block_size is not None:
         kwargs["block_size"] = config.block_size
+    if config.transfer_backend:
+        from vllm.config.weight_transfer import WeightTransferConfig
+
+        kwargs["weight_transfer_config"] = WeightTransferConfig(backend=config.transfer_backend)
     kwargs.update(config.extra)
     return kwargs
 
@@ -189,6 +195,9 @@ class RolloutEngine:
         self.llm = LLM(**engine_kwargs(config, on_gpu))
         self.on_gpu = on_gpu
         self.asleep = False
+        self.slept_level = 0
+        self._woken: set[str] = set()  # tags woken so far while asleep (a staged wake)
+        self._updating = False
         self.block_size = int(self.llm.llm_engine.vllm_config.cache_config.block_size)
         self.last_update: dict[str, Any] = {}  # the latest load_weights: path and timings
         if warmup:
@@ -213,29 +222,32 @@ class RolloutEngine:
         mode on CPU)."""
         return self.on_gpu and self.config.enable_sleep_mode
 
-    def sleep(self) -> bool:
-        """Colocated placement: hand the GPU to the learner. vLLM's sleep level 1 moves the weights to
-        host memory and discards the KV cache (and with it the prefix cache); generate() and
-        load_weights() refuse until wake_up(). Returns True when the engine sleeps; on CPU, or
-        without enable_sleep_mode, a no-op that returns False."""
+    def sleep(self, level: int = 1) -> bool:
+        """Colocated placement: hand the accelerator to the learner. Level 1 moves the weights to host memory
+        and discards the KV cache (and with it the prefix cache); level 2 discards the weights too (a run
+        whose next step loads new weights anyway: no host copy, no copy back). generate() refuses until
+        wake_up(). Returns True when the engine sleeps; on CPU, or without enable_sleep_mode, a no-op that
+        returns False."""
         if not self.can_sleep:
             return False
         with self._lock:
             if not self.asleep:
-                self.llm.sleep(level=1)
-                self.asleep = True
+                self.llm.sleep(level=level)
+                self.asleep, self.slept_level = True, level
         return True
 
-    def wake_up(self) -> bool:
-        """Take the GPU back: weights return from host memory, the KV cache is allocated again. The
-        colocated order is train -> wake_up() -> load_weights() -> generate() -> sleep(). Returns
-        True when it woke a sleeping engine; False when there was nothing to do (CPU, no sleep mode,
-        or already awake)."""
+    def wake_up(self, tags: list[str] | None = None) -> bool:
+        """Take the accelerator back, all of it (tags None) or in stages: ["weights"] before a weight update
+        lands, then ["kv_cache"] before generating (the colocated order, so the update's buffer and the KV
+        cache are never allocated together). Returns True when it woke something; False when there was
+        nothing to do (CPU, no sleep mode, or awake)."""
         if not (self.can_sleep and self.asleep):
             return False
         with self._lock:
-            self.llm.wake_up()
-            self.asleep = False
+            self.llm.wake_up(tags=tags)
+            self._woken |= set(tags or ("weights", "kv_cache"))
+            if {"weights", "kv_cache"} <= self._woken:
+                self.asleep, self._woken = False, set()
         return True
 
     def _check_awake(self, what: str) -> None:
@@ -293,45 +305,71 @@ class RolloutEngine:
             version = self.version
         return group_samples(outputs, len(prompt_token_ids), copies, version)
 
+    def begin_update(self) -> None:
+        """A weight transfer starts: no generation until end_update() or abort_update() (the lock is held
+        across the transfer's phases, which one thread runs)."""
+        if self.asleep and "weights" not in self._woken:
+            raise RuntimeError("rollout engine: a weight update while the weights sleep; wake_up(['weights']) first")
+        self._lock.acquire()
+        self._updating = True
+
+    def end_update(self, version: int) -> dict[str, Any]:
+        """The transfer finished: caches derived from the old weights go, the version is the new one."""
+        try:
+            self._after_weights(version)
+            return self.transfer_stats()
+        finally:
+            self._release_update()
+
+    def abort_update(self) -> None:
+        """A transfer broke part-way: the weights are a mix, so no request may use them (version -1) until a
+        whole update lands."""
+        self.version = -1
+        self._release_update()
+
+    def _release_update(self) -> None:
+        if self._updating:
+            self._updating = False
+            self._lock.release()
+
+    def _after_weights(self, version: int) -> None:
+        # CPU: a tied LM head computes from a packed copy of the embedding that the reload does not redo.
+        if not self.on_gpu:
+            self.llm.collective_rpc("rlscale_refresh_lm_heads")
+        # The prefix cache holds KV computed with the old weights, and a prompt longer than one block would
+        # silently reuse it.
+        self.llm.reset_prefix_cache()
+        self.version = version
+
+    def transfer_stats(self) -> dict[str, Any]:
+        """The last update's figures on the first worker (bytes received, receive buffers' peak, seconds)."""
+        return self.llm.collective_rpc("rlscale_transfer_stats")[0]
+
     def load_weights(
         self,
         named_tensors: Mapping[str, torch.Tensor] | Iterable[tuple[str, torch.Tensor]],
         version: int,
-        use_plan: bool = True,
     ) -> float:
-        """Copy HF-named weights into the live engine; returns the seconds it took.
-
-        In-process engines take planned in-place copies (RolloutWorkerExtension.
-        rlscale_update_weights) and fall back to vLLM's reload for anything the plan cannot
-        place; `use_plan=False` forces vLLM's reload (the reference in tests and the bench).
-        `last_update` says which path ran and where the time went."""
+        """Load HF-named weights held in this process into the engine with vLLM's own reload (its layerwise
+        reload, what the transfer engines use too); returns the seconds it took. Tests and benches use it
+        for an engine of their own; a run's replicas take weights through rlscale.rollout.transfer."""
         self._check_awake("load_weights")
         self._own_threads()
         items = named_tensors.items() if isinstance(named_tensors, Mapping) else named_tensors
         t0 = time.perf_counter()
         with self._lock:
-            if self.config.multiprocess:
-                # Across the engine-process boundary tensors arrive as nested lists;
-                # going through a safetensors directory is the supported path.
-                why = "multiprocess engine: through a weights directory, not planned copies"
-                if why not in _FALLBACK_SAID:
-                    _FALLBACK_SAID.add(why)
-                    log.warning("weight update: %s", why)
+            if self.config.multiprocess or self.config.tensor_parallel_size > 1:
+                # Across the engine-process boundary tensors arrive as nested lists: a weights directory.
                 self._reload_via_path(items)
-                self.llm.collective_rpc("rlscale_refresh_lm_heads")
-                info: dict[str, Any] = {"path": "directory", "reason": why}
             else:
-                info = self.llm.collective_rpc(
-                    "rlscale_update_weights",
-                    kwargs={"weights": list(_detached(items)), "use_plan": use_plan},
-                )[0]
-            # Always: the prefix cache holds KV computed with the old weights, and a
-            # prompt longer than one block would silently reuse it.
-            self.llm.reset_prefix_cache()
-            self.version = version
+                self.llm.collective_rpc("reload_weights",
+                                        kwargs={"weights_iterator": iter([(n, t.detach()) for n, t in items])})
+            self._after_weights(version)
         seconds = time.perf_counter() - t0
-        self.last_update = {**info, "seconds": seconds}
+        remote = self.config.multiprocess or self.config.tensor_parallel_size > 1
+        self.last_update = {"path": "directory" if remote else "reload", "seconds": seconds}
         return seconds
+
 
     def _reload_via_path(self, items: Iterable[tuple[str, torch.Tensor]]) -> None:
         from safetensors.torch import save_file
@@ -360,34 +398,10 @@ class RolloutWorkerExtension:
     """Methods vLLM mixes into its worker (`worker_extension_cls`), callable by name
     through collective_rpc from this process or across the engine-process boundary."""
 
-    def rlscale_update_weights(self, weights: list, use_plan: bool = True) -> dict[str, Any]:
-        """Load HF-named `weights` in place: planned copies (rollout/weight_plan.py), or
-        vLLM's reload where the plan refuses (said once per reason in the log) or when
-        `use_plan` is false. Returns the path taken and its timings."""
-        from rlscale.rollout.weight_plan import WeightPlan
+    def rlscale_transfer_stats(self) -> dict[str, Any]:
+        stats = getattr(getattr(self, "weight_transfer_engine", None), "stats", None)
+        return stats.as_dict() if stats is not None else {}
 
-        t0 = time.perf_counter()
-        why = "use_plan=False"
-        if use_plan:
-            plan = getattr(self, "_rlscale_weight_plan", None)
-            if plan is None:
-                plan = self._rlscale_weight_plan = WeightPlan(self.get_model(), self.vllm_config)
-            result = plan.apply(weights)
-            if isinstance(result, dict):
-                runner = self.model_runner
-                # As vLLM's reload does: caches derived from the old weights.
-                for reset in ("reset_encoder_cache", "reset_mm_cache"):
-                    if hasattr(runner, reset):
-                        getattr(runner, reset)()
-                return {**result, "worker_s": time.perf_counter() - t0}
-            why = result
-            if why not in _FALLBACK_SAID:
-                _FALLBACK_SAID.add(why)
-                log.warning("weight update: vLLM's reload instead of planned copies: %s", why)
-        self.reload_weights(weights_iterator=iter(weights))
-        heads = self.rlscale_refresh_lm_heads()
-        return {"path": "reload", "reason": why, "repacked_heads": heads,
-                "worker_s": time.perf_counter() - t0}
 
     def rlscale_refresh_lm_heads(self) -> int:
         """Re-derive the LM heads' kernel form from their (possibly tied) weight.
@@ -441,8 +455,8 @@ def group_samples(outputs: Sequence[Any], prompts: int, copies: int, version: in
     return result
 
 
-def _detached(items: Iterable[tuple[str, torch.Tensor]]):
-    # A float32 master copy may feed a bf16 engine: the loaders copy_() into the
-    # parameters, which casts, so no conversion (and no extra copy) here.
-    for name, t in items:
-        yield name, t.detach()
+from rlscale.rollout.transfer import register as _register_transfer_backends  # noqa: E402
+
+# vLLM builds a worker's transfer engine from its factory when the worker loads the model; a worker in its own
+# process (tensor parallelism) imports this module for RolloutWorkerExtension before that, so it registers too.
+_register_transfer_backends()

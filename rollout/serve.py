@@ -24,8 +24,9 @@ from rlscale.metrics_names import ROLLOUT_PREFIX  # noqa: E402
 from rlscale.roles import ROLLOUT_RESOURCE  # noqa: E402
 from rlscale.rollout.engine import EngineConfig, Sample  # noqa: E402
 from rlscale.rollout.placement import ServingState, here, hosting_pods, live, serve_actor_names  # noqa: E402
-from rlscale.rollout.replica_sync import ReplicaSync, WeightStore  # noqa: E402
-from rlscale.rollout.weight_sync import CHUNK_BYTES, Publisher, Sender, SyncResult, group_backend  # noqa: E402
+from rlscale.rollout.replica_sync import WeightStore, wait_for_version  # noqa: E402
+from rlscale.rollout.transfer.buckets import DEFAULT_BUCKET_BYTES  # noqa: E402
+from rlscale.rollout.transfer.control import Member, ReplicaClient, ReplicaCommands  # noqa: E402
 
 log = logging.getLogger(__name__)
 
@@ -93,10 +94,9 @@ class RolloutReplica:
         ray.get(self.store.register.remote(self.replica_id, self.where))
         self.engine = RolloutEngine(engine_config, version=initial_version)
         self.version_wait_s = version_wait_s
-        # Weights from the object store and from the driver's broadcasts (rlscale.rollout.weight_sync).
-        self.sync = ReplicaSync(self)
-        # A replica that starts late must not serve old weights: load the newest now.
-        self._sync(self.engine.version)
+        # Weights arrive through vLLM's weight transfer engines, each phase posted by the driver's publisher
+        # (rlscale.rollout.transfer): this thread carries them out, and sleep/wake of colocated placement.
+        self.commands = ReplicaCommands(self.store, self.replica_id, self.engine, on_version=self._loaded).start()
         self.metrics.weights_version.set(self.engine.version)
         self._metrics_server = None
         # True from the end of construction (engine loaded, newest weights in, registered) until a
@@ -109,14 +109,23 @@ class RolloutReplica:
             self._metrics_server = ProbeServer(metrics_port, registry=self.metrics.registry,
                                                check=lambda: self.serving)
             url = f"http://{ray.util.get_node_ip_address()}:{self._metrics_server.server_port}/metrics"
-        info = {**self.where, "serving": True, "start_version": self.engine.version, "metrics_url": url}
+        # Ready: the next publish includes this replica (a group of the replicas ready then). Until it lands,
+        # the replica holds the model directory's weights, and requests that need newer ones wait.
+        workers = int(self.engine.config.tensor_parallel_size)
+        info = {**self.where, "serving": True, "ready": True, "workers": workers,
+                "start_version": self.engine.version, "version": self.engine.version, "metrics_url": url}
         ray.get(self.store.register.remote(self.replica_id, info))
         self.serving = True
-        self.sync.start()
+
+    def _loaded(self, version: int, stats: dict[str, Any]) -> None:
+        self.metrics.weights_version.set(version)
+        seconds = float((stats or {}).get("seconds") or 0.0)
+        self.metrics.weight_load_seconds.observe(seconds)
+        self.store.loaded.remote(self.replica_id, version, seconds)
 
     def _sync(self, need: int) -> None:
-        """Load the store's newest weights if they are newer than ours; wait for `need`."""
-        self.sync.pull(need, self.version_wait_s)
+        """Wait until this replica holds weights version `need` (the driver's publish brings it)."""
+        wait_for_version(self.engine, need, self.version_wait_s)
 
     async def generate(self, request: dict[str, Any]) -> list[list[Sample]]:
         self.metrics.requests_in_flight.inc()
@@ -175,7 +184,7 @@ class RolloutReplica:
         """Who answered, its weights version, and a hash of its model's parameters (tests compare them)."""
         from rlscale.rollout.replica_sync import model_digest
 
-        with self.sync.lock:
+        with self.engine._lock:
             digest = self.engine.llm.collective_rpc(model_digest)[0]
         return {"replica": self.replica_id, "version": self.engine.version, "digest": digest}
 
@@ -186,8 +195,8 @@ class RolloutReplica:
         # Serve calls this on a graceful stop (scale-down); a crashed replica stays
         # registered, so readers also check that the process lives.
         self.serving = False
-        if getattr(self, "sync", None) is not None:
-            self.sync.stop()
+        if getattr(self, "commands", None) is not None:
+            self.commands.stop()
         server = getattr(self, "_metrics_server", None)
         if server is not None:
             server.shutdown()
@@ -242,13 +251,10 @@ class RolloutOptions:
     # with the same app name and engine settings attaches to the running replicas instead of
     # starting new ones, and its first publish replaces the weights (rlscale sweep's runs).
     keep: bool = False
-    # How published weights reach the replicas (rlscale.rollout.weight_sync): "auto" broadcasts to the weight
-    # group and leaves a replica it cannot reach to the object store, "broadcast" fails the publish instead,
-    # "object-store" has every replica pull its own copy.
-    weight_sync: str = "auto"
-    sync_timeout_s: float = 120.0  # any one wait of a broadcast (a member that died mid-stream)
-    form_timeout_s: float = 30.0  # replicas that do not answer a group's formation by then are left out
-    sync_chunk_bytes: int = CHUNK_BYTES
+    # Weights through vLLM's weight transfer engines (rlscale.rollout.transfer): the backend is the engine
+    # config's transfer_backend; a bucket is the most a receiver holds at once.
+    bucket_bytes: int = DEFAULT_BUCKET_BYTES
+    sync_timeout_s: float = 120.0  # any one phase of a transfer (a member that died mid-update)
 
 
 class RolloutClient:
@@ -259,11 +265,22 @@ class RolloutClient:
             engine_config = asdict(engine_config)
         self.engine_config = dict(engine_config)
         self.options = options or RolloutOptions()
+        if not self.engine_config.get("transfer_backend"):
+            # Disaggregated replicas on this accelerator: nccl on GPUs, its gloo stand-in on CPU.
+            from rlscale.plan.placement import transfer_backend
+
+            self.engine_config["transfer_backend"] = transfer_backend(
+                "gpu" if self.options.num_gpus else "cpu", "disaggregated")
         self._store = None
         self._handle = None
         self._published: int | None = None
-        self._publisher: Publisher | None = None
-        self.last_sync: SyncResult | None = None  # what the newest publish did
+        self._publisher: Any = None  # rlscale.trainer.transfer.publisher.WeightPublisher
+        self._tensors: Any = None  # what publish_weights sends when given tensors, not a source
+        # A sender that can catch a replica up (the driver's publish of the version it holds), called before a
+        # request goes out while a ready replica is behind: a restarted replica would otherwise wait for a
+        # publish that waits for its requests. None where the trainer may be busy (generation ahead).
+        self.on_behind: Any = None
+        self.last_sync: Any = None  # what the newest publish did (its SyncResult)
         self.retries = 0  # requests resent after their replica died
         self.attached = False  # deploy() found a kept app with this engine and used its replicas
         self._retries_lock = threading.Lock()
@@ -431,66 +448,79 @@ class RolloutClient:
                 )
             time.sleep(0.2)
 
-    def publish_weights(self, version: int, named_tensors) -> SyncResult:
-        """Publish `version` (a dict of tensors, or (name, tensor) pairs in any number, e.g. a generator):
-        broadcast to the weight group's replicas as options.weight_sync says, and put in the object store,
-        from which a replica outside the group catches up. Returns what it did (`describe()` for a log)."""
-        if self._published is not None and version <= self._published:
-            raise ValueError(f"weights version {version} is not newer than the published {self._published}; "
+    @property
+    def backend(self) -> str:
+        """The weight transfer backend the replicas' engines were built with (EngineConfig.transfer_backend)."""
+        return str(self.engine_config.get("transfer_backend"))
+
+    def publish_weights(self, version: int, weights: Any, trainer: Any = None) -> Any:
+        """Publish `version` to every ready replica through vLLM's weight transfer engines: `weights` is a vLLM
+        WeightSource (a learner's, re-iterated at every publish), or a dict or (name, tensor) pairs. `trainer`:
+        where the trainer engine runs when not in this process alone (a learner's ranks, for ipc/shm).
+        Versions increase, except that the newest may be sent again (a replica that fell behind catches up).
+        Returns what it did (`describe()` for a log)."""
+        if self._published is not None and version < self._published:
+            raise ValueError(f"weights version {version} is older than the published {self._published}; "
                              "publish increasing versions")
-        o = self.options
-        if self._publisher is not None and self._publisher.mode != o.weight_sync:
-            self.shutdown_sync()  # the mode changed (a bench, a test): build the publisher for the new one
-        if self._publisher is None:
-            sender = None if o.weight_sync == "object-store" else Sender(
-                ray.util.get_node_ip_address(), group_backend(o.num_gpus), o.sync_timeout_s, o.form_timeout_s,
-                o.sync_chunk_bytes)
-            self._publisher = Publisher(o.weight_sync, self._serving_ids,
-                                        lambda a: ray.get(self._store.announce.remote(a)), self._put, sender)
-        self.last_sync = self._publisher.publish(version, named_tensors)
+        from rlscale.trainer.transfer.publisher import LocalTrainer, WeightPublisher
+
+        source = weights if hasattr(weights, "metadata") else None
+        if source is None:
+            from rlscale.trainer.transfer.sources import TensorsSource
+
+            self._tensors = self._tensors or TensorsSource({})
+            self._tensors.items = list(weights.items() if isinstance(weights, Mapping) else weights)
+            source = self._tensors
+        trainer = trainer or (self._publisher.trainer if self._publisher is not None
+                              and self._publisher.trainer.source is source else LocalTrainer(source))
+        if self._publisher is None or self._publisher.trainer is not trainer:
+            self.shutdown_sync()
+            self._publisher = WeightPublisher(self.backend, self._store, self.transfer_members, trainer,
+                                              host=ray.util.get_node_ip_address(),
+                                              bucket_bytes=self.options.bucket_bytes,
+                                              timeout_s=self.options.sync_timeout_s)
+        self.last_sync = self._publisher.publish(version)
         self._published = version
         return self.last_sync
 
+    def transfer_members(self) -> list[Member]:
+        """The replicas a publish sends to: registered, alive and with their engine up."""
+        return [Member(k, int(v.get("workers", 1))) for k, v in live(self._registered(), serve_actor_names()).items()
+                if v.get("ready")]
+
+    def behind(self) -> list[str]:
+        """Ready replicas that hold an older version than the newest published (joined since, or broken)."""
+        if self._published is None:
+            return []
+        reg = live(self._registered(), serve_actor_names())
+        return sorted(k for k, v in reg.items() if v.get("ready") and int(v.get("version", -1)) < self._published)
+
     @property
     def weights_on_device(self) -> bool:
-        """Whether publish_weights takes the tensors best on the learner's accelerator (a NCCL group)."""
-        return self.options.weight_sync != "object-store" and group_backend(self.options.num_gpus) == "nccl"
+        """Whether the trainer's tensors are best on its accelerator: nccl and ipc send from device memory."""
+        return self.backend in ("nccl", "ipc")
 
     def shutdown_sync(self) -> None:
-        """Close the weight group (its store and connections); the next publish forms a new one."""
+        """Close the transfer group (the trainer engine and the replicas' side); the next publish forms one."""
         if self._publisher is not None:
             try:
-                self._publisher.flush()
+                self._publisher.close()
             finally:
-                if self._publisher.sender is not None:
-                    self._publisher.sender.close()
                 self._publisher = None
 
-    def _put(self, version: int, tensors: dict[str, Any]) -> None:
-        ref = ray.put(tensors)
-        ray.get(self._store.publish.remote(version, [ref]))
+    def sleep(self, level: int = 1, timeout_s: float = 300.0) -> None:
+        """Colocated placement: every replica frees its accelerator for training (RolloutEngine.sleep where the
+        engine has it and runs on a GPU; otherwise nothing)."""
+        self._every_replica("sleep", {"level": level}, timeout_s)
 
-    def _serving_ids(self) -> list[str]:
-        return [k for k, v in live(self._registered(), serve_actor_names()).items() if v.get("serving")]
+    def wake_up(self, tags: list[str] | None = None, timeout_s: float = 300.0) -> None:
+        """Undo `sleep`, all of it or the tags given (["weights"] before an update, then ["kv_cache"])."""
+        self._every_replica("wake", {"tags": tags}, timeout_s)
 
-    def sleep(self, timeout_s: float = 300.0) -> None:
-        """Colocated placement: every replica frees its accelerator for training (RolloutEngine.sleep where
-        the engine has it and runs on a GPU; otherwise nothing). Returns once the serving replicas did."""
-        self._set_awake(False, timeout_s)
-
-    def wake_up(self, timeout_s: float = 300.0) -> None:
-        """Undo `sleep` on every replica, before weights are published or prompts generated."""
-        self._set_awake(True, timeout_s)
-
-    def _set_awake(self, awake: bool, timeout_s: float) -> None:
-        ray.get(self._store.set_awake.remote(awake))
-        deadline = time.monotonic() + timeout_s
-        while not set(self._serving_ids()) <= set(ray.get(self._store.awake_acks.remote())):
-            if time.monotonic() > deadline:
-                log.warning("rollout: not every replica carried out %s in %.0f s", "wake_up" if awake else "sleep",
-                            timeout_s)
-                return
-            time.sleep(0.05)
+    def _every_replica(self, op: str, payload: dict[str, Any], timeout_s: float) -> None:
+        members = self.transfer_members()
+        if members:
+            ReplicaClient(self._store, members, timeout_s)._call(op, {m.id: payload for m in members})
 
     @property
     def published_version(self) -> int | None:
@@ -511,6 +541,8 @@ class RolloutClient:
         """Per prompt its samples, generated with weights version >= `version` (default: newest published)."""
         if version is None:
             version = self._published if self._published is not None else self.options.initial_version
+        if self.on_behind is not None and self.behind():
+            self.on_behind()
         prompts = [list(map(int, p)) for p in prompt_token_ids]
         if not prompts:
             return []

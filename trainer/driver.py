@@ -126,6 +126,8 @@ class Driver:
         self.drawn = 0  # batches drawn so far: the trained steps and those generated ahead
         self.producing = Producing(0, 0)  # the batch being produced (its seeds and weights version)
         self._last_ckpt = 0  # the step of the newest checkpoint this process wrote or resumed from
+        self._source: Any = None  # the learner's weights as a WeightSource (publish)
+        self._trainer: Any = None  # the trainer engine on every learner rank, where every rank sends
 
     @classmethod
     def from_config(cls, cfg: RunConfig, learner: Learner, rollout: Rollout, tokenizer: Any,
@@ -204,6 +206,10 @@ class Driver:
         # Replicas start from the model directory; the learner's weights are the truth (a resumed
         # run's differ), so publish them before the first request.
         self.publish()
+        if not int(getattr(self.plan, "staleness", 0) or 0) and hasattr(self.rollout, "on_behind"):
+            # Generating in step with training, the learner is idle whenever a request goes out: a replica that
+            # joined or restarted since the last publish is caught up then instead of waiting for the next one.
+            self.rollout.on_behind = self.publish
         start_eval = self._start_eval() if self.state.step == 0 and spec.target.eval_every else None
         try:
             end = self._loop(start_eval)
@@ -258,7 +264,7 @@ class Driver:
         r, inline = self._next_batch()
         t2 = time.perf_counter()
         n = spec.batch.samples_per_prompt
-        self._rollout_awake(False)  # colocated: the engines give the accelerators to the learner (train phase)
+        self._hand_to_learner()  # colocated: the engines give the accelerators to the learner (train phase)
         batch = RolloutBatch(prompt_ids=[ids for ids in r.prompt_ids for _ in range(n)],
                              response_ids=[s.token_ids for s in r.samples], rewards=r.rewards, samples_per_prompt=n,
                              rollout_logprobs=rollout_logprobs(r.samples),
@@ -267,13 +273,17 @@ class Driver:
         t3 = time.perf_counter()
         skipped = bool(stats.get("skipped"))
         staleness = st.version - r.version
-        self._rollout_awake(True)  # colocated: before the weights land and the next generation (sync phase)
+        self._hand_to_rollout()  # colocated: the weights awake for the update (sync phase)
         if not skipped:
             # The driver owns the weights version: a skipped step left the weights as they
             # were, and republishing them would make every replica reload the same bytes.
             with self.rollout_lock:
                 st.version += 1
                 self.publish()
+        elif self._colocated():
+            with self.rollout_lock:  # level 2 discarded the engines' weights: the same version goes in again
+                self.publish()
+        self._ready_to_generate()
         t4 = time.perf_counter()
         self._done(r)
         phases = {"generate": r.generate_s, "reward": r.reward_s, "train": t3 - t2, "sync": t4 - t3}
@@ -359,32 +369,58 @@ class Driver:
             self.pipeline = None
 
     def publish(self) -> None:
-        """The learner's weights to the replicas as the current version, streamed one parameter at a time
-        where the learner can (iter_weights; a NCCL broadcast takes them on the learner's device); the log
-        says how they travelled ("weights v3 by broadcast to 2 replicas in 0.41 s")."""
-        it = getattr(self.learner, "iter_weights", None)
-        if it is None:
-            weights: Any = self.learner.export_weights()
-        else:
-            on_device = getattr(self.rollout, "weights_on_device", False)
-            weights = it(device=self.learner.device) if on_device else it()
-        try:
-            res = self.rollout.publish_weights(self.state.version, weights)
-        finally:
-            close = getattr(weights, "close", None)
-            if close is not None:  # an unfinished iter_weights still runs its gathers so the followers finish
-                close()
+        """The learner's weights to every ready replica as the current version, through vLLM's weight transfer
+        engines (rlscale.rollout.transfer); the log says how ("weights v3 by gloo to 2 replicas in 0.41 s")."""
+        weights, trainer = self._weight_source()
+        res = self.rollout.publish_weights(self.state.version, weights, **({"trainer": trainer} if trainer else {}))
         if hasattr(res, "describe"):
             log.info(res.describe())
 
-    def _rollout_awake(self, awake: bool) -> None:
-        """Colocated placement: the rollout engines sleep while the learner trains, and wake before weights
-        are published into them and the next generation."""
-        if getattr(self.plan, "placement", "disaggregated") != "colocated":
+    def _weight_source(self) -> tuple[Any, Any]:
+        """(what publish sends, the trainer engine's ranks or None): the learner's weights as a WeightSource,
+        gathered at every publish on the device the backend sends from; every rank sends for ipc/shm on a
+        learner of several ranks. A learner without a DeepSpeed engine (tests) gives its export."""
+        if self._source is None:
+            if getattr(self.learner, "engine", None) is None or not hasattr(self.learner, "iter_weights"):
+                return self.learner.export_weights(), None
+            from rlscale.rollout.transfer import ALL_RANK_BACKENDS
+            from rlscale.trainer.transfer.sources import LearnerRanks, learner_source
+
+            device = str(self.learner.device) if getattr(self.rollout, "weights_on_device", False) else "cpu"
+            if getattr(self.rollout, "backend", "") in ALL_RANK_BACKENDS and self.learner.world_size > 1:
+                self._trainer = LearnerRanks(self.learner, device)
+                self._source = self._trainer.source
+            else:
+                self._source = learner_source(self.learner, device)
+        return self._source, self._trainer
+
+    def _colocated(self) -> bool:
+        return getattr(self.plan, "placement", "disaggregated") == "colocated"
+
+    def _hand_to_learner(self) -> None:
+        """Colocated, before training: the engines sleep (level 2: their weights are replaced after the step
+        anyway, so none is kept in host memory), then the learner reloads the states it offloaded."""
+        if not self._colocated():
             return
-        method = getattr(self.rollout, "wake_up" if awake else "sleep", None)
-        if method is not None:
-            method()
+        self.rollout.sleep(level=2)
+        reload = getattr(self.learner, "reload_states", None)
+        if reload is not None:
+            reload()
+
+    def _hand_to_rollout(self) -> None:
+        """Colocated, after training: the learner offloads its states and empties the allocator's cache, the
+        engines wake their weights for the update (the KV cache waits until it has landed)."""
+        if not self._colocated():
+            return
+        offload = getattr(self.learner, "offload_states", None)
+        if offload is not None:
+            offload()
+        self.rollout.wake_up(["weights"])
+
+    def _ready_to_generate(self) -> None:
+        """Colocated: the KV cache back once the weights are in (after the publish, or a skipped step's none)."""
+        if self._colocated():
+            self.rollout.wake_up(["kv_cache"])
 
     def _score(self, problems: list[Problem], n: int, texts: list[str], finished: list[bool]) -> list[float]:
         reward, t = self.task.reward, self.spec.task

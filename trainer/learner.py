@@ -24,13 +24,14 @@ from rlscale.trainer.learner_config import LearnerConfig, ValueModel, enable_gra
 from rlscale.trainer.logprobs import response_logprobs
 from rlscale.trainer.noise import NoiseScale, boundary_pair, in_batch_samples, local_grad_sq, partition_grad_sq
 from rlscale.trainer.objectives import objective_for
+from rlscale.trainer.transfer.ranks import TransferRanks
 from rlscale.trainer.updates import Norm, Updates
 from rlscale.trainer.weights_export import BUCKET_BYTES, gather_weights
 
 log = logging.getLogger(__name__)
 
 
-class Learner(Updates):
+class Learner(Updates, TransferRanks):
     """One DeepSpeed rank of the policy (and critic, for PPO); see the module docstring."""
 
     def __init__(self, config: LearnerConfig):

@@ -6,7 +6,7 @@ tests plug in fakes. Only what the loop calls is here.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -34,16 +34,16 @@ class Rollout(Protocol):
         """Samples grouped prompt by prompt, generated with weights of at least `version`."""
         ...
 
-    def publish_weights(self, version: int, named_tensors: Mapping[str, Any] | Iterable[tuple[str, Any]]) -> Any:
-        """Weights version `version` to every replica (by broadcast, else the object store); the result
-        says how (rlscale.rollout.weight_sync.SyncResult)."""
+    def publish_weights(self, version: int, weights: Any) -> Any:
+        """Weights version `version` to every ready replica: `weights` a vLLM WeightSource (the learner's) or
+        named tensors; the result says how (rlscale.trainer.transfer.publisher.SyncResult)."""
         ...
 
-    def sleep(self) -> Any:
+    def sleep(self, level: int = 1) -> Any:
         """Colocated: the engines free the accelerator while the learner trains (a no-op on CPU)."""
         ...
 
-    def wake_up(self) -> Any: ...
+    def wake_up(self, tags: list[str] | None = None) -> Any: ...
 
     def scale(self, num_replicas: int) -> Any:
         """Ask for `num_replicas`: a scale-down returns once the removed replicas drained, a scale-up at

@@ -166,11 +166,13 @@ def rollout_engine_config(cfg: RunConfig):
     """The rollout replicas' EngineConfig from the spec and the plan. On a GPU accelerator: one replica's
     rollout.gpusPerReplica GPUs as vLLM tensor parallelism, the memory share the planner assumed, and
     sleep mode when the rollout is colocated with the learner. On accelerator cpu none of them applies."""
+    from rlscale.plan.placement import transfer_backend
     from rlscale.rollout.engine import EngineConfig
 
     spec = cfg.spec
+    backend = transfer_backend(spec.hardware.accelerator, rollout_placement(spec, cfg.plan))
     engine = EngineConfig(model=str(cfg.model_dir), dtype=spec.model.dtype, max_model_len=spec.model.max_length,
-                          seed=cfg.seed)
+                          seed=cfg.seed, transfer_backend=backend)
     if spec.hardware.accelerator != "cpu":
         engine.tensor_parallel_size = engine_gpus(cfg)
         engine.gpu_memory_utilization = rollout_memory_utilization(spec, cfg.plan)
@@ -198,7 +200,7 @@ def connect_rollout(cfg: RunConfig):
     return RolloutClient.deploy(engine, RolloutOptions(
         app_name=kept or f"rollout-{cfg.run}", num_replicas=cfg.the_plan().rollout_replicas, keep=bool(kept),
         metrics_port=environment(cfg).replica_metrics_port(cfg),
-        num_gpus=float(engine_gpus(cfg)), weight_sync=cfg.spec.rollout.weight_sync))
+        num_gpus=float(engine_gpus(cfg))))
 
 
 def drive(cfg: RunConfig, learner, client=None, probe=None) -> int:

@@ -2,15 +2,15 @@
 # Builds the rlscale images on this machine, without a registry, idempotently:
 #   1. the pinned Debian bookworm root filesystems (hack/images/base.sh, mmdebstrap), imported
 #      as localhost/rlscale/base{,-dev}:<key>;
-#   2. images/torch (the shared heavy layer), then images/trainer, images/rollout and
-#      images/operator, with podman build; the host's ~/.cache/uv is bound into every RUN, so
+#   2. images/torch (the shared heavy layer: torch and vLLM), then images/trainer,
+#      images/rollout and images/operator, with podman build; the host's ~/.cache/uv is bound into every RUN, so
 #      installs come from the same cache (and the same requirements/constraints.txt) as .venv.
 # The names are in hack/images/tags.env. A run whose inputs (Dockerfiles, requirements, the
 # rlscale sources, these scripts) hash as the last successful one did, and whose images are
 # all still there, returns at once; after a change podman's layer cache rebuilds only the
 # layers below the change. Installs podman/mmdebstrap/runc from Debian when missing.
-# Usage: hack/images/build.sh [cpu|gpu]   (gpu: the GPU variants, for a machine that has the
-#        network to fetch vllm's CUDA wheels; the test cluster uses cpu, the default)
+# Usage: hack/images/build.sh [cpu|gpu]   (gpu: the GPU variants, torch's and vllm's CUDA 13
+#        wheels from PyPI, ~10 GB more in ~/.cache/uv; the test cluster uses cpu, the default)
 set -euo pipefail
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 ROOT="$(cd "$HERE/../.." && pwd)"

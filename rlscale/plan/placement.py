@@ -62,6 +62,11 @@ TRANSFER_BACKENDS = {
 }
 
 
+# The most a weight update holds at once on a receiver (a bucket of parameters, cut at layer boundaries), and
+# what the shm stand-in keeps in /dev/shm per learner rank.
+TRANSFER_BUCKET_BYTES = 512 * 2**20
+
+
 def transfer_backend(accelerator: str, placement: str) -> str:
     """The weight transfer backend of a placement: nccl or ipc on a GPU, gloo or shm on cpu."""
     kind = "cpu" if accelerator == "cpu" else "gpu"

@@ -422,12 +422,18 @@ class RolloutSpec(_RoleSpec):
     gpu_memory_utilization: float | None = Field(None, gt=0, le=1, description="Share of each GPU's memory the "
                                                  "engine takes (weights + KV cache), what the planner's memory check "
                                                  "assumes too. Unset: the plan's (0.9 disaggregated, less colocated).")
-    weight_sync: Literal["auto", "broadcast", "object-store"] = Field(
-        "auto", description="How new weights reach the engines: broadcast (one process group between learner rank "
-        "0 and every engine worker, NCCL on GPU and gloo on CPU; the learner sends each byte once whatever the "
-        "replica count), object-store (Ray's object store, each replica pulls its copy from rank 0's node), or auto: "
-        "broadcast, and the object store for a replica that cannot join the group (it joined late, or the group "
-        "failed).")
+    weight_sync: Literal["auto"] = Field(
+        "auto", description="How new weights reach the engines: vLLM's weight transfer engines, the backend "
+        "following spec.placement (nccl disaggregated, ipc colocated on GPUs; rlscale's gloo and shm stand-ins on "
+        "cpu), one bucket at a time per receiver. auto is the only value; broadcast and object-store are gone.")
+
+    @field_validator("weight_sync", mode="before")
+    @classmethod
+    def _weight_sync_gone(cls, v):
+        if v in ("broadcast", "object-store"):
+            raise ValueError(f"{v!r} is no longer a way weights travel: they move through vLLM's weight transfer "
+                             "engines, the backend following spec.placement; use auto or leave the field out")
+        return v
 
 
 class LearnerSpec(_RoleSpec):

@@ -93,7 +93,9 @@ def run_ro(ref: str, *cmd: str, timeout: float = 120) -> subprocess.CompletedPro
 
 
 @pytest.mark.parametrize("key,check", [
-    ("RLSCALE_TRAINER_IMAGE", "import torch, deepspeed, ray, transformers, rlscale.trainer.entrypoint"),
+    # The trainer runs the colocated vLLM engine too.
+    ("RLSCALE_TRAINER_IMAGE", "import torch, deepspeed, vllm, ray.serve, transformers, rlscale.trainer.entrypoint, "
+                              "rlscale.rollout.serve"),
     ("RLSCALE_ROLLOUT_IMAGE", "import torch, vllm, ray.serve, rlscale.rollout.entrypoint"),
 ])
 def test_cpu_images_import_their_role_read_only(inspect, key, check):
@@ -103,6 +105,14 @@ def test_cpu_images_import_their_role_read_only(inspect, key, check):
             "--entrypoint", "python", TAGS[key], "-c",
             f"{check}; import shutil; assert shutil.which('g++') and shutil.which('gcc'); print('ok')")
     assert r.returncode == 0 and r.stdout.strip().endswith("ok"), r.stdout + r.stderr
+
+
+def test_smoke_the_cpu_images_refuse_a_gpu_run_without_a_gpu(inspect):
+    """hack/images/smoke.sh, which the GPU variant's build is checked with too (docs/gpu.md)."""
+    r = subprocess.run(["bash", str(HACK / "smoke.sh"), "cpu"], capture_output=True, text=True, timeout=900)
+    assert r.returncode == 0, r.stdout + r.stderr
+    for role in ("learner", "rollout"):
+        assert f"rlscale {role} refuses without a GPU (exit 2)" in r.stdout, r.stdout
 
 
 @pytest.fixture(scope="module")

@@ -47,6 +47,7 @@ EXAMPLE = REPO / "examples/quickstart-k8s.yaml"
 ROLLOUT_REPLICAS, LEARNER_PODS, RANKS_PER_POD = 2, 2, 2
 WORLD_SIZE = LEARNER_PODS * RANKS_PER_POD
 NS = "quickstart-e2e"
+BY_GLOO = f"by gloo to {ROLLOUT_REPLICAS} replicas"
 # The run's namespace enforces the `restricted` Pod Security profile: a pod of the run that
 # asked for more (root, a capability, a writable root filesystem...) would be refused.
 PSS = {"pod-security.kubernetes.io/enforce": "restricted", "pod-security.kubernetes.io/warn": "restricted"}
@@ -135,12 +136,13 @@ def get(kubectl, kind: str, name: str | None = None, ns: str = NS, selector: str
 
 
 def quickstart_at_scale(example: Path = EXAMPLE) -> dict:
-    """The example's RLRun with 2 rollout replicas, 2 learner pods of 2 ranks and broadcast weights,
-    on rollout pods of their own (placement pinned: the planner's `auto` could colocate)."""
+    """The example's RLRun with 2 rollout replicas, 2 learner pods of 2 ranks and weights through vLLM's
+    weight transfer protocol (the gloo stand-in for nccl), on rollout pods of their own (placement pinned:
+    the planner's `auto` could colocate)."""
     run = yaml.safe_load(example.read_text())
     spec = run["spec"]
     spec["placement"] = "disaggregated"
-    spec["rollout"].update(replicas=ROLLOUT_REPLICAS, weightSync="broadcast")
+    spec["rollout"].update(replicas=ROLLOUT_REPLICAS)
     spec["learner"].update(replicas=LEARNER_PODS, ranksPerReplica=RANKS_PER_POD)
     spec["export"] = {"hf": True}  # the finished run's weights as a Hugging Face directory on the claim
     return run
@@ -159,7 +161,7 @@ CLAIMS = "the run's namespace and claims"
 PROMETHEUS = "Prometheus ready"
 PODS = "the run's pods Running"
 FIRST_STEP = "the first step in status"
-LEARNER_LOG = "rank 0's log read (world size, weights by broadcast)"
+LEARNER_LOG = "rank 0's log read (world size, weights by gloo to both replicas)"
 PROGRESS = "steps progressing in status"
 ENDED = "the run ended"
 FREED = "the run's workloads at zero and pods gone"
@@ -282,8 +284,8 @@ class QuickstartRun:
         def said():
             out = self.kubectl("logs", pod, "-c", C.ROLE_LEARNER, "-n", NS, check=False)
             self.facts.learner_log = out.stdout if out.returncode == 0 else self.facts.learner_log
-            return f"of {WORLD_SIZE} ready" in self.facts.learner_log and "by broadcast" in self.facts.learner_log
-        wait("rank 0's log to name the world size and a broadcast", said, 120, 2)
+            return f"of {WORLD_SIZE} ready" in self.facts.learner_log and BY_GLOO in self.facts.learner_log
+        wait("rank 0's log to name the world size and a publish to both replicas", said, 120, 2)
 
     def steps_progress(self) -> None:
         steps_seen = {self.first}
@@ -361,13 +363,13 @@ class TestQuickstart:
     def test_steps_progress_in_status(self, quickstart):
         quickstart.steps.require(FIRST_STEP, PROGRESS)
 
-    def test_two_learner_pods_of_two_ranks_train_as_a_world_of_four_with_weights_by_broadcast(self, quickstart):
+    def test_two_learner_pods_of_two_ranks_train_as_a_world_of_four_with_weights_to_both_replicas(self, quickstart):
         if not quickstart.learner_log:
             quickstart.steps.require(LEARNER_LOG)
         log = quickstart.learner_log
         assert f"rank 0 of {WORLD_SIZE} ready" in log, log[-3000:]
         assert f"rank 1 of {WORLD_SIZE} ready" in log, log[-3000:]  # pod 0's second rank, same container
-        assert "by broadcast" in log, log[-3000:]
+        assert BY_GLOO in log, log[-3000:]  # vLLM's protocol, one group with both replicas' workers
         quickstart.steps.require(PODS)
         assert quickstart.pod_counts[C.ROLE_LEARNER] == LEARNER_PODS
         assert quickstart.pod_counts[C.ROLE_ROLLOUT] == ROLLOUT_REPLICAS

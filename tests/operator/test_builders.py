@@ -138,11 +138,12 @@ def test_plugin_volume_reaches_the_learners_read_only_and_is_named_to_the_reward
     assert all(v["name"] != "plugins" for v in learner["spec"]["template"]["spec"]["volumes"])
 
 
-def test_every_pod_has_a_memory_backed_shm_sized_for_the_object_store():
+def test_every_pod_has_a_memory_backed_shm_sized_for_the_object_store_not_for_the_model():
     kids = B.build_children(RUN, spec(model={"path": "Qwen/Qwen2.5-7B", "dtype": "bfloat16"}), PLAN)
     cfg = json.loads(kids[0]["data"][C.CONFIG_KEY])
-    # 7.6B bf16 weights are ~15 GB: the store holds a few versions, /dev/shm holds the store.
-    assert cfg["object_store_bytes"] > 3 * 15e9
+    # 7.6B bf16 weights are ~15 GB, and none passes through the object store any more (vLLM's weight transfer
+    # engines move them): a pod's memory-backed /dev/shm must not ask for copies of the model.
+    assert 256 * 2**20 <= cfg["object_store_bytes"] < 15e9 / 4
     for m in kids:
         pod = m.get("spec", {}).get("template", {}).get("spec")
         if pod:

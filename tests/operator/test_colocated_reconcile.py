@@ -22,18 +22,38 @@ from tests.operator.test_reconcile import (  # noqa: F401  (fixtures)
     workload,
 )
 
-IMAGE = "registry.example/rlscale/colocated:1"  # an image with DeepSpeed and vLLM
+IMAGE = "registry.example/rlscale/colocated:1"  # an image of the run's own with DeepSpeed and vLLM
 
-def test_a_colocated_run_without_an_image_for_both_is_refused_until_the_spec_names_one(fake, ctl):  # noqa: F811
+
+def test_a_colocated_run_with_the_default_images_runs_the_chart_trainer_image(fake, ctl):  # noqa: F811
+    """The default trainer image carries vLLM as well as DeepSpeed (images/torch, images/trainer), so a
+    colocated run that names no image is not refused: its learner pods run the chart's trainer image."""
     create(fake, placement="colocated", budget={"gpus": 8})
     ctl.reconcile(NS, RUN, "create")
-    failed = cond(fake, C.COND_FAILED)
-    assert failed["status"] == "True" and failed["reason"] == G.COLOCATED_IMAGE
-    assert "spec.learner.image" in failed["message"]
-    assert workload(fake, C.ROLE_LEARNER) is None
-    fake.patch(RLRUN_API, C.RLRUN_KIND, NS, RUN, {"spec": {"learner": {"image": IMAGE}}})
+    assert Plan.from_dict(rlrun(fake)["status"]["plan"]).placement == "colocated"
+    assert cond(fake, C.COND_FAILED).get("status") != "True", cond(fake, C.COND_FAILED)
+    sts = workload(fake, C.ROLE_LEARNER)
+    assert sts["spec"]["template"]["spec"]["containers"][0]["image"] == C.DEFAULT_TRAINER_IMAGE
+    assert workload(fake, C.ROLE_ROLLOUT) is None
+
+
+def test_a_run_an_earlier_operator_refused_for_its_colocated_image_is_taken_up_again(fake, ctl):  # noqa: F811
+    """Operators before the trainer image had vLLM failed such a run with ColocatedNeedsImage; that
+    reason is still a cluster refusal, so after the upgrade the run clears and starts."""
+    create(fake, placement="colocated", budget={"gpus": 8})
+    fake.patch(RLRUN_API, C.RLRUN_KIND, NS, RUN, {"status": {"conditions": [
+        {"type": C.COND_FAILED, "status": "True", "reason": G.COLOCATED_IMAGE,
+         "message": "the default learner image has no vLLM", "lastTransitionTime": "2026-01-01T00:00:00Z"}]}})
     ctl.reconcile(NS, RUN, "update")
     assert cond(fake, C.COND_FAILED)["status"] == "False"
+    assert workload(fake, C.ROLE_LEARNER)["spec"]["template"]["spec"]["containers"][0]["image"] \
+        == C.DEFAULT_TRAINER_IMAGE
+
+
+def test_a_colocated_run_keeps_the_learner_image_its_spec_names(fake, ctl):  # noqa: F811
+    create(fake, placement="colocated", budget={"gpus": 8}, learner={"image": IMAGE})
+    ctl.reconcile(NS, RUN, "create")
+    assert cond(fake, C.COND_FAILED).get("status") != "True"
     assert workload(fake, C.ROLE_LEARNER)["spec"]["template"]["spec"]["containers"][0]["image"] == IMAGE
 
 

@@ -122,7 +122,7 @@ class FakeLLM:
         self.calls.append(f"sleep{level}")
 
     def wake_up(self, tags=None):
-        self.calls.append("wake")
+        self.calls.append("wake" + ("" if tags is None else ":" + ",".join(tags)))
         return True
 
 
@@ -133,6 +133,7 @@ def _bare_engine(on_gpu: bool, sleep_mode: bool) -> RolloutEngine:
     eng = RolloutEngine.__new__(RolloutEngine)
     eng.config = EngineConfig(model="m", enable_sleep_mode=sleep_mode)
     eng.llm, eng.on_gpu, eng.asleep, eng._lock, eng.version = FakeLLM(), on_gpu, False, threading.Lock(), 0
+    eng._woken, eng._updating, eng.slept_level = set(), False, 0
     return eng
 
 
@@ -147,6 +148,21 @@ def test_sleep_and_wake_call_vllm_level_1_once_on_gpu():
         eng.load_weights({}, version=1)
     assert eng.wake_up() is True and not eng.asleep
     assert eng.llm.calls == ["sleep1", "wake"]
+
+
+def test_level_2_wakes_the_weights_for_an_update_before_the_kv_cache():
+    eng = _bare_engine(on_gpu=True, sleep_mode=True)
+    assert eng.sleep(level=2) is True and eng.slept_level == 2
+    with pytest.raises(RuntimeError, match="wake_up"):
+        eng.begin_update()  # the weights sleep: an update has nowhere to land
+    assert eng.wake_up(["weights"]) is True and eng.asleep  # the KV cache still sleeps
+    with pytest.raises(RuntimeError, match="wake_up"):
+        eng.generate([[1, 2]])
+    eng.begin_update()
+    eng.abort_update()  # a broken update: no request may use the weights
+    assert eng.version == -1 and not eng._lock.locked()
+    assert eng.wake_up(["kv_cache"]) is True and not eng.asleep
+    assert eng.llm.calls == ["sleep2", "wake:weights", "wake:kv_cache"]
 
 
 @pytest.mark.parametrize("on_gpu,sleep_mode", [(False, True), (True, False), (False, False)])
@@ -169,16 +185,22 @@ def test_tensor_parallel_2_on_vllm_cpu_generates_and_updates_like_transformers(m
     assert r["after"] == r["expected_after"] and r["version"] == 2
     assert r["logprob_error"] < 1e-4
     assert r["slept"] is False and r["woke"] is False  # no sleep mode on CPU
-    # the planned in-place copies refuse sharded weights: vLLM's reload places them on each shard
-    assert r["path"] == "reload" and "parallel" in r["reason"]
+    # The second update came through a gloo group of the trainer and both TP workers, each its own rank: each
+    # received every bucket along the chain (worker 0 forwarded them to worker 1) and loaded its own shard.
+    assert r["received"] == r["sent"] > 0 and r["forwarded"] == r["sent"]
+    assert r["after_gloo"] == r["expected_before"] and r["gloo_version"] == 3
 
 
 def _tp_check(old_dir: str, new_dir: str) -> None:
     sys.path.insert(0, str(Path(__file__).parent))
     from conftest import KV_CACHE_BYTES, decisive_state_dict, hf_greedy, hf_model, max_logprob_error
 
+    from rlscale.rollout.transfer.control import ReplicaCommands
+    from rlscale.trainer.transfer.gloo_trainer import GlooTrainerInitInfo, GlooTrainerWeightTransferEngine
+    from rlscale.trainer.transfer.sources import TensorsSource
+
     engine = RolloutEngine(EngineConfig(model=old_dir, kv_cache_bytes=KV_CACHE_BYTES, tensor_parallel_size=2,
-                                        enable_sleep_mode=True))
+                                        enable_sleep_mode=True, transfer_backend="gloo"))
     prompt = [1] + [4 + (i * 7) % 13 for i in range(engine.block_size + 20)]
     old, new = decisive_state_dict(old_dir, seed=0), decisive_state_dict(new_dir, seed=1)
     engine.load_weights(old, version=1)
@@ -186,13 +208,32 @@ def _tp_check(old_dir: str, new_dir: str) -> None:
     slept, woke = engine.sleep(), engine.wake_up()
     engine.load_weights(new, version=2)
     after = engine.generate([prompt], temperature=0.0, max_new_tokens=16)[0][0]
+    # vLLM's protocol from this process: the replica's side of each phase is what a Serve replica runs.
+    replica = ReplicaCommands(None, "tp2", engine)
+
+    class Client:
+        version = 3
+        init_weight_transfer_engine = staticmethod(lambda info: replica.run("init", info))
+        start_weight_update = staticmethod(lambda: replica.run("start", None))
+        update_weights = staticmethod(lambda info: replica.run("update", info))
+
+        def finish_weight_update(self, weight_version=None):
+            self.stats = replica.run("finish", {"version": self.version})
+
+    client = Client()
+    trainer = GlooTrainerWeightTransferEngine.trainer_init(
+        GlooTrainerInitInfo(rank=0, world_size=3, bucket_bytes=64 * 1024, timeout_s=120), client=client,
+        source=TensorsSource(old))
+    trainer.send_weights()
+    after_gloo = engine.generate([prompt], temperature=0.0, max_new_tokens=16)[0][0]
     model = hf_model(new, new_dir)
     print("RESULT " + json.dumps({
         "tp": engine.llm.llm_engine.vllm_config.parallel_config.tensor_parallel_size,
         "before": before.token_ids, "expected_before": hf_greedy(hf_model(old, old_dir), prompt, 16, 2),
         "after": after.token_ids, "expected_after": hf_greedy(model, prompt, 16, 2), "version": after.weights_version,
         "logprob_error": max_logprob_error(model, prompt, after), "slept": slept, "woke": woke,
-        "path": engine.last_update.get("path"), "reason": engine.last_update.get("reason", ""),
+        "after_gloo": after_gloo.token_ids, "gloo_version": after_gloo.weights_version, "sent": trainer.last.bytes,
+        "received": client.stats["received"], "forwarded": client.stats["forwarded"],
     }), flush=True)
     engine.close()
 
