@@ -1,5 +1,5 @@
-"""What the operator checks before it creates anything for a run, as pure functions: the cluster
-admin's allowlists (images, runtime and priority classes), the namespace's Pod Security label, and
+"""What the operator checks before it creates anything for a run, as pure functions: the images its pods
+run (which the cluster admin's policy checks, operator/policy.py), the namespace's Pod Security label, and
 that no object the run would own already exists under another owner. Each returns the refusal's
 message (None: allowed); operator/reconcile.py turns it into the run's Failed condition."""
 
@@ -9,7 +9,6 @@ from typing import Any
 
 from rlscale.spec import RLRunSpec
 
-from . import constants as C
 from .builders import Images
 
 # Refusal reasons that come from the cluster (its policy, its existing objects, its API server),
@@ -27,13 +26,6 @@ CLUSTER_REFUSALS = frozenset({NOT_ALLOWED, NAMESPACE_NOT_ENFORCED, NAME_COLLISIO
 PSA_ENFORCE = "pod-security.kubernetes.io/enforce"
 
 
-def _allowed(what: str, field: str, value: str, allowed: tuple[str, ...], chart_value: str, prefix: bool) -> str:
-    kind = "start with one of" if prefix else "be one of"
-    return (f"{field} is {value!r}, which this cluster does not allow: {what} must {kind} "
-            f"{', '.join(repr(a) for a in allowed)}; use one of those, or ask the cluster admin to add it to "
-            f"the rlscale chart value {chart_value}")
-
-
 def images(spec: RLRunSpec, defaults: Images) -> list[tuple[str, str]]:
     """(field, image) of every container the run's pods run: the spec's, else the chart's default."""
     learner = ("spec.learner.image", spec.learner.image) if spec.learner.image else \
@@ -42,29 +34,6 @@ def images(spec: RLRunSpec, defaults: Images) -> list[tuple[str, str]]:
         ("spec.rollout.image (unset: the chart value runImages.rollout)", defaults.rollout)
     # The Ray head runs the learner's image.
     return [learner, rollout]
-
-
-def policy_refusal(spec: RLRunSpec, defaults: Images, image_prefixes: tuple[str, ...],
-                   runtime_classes: tuple[str, ...], priority_classes: tuple[str, ...]) -> str | None:
-    """What of the run the admin's allowlists (empty: anything) do not allow, or None."""
-    if image_prefixes:
-        for field, image in images(spec, defaults):
-            if not image.startswith(image_prefixes):
-                return _allowed("images", field, image, image_prefixes, "policy.imagePrefixes", True)
-    if runtime_classes:
-        for role in (C.ROLE_ROLLOUT, C.ROLE_LEARNER):
-            rc = getattr(spec, role).pod.runtime_class_name
-            if rc and rc not in runtime_classes:
-                return _allowed("runtime classes", f"spec.{role}.pod.runtimeClassName", rc, runtime_classes,
-                                "policy.runtimeClassNames", False)
-    if priority_classes:
-        asked = [("spec.scheduling.priorityClassName", spec.scheduling.priority_class_name)]
-        asked += [(f"spec.{role}.pod.priorityClassName", getattr(spec, role).pod.priority_class_name)
-                  for role in (C.ROLE_ROLLOUT, C.ROLE_LEARNER)]
-        for field, pc in asked:
-            if pc and pc not in priority_classes:
-                return _allowed("priority classes", field, pc, priority_classes, "policy.priorityClassNames", False)
-    return None
 
 
 def namespace_refusal(namespace: str, ns_obj: dict[str, Any] | None) -> str | None:

@@ -29,6 +29,10 @@ _OWNED = {C.LABEL_MANAGED_BY: C.MANAGED_BY}
 TRANSIENT_API_STATUS = (409, 429, 500, 503, 504)
 # kopf names an index by its handler's id; handlers get each index as a keyword of that name.
 INDEX_PODS, INDEX_DEPLOYMENTS, INDEX_STATEFULSETS = "run_pods", "run_deployments", "run_statefulsets"
+# A run's pass that raised is retried after RETRY_BASE_S, doubling per failure of that run in a row up to
+# RETRY_CAP_S: one run that fails every pass (a status the API server refuses, say) costs one pass per
+# 5 minutes, not one per 2 s, and a transient error still clears within seconds.
+RETRY_BASE_S, RETRY_CAP_S = 2.0, 300.0
 # What refused a run, as the RLRun handlers report it to kopf (which posts it as an Event).
 _REFUSED = {"SpecInvalid": "invalid spec: ", "PlanFailed": "cannot plan: "}
 
@@ -43,6 +47,12 @@ class Handlers:
     def __init__(self, controller: Controller, settings: OperatorSettings):
         self.controller = controller
         self.settings = settings
+        self._failures: dict[tuple[str, str], int] = {}  # (namespace, run) -> passes in a row that raised
+
+    def retry_delay(self, namespace: str, name: str) -> float:
+        """Count one more failed pass of the run; the pause before kopf tries it again."""
+        n = self._failures[(namespace, name)] = self._failures.get((namespace, name), 0) + 1
+        return min(RETRY_BASE_S * 2 ** (n - 1), RETRY_CAP_S)
 
     def register(self, registry: kopf.OperatorRegistry) -> None:
         """Every handler and index, with explicit ids: kopf keeps a handler's progress under its id on
@@ -97,9 +107,15 @@ class Handlers:
     # ------------------------------------------------------------ the RLRun
 
     def reconcile_rlrun(self, name: str, namespace: str, body: Any, reason: Any, memo: Any, **kw: Any) -> None:
-        """Spec created, changed, or seen again at start-up: plan and converge the children."""
-        o = self.controller.reconcile(namespace, name, str(getattr(reason, "value", reason)), body=plain(body),
-                                      observer=_observer(kw), memo=memo)
+        """Spec created, changed, or seen again at start-up: plan and converge the children. A pass that
+        raises is retried after a pause that grows per run (retry_delay)."""
+        try:
+            o = self.controller.reconcile(namespace, name, str(getattr(reason, "value", reason)), body=plain(body),
+                                          observer=_observer(kw), memo=memo)
+        except Exception as exc:
+            delay = self.retry_delay(namespace, name)
+            raise kopf.TemporaryError(f"{type(exc).__name__}: {exc}"[:500], delay=delay) from exc
+        self._failures.pop((namespace, name), None)
         # The cluster's refusals (its policy, an object in the way) are Failed with an Event of the
         # controller's own, and the progress timer tries again: kopf is not to give up on the run.
         if o is not None and o.refusal is not None and o.refusal[0] not in G.CLUSTER_REFUSALS:
@@ -111,6 +127,7 @@ class Handlers:
         remembers of the run are ours to drop."""
         M.forget(namespace, name)
         self.controller.forget(namespace, name)
+        self._failures.pop((namespace, name), None)
 
     def progress_timer(self, name: str, namespace: str, body: Any, memo: Any, **kw: Any) -> None:
         """Every progressInterval: fold the learner's progress report into status, re-plan from its

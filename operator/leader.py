@@ -7,7 +7,9 @@ clocks need not agree between nodes, only tick at the same rate), or when the ho
 Every write is conditional on the resourceVersion it read, so of two candidates racing for an
 expired Lease one wins and the other gets a 409. A holder that cannot renew for `renew_deadline_s`
 (less than `lease_s`) stops reconciling before anyone else may start: the operator process exits
-and its pod restarts as a candidate."""
+and its pod restarts as a candidate. That deadline is kept by a watchdog of its own, not by the renewal: a
+renewal stuck in an API call (the client waits up to its own timeout, longer than a lease) cannot hold it
+off, and once it fires the elector is fenced, so a renewal that returns late writes nothing."""
 
 from __future__ import annotations
 
@@ -55,6 +57,7 @@ class LeaderElector:
         self._seen: tuple[Any, ...] | None = None  # the holder's record as last read
         self._seen_at = 0.0  # our clock when that record last changed
         self.last_renewed: float | None = None  # our clock at our last successful write as holder
+        self.fenced = threading.Event()  # set when the renew deadline passed: never write the Lease again
 
     # ------------------------------------------------------------ one round
 
@@ -63,7 +66,7 @@ class LeaderElector:
         now_wall = self.wall()
         lease = self.api.get(LEASE_API, "Lease", self.namespace, self.name)
         if lease is None:
-            if self.api.create_if_absent(self._manifest(now_wall)):
+            if not self.fenced.is_set() and self.api.create_if_absent(self._manifest(now_wall)):
                 log.info("leader election: %s created and holds lease %s/%s", self.identity, self.namespace, self.name)
                 return self._won()
             return False
@@ -75,6 +78,8 @@ class LeaderElector:
         duration = float(spec.get("leaseDurationSeconds") or self.lease_s)
         if holder and holder != self.identity and self.clock() - self._seen_at < duration:
             return False  # someone else holds it, and has renewed within its lease
+        if self.fenced.is_set():
+            return False  # this holder gave up at its deadline; a late renewal must not take the Lease back
         patch: dict[str, Any] = {"spec": {"holderIdentity": self.identity, "renewTime": micro_time(now_wall),
                                           "leaseDurationSeconds": int(self.lease_s)}}
         if holder != self.identity:
@@ -125,15 +130,30 @@ class LeaderElector:
         return self.last_renewed is not None and self.clock() - self.last_renewed < self.renew_deadline_s
 
     def hold(self, on_lost: Callable[[], None], stop: threading.Event) -> threading.Thread:
-        """Renew in a daemon thread until `stop`; call `on_lost` once if the Lease slips away."""
-        def loop() -> None:
-            while not stop.wait(self.retry_s):
+        """Renew in a daemon thread until `stop`; a second one, the watchdog, fences the elector and calls
+        `on_lost` once when the last renewal is `renew_deadline_s` old or the Lease was taken, whether or
+        not a renewal is still waiting on the API server. Returns the watchdog."""
+        taken = threading.Event()
+
+        def renew() -> None:
+            while not stop.wait(self.retry_s) and not self.fenced.is_set():
                 if not self.renew_once():
-                    log.error("leader election: %s lost lease %s/%s; stopping", self.identity, self.namespace,
-                              self.name)
+                    taken.set()
+                    return
+
+        def watchdog() -> None:
+            # Looks more often than the renewal, so the deadline is kept within a fraction of retry_s.
+            while not stop.wait(self.retry_s / 4):
+                late = self.last_renewed is None or self.clock() - self.last_renewed >= self.renew_deadline_s
+                if late or taken.is_set():
+                    self.fenced.set()
+                    log.error("leader election: %s lost lease %s/%s (%s); stopping at once", self.identity,
+                              self.namespace, self.name, "taken" if taken.is_set() else "renew deadline passed")
                     on_lost()
                     return
-        t = threading.Thread(target=loop, name="lease-renewal", daemon=True)
+
+        threading.Thread(target=renew, name="lease-renewal", daemon=True).start()
+        t = threading.Thread(target=watchdog, name="lease-watchdog", daemon=True)
         t.start()
         return t
 

@@ -69,6 +69,9 @@ CONTAINER_SECURITY = {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem
                       "capabilities": {"drop": ["ALL"]}}
 
 
+NO_GPUS = {"name": "NVIDIA_VISIBLE_DEVICES", "value": "none"}
+
+
 def _container(name: str, image: str, command: list[str], env: list[dict[str, Any]],
                mounts: list[dict[str, Any]], **more: Any) -> dict[str, Any]:
     return {"name": name, "image": image, "command": command, "env": env, **more, "volumeMounts": mounts,
@@ -100,6 +103,10 @@ def pod_spec(run: RunRef, spec: RLRunSpec, role: str, image: str, command: list[
         volumes.append(_model_volume(spec))
     over = _overrides(spec, role)
     env = [*env, *over.get("env", [])]
+    if not int((resources.get("limits") or {}).get(C.GPU_RESOURCE) or 0):
+        # With the NVIDIA container toolkit's default settings, a container that asks for no GPU but runs an
+        # image that sets NVIDIA_VISIBLE_DEVICES (CUDA images do) sees every GPU of its node.
+        env.append(NO_GPUS)
     container = _container(role, image, command, env,
                            [*mounts, *(extra_mounts or []), *over.get("volumeMounts", [])],
                            ports=ports, resources=resources, readinessProbe=readiness_probe(role))
@@ -122,8 +129,10 @@ def pod_spec(run: RunRef, spec: RLRunSpec, role: str, image: str, command: list[
         # Builds a builtin model into the model volume once (a file lock serialises pods), or
         # checks that a hub id or directory is there, before the role starts.
         init_mounts = [m for m in mounts if m["name"] in ("run-config", "model", "home", "tmp")]
+        # It asks for no GPU, whatever its pod's main container does.
+        init_env = [*env, NO_GPUS] if NO_GPUS not in env else env
         pod["initContainers"] = [_container("model", image, ["rlscale", "prepare-model", "--config", C.CONFIG_PATH],
-                                            env, init_mounts)]
+                                            init_env, init_mounts)]
     return pod
 
 

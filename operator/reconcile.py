@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import threading
 import time
 from collections.abc import MutableMapping
 from typing import Any
@@ -24,9 +25,11 @@ from . import constants as C
 from . import faults as F
 from . import guard as G
 from . import metrics as M
+from . import policy as P
 from . import queueing as Q
 from . import scaling as SC
 from . import status as S
+from .finite import finite_only, nonfinite
 from .kube import KubeAPI, NamespaceTerminating, get_rlrun
 from .observed import ApiObserver, Observed, Observer
 from .planning import PlanError, plan_for
@@ -73,10 +76,20 @@ class Controller:
         # (namespace, run, uid) -> since when (self.clock()) its rollout Deployment is kept above the
         # plan's count while the driver drains (operator/scaling.py)
         self._holds: dict[tuple[str, str, str], float] = {}
+        # One pass per run at a time: kopf runs the handlers of one run (its timer, its children's events)
+        # in a thread pool, and two passes at once would apply children from two different reads.
+        self._passes: dict[tuple[str, str], threading.Lock] = {}
+        self._passes_lock = threading.Lock()
+
+    def _pass_lock(self, namespace: str, name: str) -> threading.Lock:
+        with self._passes_lock:
+            return self._passes.setdefault((namespace, name), threading.Lock())
 
     def forget(self, namespace: str, name: str) -> None:
         """Drop what the controller remembers of a deleted run."""
         self._backoff.pop((namespace, name), None)
+        with self._passes_lock:
+            self._passes.pop((namespace, name), None)
         for memory in (self._owned, self._holds):
             for key in [k for k in memory if k[:2] == (namespace, name)]:
                 del memory[key]
@@ -92,7 +105,18 @@ class Controller:
 
         A status write that meets a newer RLRun (409) is made again on it: the status alone computed
         anew when what the steps decided from does not differ (another pass wrote readiness, say),
-        else the whole pass again."""
+        else the whole pass again. Passes over one run take turns (the second reads the run anew)."""
+        lock = self._pass_lock(namespace, name)
+        if not lock.acquire(blocking=False):
+            lock.acquire()
+            body = None  # read before the other pass wrote: stale
+        try:
+            return self._reconcile(namespace, name, trigger, body, observer, memo)
+        finally:
+            lock.release()
+
+    def _reconcile(self, namespace: str, name: str, trigger: str, body: dict[str, Any] | None,
+                   observer: Observer | None, memo: MutableMapping[str, Any] | None) -> Observed | None:
         t0 = time.monotonic()
         observer = observer or ApiObserver(self.api)
         o: Observed | None = None
@@ -200,8 +224,7 @@ class Controller:
             return
         st = self.settings
         assert o.images is not None
-        msg = G.policy_refusal(o.spec, o.images, st.image_prefixes, st.runtime_class_names,
-                               st.priority_class_names)
+        msg = P.refusal(o.spec, G.images(o.spec, o.images), st.policy)
         if msg:
             o.refusal = (G.NOT_ALLOWED, msg)
 
@@ -227,6 +250,14 @@ class Controller:
         except PlanError as exc:
             o.refusal = ("PlanFailed", str(exc))
             return
+        except Exception as exc:  # a spec the planner cannot take: ended, not retried (it would fail again)
+            log.exception("%s/%s: the planner failed", o.namespace, o.name)
+            o.refusal = ("PlanFailed", planner_failure(f"failed with {type(exc).__name__}"))
+            return
+        if bad := nonfinite(o.plan.to_dict()):
+            o.plan, o.refusal = None, ("PlanFailed", planner_failure("made a plan with non-finite "
+                                                                     + ", ".join(bad[:3])))
+            return
         o.planned = o.trigger
         if st.get("replan"):  # a proposal made for the old spec does not count for the new one
             o.replan = ReplanState(ReplanState.from_dict(st["replan"]).last_step)
@@ -245,8 +276,12 @@ class Controller:
             return
         state = o.replan or ReplanState.from_dict(o.status.get("replan"))
         limits = self._admitted_limits(o) if o.spec.scheduling.queue_name and due(m.step, state) else None
-        d = replan(o.spec, o.plan, m, state, limits)
-        if d is None:
+        try:
+            d = replan(o.spec, o.plan, m, state, limits)
+        except (ArithmeticError, KeyError, TypeError, ValueError) as exc:  # the report is the driver's word
+            log.warning("%s/%s: no re-plan from these measurements (%s)", o.namespace, o.name, type(exc).__name__)
+            return
+        if d is None or nonfinite(d.plan.to_dict()):
             return
         o.plan, o.replan, o.replan_message = d.plan, d.state, d.message
         if d.switched:
@@ -453,6 +488,9 @@ class Controller:
     def _write(self, o: Observed) -> dict[str, Any] | None:
         """The status the pass computed, written if it changed; None when nothing was written."""
         new = S.compute_status(o)
+        if bad := nonfinite(new):  # what the API server cannot store is left out, not retried for ever
+            log.warning("%s/%s: status leaves out non-finite %s", o.namespace, o.name, ", ".join(bad[:5]))
+            new = finite_only(new)
         if new == o.status:
             return None
         self.api.update_status(o.rlrun, new)
@@ -498,6 +536,14 @@ class Controller:
 # Conditions a pass's steps read from the previous status (besides its plan, gate and calibration).
 _DECIDING_CONDITIONS = (C.COND_PLANNED, C.COND_INVALID, C.COND_FAILED, C.COND_SUCCEEDED, C.COND_BUDGET_EXHAUSTED,
                         C.COND_ADMITTED)
+
+
+def planner_failure(what: str) -> str:
+    """The PlanFailed message for a planner that did not raise a PlanError of its own: the figures of the
+    spec it plans from, to look at."""
+    return (f"the planner {what} on this spec: a figure it plans from is out of the range it can take; check "
+            "spec.hardware (memoryBandwidth, peakFlops, memory, interconnectBandwidth), spec.model.shape, "
+            "spec.optimizer.noiseScale and spec.target.expectedSamples, or report the spec as a planner bug")
 
 
 def _decided_from(rlrun: dict[str, Any]) -> tuple:

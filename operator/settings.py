@@ -9,6 +9,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from .builders import Images
+from .policy import Policy
 
 # The variables the chart's Deployment (charts/rlscale/templates/deployment.yaml) and the tests set.
 ENV_TRAINER_IMAGE = "RLSCALE_TRAINER_IMAGE"
@@ -32,17 +33,26 @@ ENV_KUBECONFIG = "KUBECONFIG"
 ENV_LEASE = "RLSCALE_OPERATOR_LEASE"
 ENV_IDENTITY = "RLSCALE_OPERATOR_IDENTITY"
 ENV_LEASE_SECONDS = "RLSCALE_OPERATOR_LEASE_SECONDS"
-# The chart's policy values: allowlists (comma-separated; empty allows any) of image prefixes,
-# runtime classes and priority classes a run may use, and whether a run's namespace must carry a
-# Pod Security enforce label (true/false).
+# The chart's policy values (operator/policy.py): allowlists, comma-separated, where empty allows none, of
+# what a run may use (image prefixes, runtime, priority and scheduler names, toleration keys, node label
+# keys, Secrets and claims), and whether a run's namespace must carry a Pod Security enforce label.
 ENV_IMAGE_PREFIXES = "RLSCALE_IMAGE_PREFIXES"
 ENV_RUNTIME_CLASSES = "RLSCALE_RUNTIME_CLASS_NAMES"
 ENV_PRIORITY_CLASSES = "RLSCALE_PRIORITY_CLASS_NAMES"
+ENV_SCHEDULERS = "RLSCALE_SCHEDULER_NAMES"
+ENV_TOLERATION_KEYS = "RLSCALE_TOLERATION_KEYS"
+ENV_NODE_LABEL_KEYS = "RLSCALE_NODE_LABEL_KEYS"
+ENV_SECRET_NAMES = "RLSCALE_SECRET_NAMES"
+ENV_CLAIM_NAMES = "RLSCALE_CLAIM_NAMES"
 ENV_REQUIRE_POD_SECURITY = "RLSCALE_REQUIRE_POD_SECURITY"
+POLICY_ENV = {"image_prefixes": ENV_IMAGE_PREFIXES, "runtime_class_names": ENV_RUNTIME_CLASSES,
+              "priority_class_names": ENV_PRIORITY_CLASSES, "scheduler_names": ENV_SCHEDULERS,
+              "toleration_keys": ENV_TOLERATION_KEYS, "node_label_keys": ENV_NODE_LABEL_KEYS,
+              "secret_names": ENV_SECRET_NAMES, "claim_names": ENV_CLAIM_NAMES}
 ENV_NAMES = (ENV_TRAINER_IMAGE, ENV_ROLLOUT_IMAGE, ENV_CHECKPOINT_STORAGE, ENV_NETWORK_POLICY, ENV_METRICS_FROM,
              ENV_PROGRESS_INTERVAL, ENV_LOG_LEVEL, ENV_KOPF_LOG_LEVEL, ENV_BIND, ENV_HEALTH, ENV_WORKERS,
-             ENV_STEP_DELAY, ENV_KUBECONFIG, ENV_IMAGE_PREFIXES, ENV_RUNTIME_CLASSES, ENV_PRIORITY_CLASSES,
-             ENV_REQUIRE_POD_SECURITY, ENV_LEASE, ENV_IDENTITY, ENV_LEASE_SECONDS)
+             ENV_STEP_DELAY, ENV_KUBECONFIG, *POLICY_ENV.values(), ENV_REQUIRE_POD_SECURITY, ENV_LEASE, ENV_IDENTITY,
+             ENV_LEASE_SECONDS)
 
 
 def _flag(text: str) -> bool:
@@ -71,10 +81,8 @@ class OperatorSettings:
     # which the operator can be killed mid-reconcile. Zero in production.
     step_delay: float = 0.0
     kubeconfig: str | None = None  # outside a cluster; None: the client's default (~/.kube/config)
-    # What runs may ask for (the chart's `policy` values); an empty tuple allows anything.
-    image_prefixes: tuple[str, ...] = ()  # every image of every role starts with one of these
-    runtime_class_names: tuple[str, ...] = ()
-    priority_class_names: tuple[str, ...] = ()
+    # What runs may ask for (the chart's `policy` values; operator/policy.py): an empty tuple allows none.
+    policy: Policy = field(default_factory=Policy)
     # A run's namespace must carry pod-security.kubernetes.io/enforce (the API server's Pod
     # Security admission then checks the run's pods).
     require_pod_security: bool = True
@@ -100,9 +108,7 @@ class OperatorSettings:
                    workers=int(env.get(ENV_WORKERS) or d.workers),
                    step_delay=float(env.get(ENV_STEP_DELAY) or d.step_delay),
                    kubeconfig=env.get(ENV_KUBECONFIG) or None,
-                   image_prefixes=_names(env.get(ENV_IMAGE_PREFIXES, "")),
-                   runtime_class_names=_names(env.get(ENV_RUNTIME_CLASSES, "")),
-                   priority_class_names=_names(env.get(ENV_PRIORITY_CLASSES, "")),
+                   policy=Policy(**{k: _names(env.get(name, "")) for k, name in POLICY_ENV.items()}),
                    require_pod_security=_flag(env.get(ENV_REQUIRE_POD_SECURITY, "true")),
                    lease=env.get(ENV_LEASE, ""), identity=env.get(ENV_IDENTITY) or d.identity,
                    lease_seconds=float(env.get(ENV_LEASE_SECONDS) or d.lease_seconds))

@@ -24,6 +24,7 @@ from rlscale.spec import (
     RLRunSpec,
 )
 from rlscale.spec.rules import RULES
+from rlscale.spec.syntax import DNS_SUBDOMAIN_MAX, DNS_SUBDOMAIN_RE, INT_MAX, MAX_RESOURCE_NAMES
 
 PLURAL = "rlruns"
 SINGULAR = "rlrun"
@@ -84,7 +85,7 @@ def _open(description: str, **props: dict[str, Any]) -> dict[str, Any]:
 
 
 def _name(description: str) -> dict[str, Any]:
-    return {"description": description, "type": "string", "maxLength": 253}
+    return {"description": description, "type": "string", "maxLength": DNS_SUBDOMAIN_MAX, "pattern": DNS_SUBDOMAIN_RE}
 
 
 def volume_source_properties() -> dict[str, Any]:
@@ -97,7 +98,9 @@ def volume_source_properties() -> dict[str, Any]:
                                  "downwardAPI": _open("Pod fields as files.")}}
     props = {
         "persistentVolumeClaim": _open("A PersistentVolumeClaim in the run's namespace (claimName)."),
-        "ephemeral": _open("A claim created and deleted with the pod (volumeClaimTemplate)."),
+        "ephemeral": _open("A claim created and deleted with the pod (volumeClaimTemplate; not cloned from a "
+                           "dataSource).", volumeClaimTemplate=_open("The claim.", spec=_open(
+                               "The claim's spec.", dataSource=_open("Refused."), dataSourceRef=_open("Refused.")))),
         "configMap": _open("A ConfigMap's keys as files (name)."),
         "secret": _open("A Secret's keys as files (secretName).", secretName=_name(
             "The Secret's name (not a run's *-ray-token).")),
@@ -122,6 +125,15 @@ def _value_from_schema() -> dict[str, Any]:
     return {"type": "object", "properties": props}
 
 
+def _resources_schema() -> dict[str, Any]:
+    """Closed: requests and limits, whose names CEL reads (rules.py); no dynamic resource claims."""
+    def quantities(what: str) -> dict[str, Any]:
+        return {"description": f"{what} of cpu, memory, ephemeral-storage and hugepages-* (GPUs: gpusPerReplica).",
+                "type": "object", "maxProperties": MAX_RESOURCE_NAMES, "additionalProperties": {
+                    "x-kubernetes-int-or-string": True, "anyOf": [{"type": "integer"}, {"type": "string"}]}}
+    return {"type": "object", "properties": {"requests": quantities("Requests"), "limits": quantities("Limits")}}
+
+
 def _type_schema(t: Any, info: FieldInfo | None = None) -> dict[str, Any]:
     origin = get_origin(t)
     if origin is typing.Annotated:
@@ -131,6 +143,8 @@ def _type_schema(t: Any, info: FieldInfo | None = None) -> dict[str, Any]:
             s = {"type": "object", "properties": volume_source_properties()}
         elif "value-from" in meta:
             s = _value_from_schema()
+        elif "resources" in meta:
+            s = _resources_schema()
         for m in meta:
             if isinstance(m, FieldInfo):
                 _constraints(m, s)
@@ -159,8 +173,8 @@ def _type_schema(t: Any, info: FieldInfo | None = None) -> dict[str, Any]:
         return {"type": "array", "items": _type_schema(get_args(t)[0])}
     if origin is dict:
         value = get_args(t)[1] if get_args(t) else Any
-        if value is str:
-            return {"type": "object", "additionalProperties": {"type": "string"}}
+        if value is str or (get_origin(value) is typing.Annotated and get_args(value)[0] is str):
+            return {"type": "object", "additionalProperties": _type_schema(value)}
         return {"type": "object", "x-kubernetes-preserve-unknown-fields": True}
     if _is_model(t):
         return _object_schema(t)
@@ -175,8 +189,11 @@ def _object_schema(model: type[BaseModel]) -> dict[str, Any]:
     required: list[str] = []
     for name, info in model.model_fields.items():
         key = info.alias or name
-        s = _type_schema(info.annotation, info)
+        # pydantic keeps a bare Annotated field's markers in its metadata, not its annotation.
+        s = _resources_schema() if "resources" in info.metadata else _type_schema(info.annotation, info)
         _constraints(info, s)
+        if s.get("type") == "integer" and "maximum" not in s:
+            s["maximum"] = INT_MAX  # `validate` refuses the same (syntax.py)
         if info.description:
             s.pop("description", None)
             s = {"description": info.description, **s}

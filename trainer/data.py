@@ -97,10 +97,10 @@ def _load(source: str):
         return datasets.load_dataset(source)  # a dataset `datasets` itself cached under HF_HOME
     except DatasetError:
         raise
-    except Exception as exc:  # the library's own message says what is wrong in the file
-        raise DatasetError("spec.task.dataset", source, f"cannot be read ({exc.__class__.__name__}: {str(exc)[:300]})",
-                           "fix the file (one JSON object per line for .jsonl), or for a hub id put the dataset "
-                           "in the HF_HOME cache first") from None
+    except Exception as exc:  # the library's message can quote the file's lines: only its kind goes to status
+        raise DatasetError("spec.task.dataset", source, f"cannot be read ({exc.__class__.__name__})",
+                           "fix the file (one JSON object per line for .jsonl; `datasets.load_dataset` on it shows "
+                           "where), or for a hub id put the dataset in the HF_HOME cache first") from None
 
 
 def _load_folder(datasets, path: Path):
@@ -216,10 +216,15 @@ def _rows(data, task, source: str, split: str, needs_answer: bool) -> list[Row]:
 
 
 def _brief(value: Any) -> str:
+    """A row's value as its type and size, never its text: the dataset may be a file the run author cannot
+    read (a mounted Secret, say), and the error goes into the RLRun's status."""
     if value is None:
         return "missing"
-    text = repr(value)
-    return f"{type(value).__name__} {text if len(text) <= 50 else text[:47] + '...'}"
+    if isinstance(value, str):
+        return f"str ({len(value)} characters)"
+    if isinstance(value, (list, tuple, dict)):
+        return f"{type(value).__name__} ({len(value)} items)"
+    return type(value).__name__
 
 
 def read_rows(task, needs_answer: bool = True) -> tuple[list[Row], list[Row]]:

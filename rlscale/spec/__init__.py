@@ -79,6 +79,38 @@ from rlscale.spec.models import (  # noqa: F401  (re-exported: the spec's names 
     VolumeSource,
 )
 from rlscale.spec.rules import check_rules
+from rlscale.spec.syntax import number_problems
+
+# YAML aliases one spec file may use. Each alias is a reference, not a copy, until something walks the
+# tree (the checks below, a JSON dump): nine levels of ten aliases each are 10^9 nodes from a few hundred
+# bytes. A spec that shares a tolerations block between its roles needs a handful.
+MAX_YAML_ALIASES = 16
+
+
+class _BoundedLoader(yaml.SafeLoader):
+    """yaml.SafeLoader that refuses a document with more than MAX_YAML_ALIASES aliases."""
+
+    aliases = 0
+
+    def compose_node(self, parent: Any, index: Any) -> Any:
+        if self.check_event(yaml.AliasEvent):
+            self.aliases += 1
+            if self.aliases > MAX_YAML_ALIASES:
+                raise yaml.composer.ComposerError(None, None, f"has more than {MAX_YAML_ALIASES} aliases (*name); "
+                                                  "write the repeated blocks out", self.peek_event().start_mark)
+        return super().compose_node(parent, index)
+
+
+def safe_load_all(text: str) -> list[Any]:
+    """yaml.safe_load_all with an alias budget (MAX_YAML_ALIASES): every file a spec comes from is read so."""
+    loader = _BoundedLoader(text)
+    try:
+        docs = []
+        while loader.check_data():
+            docs.append(loader.get_data())
+        return docs
+    finally:
+        loader.dispose()
 
 
 def parse_spec(data: Any, root: str = "spec") -> RLRunSpec:
@@ -87,6 +119,11 @@ def parse_spec(data: Any, root: str = "spec") -> RLRunSpec:
         data = {}
     if not isinstance(data, dict):
         raise SpecError([FieldError(root, data, "must be a mapping", "see examples/quickstart.yaml")])
+    # Anywhere in the spec, open maps (resources, affinity, volume sources) included.
+    numbers = [FieldError(path, value, problem, "use a finite number within the field's range")
+               for path, value, problem in number_problems(data, root)]
+    if numbers:
+        raise SpecError(numbers)
     try:
         spec = RLRunSpec.model_validate(data)
     except ValidationError as exc:
@@ -141,7 +178,7 @@ def load_rlrun(path: str | Path) -> RLRun:
         raise SpecError([FieldError(str(p), MISSING, f"cannot be read ({exc.__class__.__name__})",
                                     "give a readable UTF-8 YAML file")]) from None
     try:
-        docs = [d for d in yaml.safe_load_all(text) if d is not None]
+        docs = [d for d in safe_load_all(text) if d is not None]
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""

@@ -9,8 +9,10 @@ from pydantic.alias_generators import to_camel
 
 
 class _Model(BaseModel):
+    # allow_inf_nan: no field takes NaN or infinity (YAML .nan, .inf, or the strings "nan", "inf"): the API
+    # server cannot store them and the planner's arithmetic breaks on them.
     model_config = ConfigDict(
-        extra="forbid", populate_by_name=True, alias_generator=to_camel, frozen=False
+        extra="forbid", populate_by_name=True, alias_generator=to_camel, frozen=False, allow_inf_nan=False
     )
 
 

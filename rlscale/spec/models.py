@@ -3,14 +3,16 @@ the planner and the operator."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
-from pydantic.alias_generators import to_camel
 
+import rlscale.spec.syntax as X
 from rlscale.spec.algorithm import AlgorithmSpec, DynamicSamplingSpec, OverlongBufferSpec  # noqa: F401
 from rlscale.spec.base import Auto, PosInt, _Model  # noqa: F401  (the models' base, re-exported)
+from rlscale.spec.syntax import MAX_GPUS_PER_POD, RESOURCE_NAMES, RESOURCE_PREFIXES  # noqa: F401 (re-exported)
 
 API_GROUP = "rlscale.dev"
 API_VERSION = "v1alpha1"
@@ -70,11 +72,16 @@ VOLUME_SOURCES = ("persistentVolumeClaim", "ephemeral", "configMap", "secret", "
 PROJECTED_SOURCES = ("configMap", "secret", "downwardAPI")
 # env valueFrom kinds an RLRun may use.
 VALUE_FROM_KINDS = ("secretKeyRef", "configMapKeyRef", "fieldRef", "resourceFieldRef")
+# A Kubernetes object name (a Secret, a PriorityClass, ...) and a label value, as field types.
+ObjectName = Annotated[str, Field(min_length=1, max_length=X.DNS_SUBDOMAIN_MAX, pattern=X.DNS_SUBDOMAIN_RE)]
+LabelValue = Annotated[str, Field(max_length=X.DNS_LABEL_MAX, pattern=X.LABEL_VALUE_RE)]
 # The operator names each run's Ray token Secret `<run>-ray-token` (operator/builders.py, names());
 # no RLRun may read one, its own included (the operator hands each pod its own token).
 RAY_TOKEN_SECRET_SUFFIX = "-ray-token"
 # A Kubernetes volume source: exactly one of VOLUME_SOURCES (the CRD declares each, rules.py checks them).
 VolumeSource = Annotated[dict[str, Any], Field(min_length=1, max_length=1), "volume-source"]
+# A role's resources: requests and limits of RESOURCE_NAMES only (rules.py checks, the CRD declares them).
+Resources = Annotated[dict[str, Any], "resources"]
 # An env entry's valueFrom: exactly one of VALUE_FROM_KINDS (the CRD declares each).
 ValueFrom = Annotated[dict[str, Any], "value-from"]
 
@@ -240,6 +247,18 @@ class TaskSpec(_Model):
             raise ValueError("is not a boolean: leave task.chat unset for auto (the model's template when it has one)")
         return v
 
+    @field_validator("format_pattern")
+    @classmethod
+    def _pattern_compiles(cls, v: str) -> str:
+        # The format reward compiles it with Python's re in the learner; a pattern that does not compile is
+        # refused here, named, rather than as a traceback in the run's first step.
+        try:
+            re.compile(v)
+        except re.error as exc:
+            raise ValueError(f"is not a regular expression Python can compile ({exc}); fix the pattern, e.g. "
+                             "-?[0-9]+ for an integer") from None
+        return v
+
     @model_validator(mode="after")
     def _default_name(self) -> TaskSpec:
         if self.name is None and self.dataset is None:
@@ -259,7 +278,8 @@ class TargetSpec(_Model):
     value: float = Field(0.8, description="Target value; accuracy targets lie in (0, 1].")
     eval_every: PosInt = Field(5, description="Evaluate every this many steps.")
     window: PosInt = Field(3, description="Target reached when the moving average of this many evals reaches value.")
-    expected_samples: float | None = Field(None, gt=0, description="Samples to reach the target at "
+    expected_samples: float | None = Field(None, gt=0, le=X.EXPECTED_SAMPLES_MAX,
+                                           description="Samples to reach the target at "
                                            "optimizer.referenceBatch, if known from earlier runs; sets the absolute "
                                            "time-to-target (only ratios decide the plan).")
 
@@ -307,7 +327,8 @@ class OptimizerSpec(_Model):
     weight_decay: float = Field(0.0, ge=0, description="Decoupled weight decay.")
     warmup_steps: int = Field(0, ge=0, description="Linear warm-up steps.")
     grad_clip: float = Field(1.0, ge=0, description="Global gradient-norm clip; 0 disables it.")
-    noise_scale: float | None = Field(None, gt=0, description="Gradient noise scale B_noise in samples, if known; the "
+    noise_scale: float | None = Field(None, gt=0, le=X.NOISE_SCALE_MAX,
+                                      description="Gradient noise scale B_noise in samples, if known; the "
                                       "run measures it, else 4 x referenceBatch.")
 
 
@@ -339,7 +360,10 @@ class BudgetSpec(_Model):
 RESERVED_ENV = ("RLSCALE_CONFIG", "RLSCALE_RUN", "RLSCALE_NAMESPACE", "POD_NAME", "HOME", "HF_HOME",
                 "HF_HUB_OFFLINE", "RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
                 "RAY_ADDRESS", "RAY_AUTH_MODE", "RAY_AUTH_TOKEN", PLUGINS_ENV, "NODE_RANK", "LOCAL_WORLD_SIZE",
-                "RLSCALE_RAY_RESOURCES", "RLSCALE_LAUNCHED")
+                "RLSCALE_RAY_RESOURCES", "RLSCALE_LAUNCHED", "RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S")
+# Env names no role may set, by prefix: NVIDIA_VISIBLE_DEVICES and the rest of the NVIDIA container toolkit's
+# settings decide which of a node's GPUs a container sees, whatever it requested.
+RESERVED_ENV_PREFIXES = ("NVIDIA_",)
 RESERVED_VOLUMES = ("run-config", "shm", "model", "checkpoints", "home", "tmp", "plugins")
 RESERVED_MOUNTS = ("/etc/rlscale", "/dev/shm", "/models", "/home/rlscale", "/tmp", PLUGINS_MOUNT)
 ENV_NAME_RE = r"^[-._a-zA-Z][-._a-zA-Z0-9]*$"
@@ -349,7 +373,7 @@ class EnvVar(_Model):
     """One container env entry, as in a pod spec."""
 
     name: str = Field(min_length=1, max_length=253, pattern=ENV_NAME_RE, description="Variable name.")
-    value: str | None = Field(None, description="Literal value.")
+    value: str | None = Field(None, max_length=X.ENV_VALUE_MAX, description="Literal value.")
     value_from: ValueFrom | None = Field(None, description="One of " + ", ".join(VALUE_FROM_KINDS) + ", as in a pod "
                                          f"spec (no Secret named *{RAY_TOKEN_SECRET_SUFFIX}).")
 
@@ -366,10 +390,14 @@ class ExtraVolume(_Model):
 class VolumeMount(_Model):
     """Where a container sees one of the extra volumes."""
 
-    model_config = ConfigDict(extra="allow", populate_by_name=True, alias_generator=to_camel)
-    name: str = Field(min_length=1, max_length=63, description="Name of a volume in pod.volumes.")
-    mount_path: str = Field(min_length=1, max_length=256, description="Absolute path in the container.")
+    # Closed: mountPropagation (Bidirectional reaches the node's mounts) and the rest are not an RLRun's to set.
+    name: str = Field(min_length=1, max_length=63, pattern=DNS1123_RE, description="Name of a volume in pod.volumes.")
+    mount_path: str = Field(min_length=1, max_length=256, description="Absolute path in the container, in normal "
+                            "form (no '.' or '..' segments, no trailing '/'), not at or under a path the operator "
+                            "mounts.")
     read_only: bool = Field(False, description="Mount read-only.")
+    sub_path: str | None = Field(None, min_length=1, max_length=256, pattern="^[^/]", description="A path within the "
+                                 "volume to mount instead of its root (relative, no '..' segment).")
 
 
 class PodOverrides(_Model):
@@ -378,21 +406,25 @@ class PodOverrides(_Model):
     # Merged into what the operator builds; the operator's own env names, volumes and mounts
     # cannot be replaced (RESERVED_* above, checked by the rules below).
 
-    labels: dict[str, str] = Field(default_factory=dict, description="Extra pod labels (the operator's own "
-                                   "rlscale.dev/* labels win).")
-    annotations: dict[str, str] = Field(default_factory=dict, description="Extra pod annotations.")
-    node_selector: dict[str, str] = Field(default_factory=dict, description="Node labels the pods require, e.g. "
+    labels: dict[str, LabelValue] = Field(default_factory=dict, max_length=X.MAX_POD_LABELS,
+                                          description="Extra pod labels (none under rlscale.dev, kubernetes.io, "
+                                          "k8s.io or x-k8s.io).")
+    annotations: dict[str, Annotated[str, Field(max_length=X.ANNOTATION_VALUE_MAX)]] = Field(
+        default_factory=dict, max_length=X.MAX_POD_ANNOTATIONS, description="Extra pod annotations (none under "
+        "rlscale.dev, kubernetes.io, k8s.io or x-k8s.io).")
+    node_selector: dict[str, LabelValue] = Field(default_factory=dict, max_length=X.MAX_POD_LABELS,
+                                                 description="Node labels the pods require, e.g. "
                                           "{nvidia.com/gpu.product: NVIDIA-H100-80GB-HBM3}.")
     tolerations: list[dict[str, Any]] = Field(default_factory=list, max_length=32,
                                               description="Pod tolerations, e.g. "
                                               "[{key: nvidia.com/gpu, operator: Exists, effect: NoSchedule}].")
     affinity: dict[str, Any] = Field(default_factory=dict, description="Pod affinity (nodeAffinity, podAffinity, "
                                      "podAntiAffinity).")
-    priority_class_name: str | None = Field(None, max_length=253, description="PriorityClass of the pods; overrides "
-                                            "scheduling.priorityClassName.")
-    image_pull_secrets: list[Annotated[str, Field(max_length=253)]] = Field(
+    priority_class_name: ObjectName | None = Field(None, description="PriorityClass of the pods; overrides "
+                                                   "scheduling.priorityClassName.")
+    image_pull_secrets: list[ObjectName] = Field(
         default_factory=list, max_length=8, description="Names of Secrets to pull the image with.")
-    runtime_class_name: str | None = Field(None, max_length=253, description="RuntimeClass, e.g. nvidia.")
+    runtime_class_name: ObjectName | None = Field(None, description="RuntimeClass, e.g. nvidia.")
     env: list[EnvVar] = Field(default_factory=list, max_length=64,
                               description="Extra container env entries (name with value or valueFrom).")
     volumes: list[ExtraVolume] = Field(default_factory=list, max_length=16,
@@ -405,9 +437,10 @@ class _RoleSpec(_Model):
     replicas: Auto | PosInt = Field("auto", description='Replica count, or "auto" to take it from the plan.')
     max_replicas: PosInt = Field(8, le=MAX_REPLICAS, description="Most replicas the planner may choose (an explicit "
                                  "replicas must not exceed it either).")
-    gpus_per_replica: int = Field(1, ge=0, description="GPUs per replica (ignored on accelerator cpu).")
+    gpus_per_replica: int = Field(1, ge=0, le=MAX_GPUS_PER_POD, description="GPUs per replica (ignored on "
+                                  "accelerator cpu); the only way a pod gets GPUs.")
     image: str | None = Field(None, max_length=512, description="Container image; the chart's default when unset.")
-    resources: dict[str, Any] = Field(default_factory=dict, description="Kubernetes resource requirements (requests, "
+    resources: Resources = Field(default_factory=dict, description="Kubernetes resource requirements (requests, "
                                       "limits) for each replica's container.")
     pod: PodOverrides = Field(default_factory=PodOverrides, description=PodOverrides.__doc__)
 
@@ -437,7 +470,7 @@ class RolloutSpec(_RoleSpec):
 class LearnerSpec(_RoleSpec):
     """DeepSpeed learner ranks."""
 
-    gpus_per_replica: int | None = Field(None, ge=0, description="GPUs per learner pod. Unset: half of budget.gpus, "
+    gpus_per_replica: int | None = Field(None, ge=0, le=MAX_GPUS_PER_POD, description="GPUs per learner pod. Unset: half of budget.gpus, "
                                          "at most a node's (hardware.gpusPerNode): across nodes one pod per node, so "
                                          "ZeRO's collectives run inside NVLink; on one node the other half is the "
                                          "rollout's. Ignored on accelerator cpu.")
@@ -469,12 +502,15 @@ class HardwareSpec(_Model):
 
     accelerator: Literal["cpu", "A100-80GB", "H100", "H200", "L4"] = Field(
         "H100", description="Accelerator profile for the planner.")
-    memory_bandwidth: float | None = Field(None, gt=0, description="Device memory bandwidth in bytes/s (e.g. 3.35e12 "
+    memory_bandwidth: float | None = Field(None, ge=X.BANDWIDTH_MIN, le=X.BANDWIDTH_MAX,
+                                           description="Device memory bandwidth in bytes/s (e.g. 3.35e12 "
                                            "for an H100 SXM).")
-    peak_flops: float | None = Field(None, gt=0, description="Dense peak FLOP/s in the model dtype (e.g. 9.89e14 bf16 "
+    peak_flops: float | None = Field(None, ge=X.FLOPS_MIN, le=X.FLOPS_MAX,
+                                     description="Dense peak FLOP/s in the model dtype (e.g. 9.89e14 bf16 "
                                      "on an H100 SXM).")
-    memory: float | None = Field(None, gt=0, description="Device memory in bytes.")
-    interconnect_bandwidth: float | None = Field(None, gt=0, description="Bandwidth of the link between two nodes "
+    memory: float | None = Field(None, ge=X.MEMORY_MIN, le=X.MEMORY_MAX, description="Device memory in bytes.")
+    interconnect_bandwidth: float | None = Field(None, ge=X.INTERCONNECT_MIN, le=X.INTERCONNECT_MAX,
+                                                 description="Bandwidth of the link between two nodes "
                                                  "in bytes/s (without RDMA in the images, the pod network's): the "
                                                  "learner-to-rollout weight broadcast and the learner's collectives "
                                                  "across nodes. Unset: the profile's (25 GB/s on H100).")
@@ -507,12 +543,13 @@ class CheckpointSpec(_Model):
 class SchedulingSpec(_Model):
     """Kubernetes: how the run's pods are queued and scheduled (every role, the Ray head too)."""
 
-    queue_name: str | None = Field(None, max_length=63, description="Kueue LocalQueue: the run is queued as one "
+    queue_name: str | None = Field(None, max_length=63, pattern=DNS1123_RE,
+                                   description="Kueue LocalQueue: the run is queued as one "
                                    "Kueue Workload (a pod set per role at the planned counts) and its pods start only "
                                    "once Kueue admits all of them; an eviction scales it to zero until readmitted.")
-    scheduler_name: str | None = Field(None, max_length=253, description="A scheduler other than the default (e.g. a "
+    scheduler_name: ObjectName | None = Field(None, description="A scheduler other than the default (e.g. a "
                                        "gang scheduler such as volcano).")
-    priority_class_name: str | None = Field(None, max_length=253, description="PriorityClass of every pod of the run.")
+    priority_class_name: ObjectName | None = Field(None, description="PriorityClass of every pod of the run.")
     pod_group: bool = Field(False, description="Gang scheduling with the Coscheduling plugin (scheduler-plugins): a "
                             "scheduling.x-k8s.io PodGroup of all the run's pods, minMember their planned count, so the "
                             "scheduler places all of them or none; set schedulerName to the scheduler that runs it.")

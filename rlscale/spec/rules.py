@@ -4,12 +4,12 @@ operator) and emitted as the same rule in CEL into the CRD (`rlscale crd`), so a
 
 from __future__ import annotations
 
-import re
 from typing import Any
 
 from rlscale.spec.algorithm import GROUP_ALGORITHMS
 from rlscale.spec.algorithm_rules import algorithm_rules
 from rlscale.spec.errors import MISSING, FieldError
+from rlscale.spec.input_rules import input_rules
 from rlscale.spec.models import (
     BUILTIN_MODELS,
     BUILTIN_REWARDS,
@@ -21,8 +21,11 @@ from rlscale.spec.models import (
     PROJECTED_SOURCES,
     RAY_TOKEN_SECRET_SUFFIX,
     RESERVED_ENV,
+    RESERVED_ENV_PREFIXES,
     RESERVED_MOUNTS,
     RESERVED_VOLUMES,
+    RESOURCE_NAMES,
+    RESOURCE_PREFIXES,
     REWARD_EXPRESSION_RE,
     VALUE_FROM_KINDS,
     VOLUME_SOURCES,
@@ -30,6 +33,7 @@ from rlscale.spec.models import (
     _RoleSpec,
 )
 from rlscale.spec.rule_base import Rule, _cel_list, _err
+from rlscale.spec.syntax import DNS_SUBDOMAIN_MAX, DNS_SUBDOMAIN_RE, MAX_RESOURCE_NAMES, full
 from rlscale.spec.task_rules import task_rules
 
 
@@ -205,7 +209,7 @@ def _rule_builtin_task(s: RLRunSpec):
 
 def _rule_reward(s: RLRunSpec):
     r = s.task.reward
-    if not re.match(REWARD_EXPRESSION_RE, r):
+    if not full(REWARD_EXPRESSION_RE, r):
         return _err("task.reward", r, "is not a reward expression",
                     f"use {', '.join(BUILTIN_REWARDS)}, a plug-in module:function such as mypkg.rewards:score, "
                     "reward-model (with task.rewardModel), or a weighted sum such as 0.9*math + 0.1*format")
@@ -259,6 +263,14 @@ def _is_token_secret(name: Any) -> bool:
     return isinstance(name, str) and name.endswith(RAY_TOKEN_SECRET_SUFFIX)
 
 
+def _name_err(path: str, name: Any) -> FieldError | None:
+    """A Secret a volume or env entry names: a valid object name, and no run's Ray token Secret."""
+    if isinstance(name, str) and (len(name) > DNS_SUBDOMAIN_MAX or not full(DNS_SUBDOMAIN_RE, name)):
+        return _err(path, name, "is not a valid Secret name (a DNS subdomain: lowercase letters, digits, '-' and '.', "
+                    f"at most {DNS_SUBDOMAIN_MAX} characters)", "give the name `kubectl get secret` shows")
+    return _token_secret_err(path, name) if _is_token_secret(name) else None
+
+
 def _token_secret_err(path: str, name: str) -> FieldError:
     return _err(path, name, f"names a run's Ray token Secret (the operator's *{RAY_TOKEN_SECRET_SUFFIX}), which "
                 "lets a pod join that run's Ray cluster", "name a Secret of your own; the operator already gives "
@@ -279,8 +291,8 @@ def _projected_err(path: str, body: Any) -> FieldError | None:
             return _err(f"{path}.sources[{i}].{keys[0]}", src[keys[0]], "is not a projection an RLRun may use",
                         "use one of: " + ", ".join(PROJECTED_SOURCES))
         name = src.get("secret", {}).get("name") if isinstance(src.get("secret"), dict) else None
-        if _is_token_secret(name):
-            return _token_secret_err(f"{path}.sources[{i}].secret.name", name)
+        if err := _name_err(f"{path}.sources[{i}].secret.name", name):
+            return err
     return None
 
 
@@ -293,10 +305,17 @@ def _source_err(path: str, source: dict[str, Any]) -> FieldError | None:
     if kind not in VOLUME_SOURCES:
         return _err(f"{path}.{kind}", body, "is not a volume source an RLRun may use (it reaches a node's disk or a "
                     "storage server past the namespace's admin)", _SOURCE_FIX)
-    if kind == "secret" and isinstance(body, dict) and _is_token_secret(body.get("secretName")):
-        return _token_secret_err(f"{path}.secret.secretName", body["secretName"])
+    if kind == "secret" and isinstance(body, dict) and (err := _name_err(f"{path}.secret.secretName",
+                                                                          body.get("secretName"))):
+        return err
     if kind == "projected":
         return _projected_err(f"{path}.projected", body)
+    spec = ((body or {}).get("volumeClaimTemplate") or {}).get("spec") if kind == "ephemeral" else None
+    for key in ("dataSource", "dataSourceRef"):
+        if isinstance(spec, dict) and key in spec:
+            return _err(f"{path}.ephemeral.volumeClaimTemplate.spec.{key}", spec[key], "would clone a claim or "
+                        "snapshot into the run's volume, possibly another team's", "use an empty ephemeral volume, "
+                        "or a persistentVolumeClaim your admin bound with the data")
     return None
 
 
@@ -315,8 +334,8 @@ def _value_from_err(path: str, value_from: dict[str, Any]) -> FieldError | None:
     if kind not in VALUE_FROM_KINDS:
         return _err(f"{path}.{kind}", body, "is not a valueFrom an RLRun may use", allowed)
     name = body.get("name") if isinstance(body, dict) else None
-    if kind == "secretKeyRef" and _is_token_secret(name):
-        return _token_secret_err(f"{path}.secretKeyRef.name", name)
+    if kind == "secretKeyRef" and (err := _name_err(f"{path}.secretKeyRef.name", name)):
+        return err
     return None
 
 
@@ -326,6 +345,10 @@ def _rule_pod_env(role: str):
             if e.name in RESERVED_ENV:
                 return _err(f"{role}.pod.env[{i}].name", e.name, "is set by the operator in every pod",
                             "choose another name (the operator's own: " + ", ".join(RESERVED_ENV) + ")")
+            if e.name.startswith(RESERVED_ENV_PREFIXES):
+                return _err(f"{role}.pod.env[{i}].name", e.name, "is a setting of the NVIDIA container toolkit, which "
+                            "decides the GPUs a container sees", f"choose another name; GPUs come through "
+                            f"{role}.gpusPerReplica")
             if e.value_from is not None and (err := _value_from_err(f"{role}.pod.env[{i}].valueFrom", e.value_from)):
                 return err
     return check
@@ -357,6 +380,37 @@ def _rule_pod_mounts(role: str):
     return check
 
 
+def _resource_ok(name: str) -> bool:
+    return name in RESOURCE_NAMES or name.startswith(RESOURCE_PREFIXES)
+
+
+def _rule_resources(role: str):
+    def check(s: RLRunSpec):
+        for key, names in getattr(s, role).resources.items():
+            if key not in ("requests", "limits"):
+                return _err(f"{role}.resources.{key}", names, "is not an RLRun's to set (only requests and limits)",
+                            "remove it; GPUs come through gpusPerReplica")
+            if isinstance(names, dict) and len(names) > MAX_RESOURCE_NAMES:
+                return _err(f"{role}.resources.{key}", f"{len(names)} names", f"holds more than {MAX_RESOURCE_NAMES}",
+                            "request only " + ", ".join(RESOURCE_NAMES) + " and hugepages-*")
+            for name in names if isinstance(names, dict) else []:
+                if not _resource_ok(name):
+                    return _err(f"{role}.resources.{key}[{name!r}]", names[name], "is not a resource an RLRun may "
+                                "request: GPUs and other devices come through gpusPerReplica alone (which budget.gpus "
+                                "and the GPU rules count)", f"remove it and set {role}.gpusPerReplica; allowed: "
+                                + ", ".join(RESOURCE_NAMES) + ", " + ", ".join(p + "*" for p in RESOURCE_PREFIXES))
+    return check
+
+
+def _resource_rule(role: str) -> Rule:
+    r = f"self.{role}.resources"
+    ok = " || ".join([f"k in {_cel_list(RESOURCE_NAMES)}", *(f"k.startsWith('{p}')" for p in RESOURCE_PREFIXES)])
+    return Rule(f"{role}.resources", f"(!has({r}.requests) || {r}.requests.all(k, {ok})) && "
+                f"(!has({r}.limits) || {r}.limits.all(k, {ok}))",
+                f"{role}.resources may request and limit only " + ", ".join(RESOURCE_NAMES) + " and hugepages-*: "
+                f"GPUs come through {role}.gpusPerReplica", _rule_resources(role))
+
+
 def _cel_one_of(x: str, keys: tuple[str, ...]) -> str:
     return "[" + ", ".join(f"has({x}.{k})" for k in keys) + "].exists_one(b, b)"
 
@@ -370,7 +424,14 @@ def _cel_source(x: str) -> str:
     (crd.py), so any other is pruned before CEL runs and leaves `x` with no source."""
     return (f"{_cel_one_of(x, VOLUME_SOURCES)} && (!has({x}.secret) || {_cel_not_token(x + '.secret.secretName')})"
             f" && (!has({x}.projected) || !has({x}.projected.sources) || {x}.projected.sources.all(p, "
-            f"{_cel_one_of('p', PROJECTED_SOURCES)} && (!has(p.secret) || {_cel_not_token('p.secret.name')})))")
+            f"{_cel_one_of('p', PROJECTED_SOURCES)} && (!has(p.secret) || {_cel_not_token('p.secret.name')})))"
+            f" && {_cel_no_clone(x)}")
+
+
+def _cel_no_clone(x: str) -> str:
+    t = f"{x}.ephemeral.volumeClaimTemplate"
+    return (f"(!has({x}.ephemeral) || !has({t}) || !has({t}.spec) || "
+            f"(!has({t}.spec.dataSource) && !has({t}.spec.dataSourceRef)))")
 
 
 def _cel_value_from(x: str) -> str:
@@ -379,7 +440,7 @@ def _cel_value_from(x: str) -> str:
 
 
 _SOURCE_MESSAGE = (" must name exactly one volume source of " + ", ".join(VOLUME_SOURCES)
-                   + f", and no Secret named *{RAY_TOKEN_SECRET_SUFFIX}")
+                   + f", no Secret named *{RAY_TOKEN_SECRET_SUFFIX}, and no ephemeral claim cloned from a dataSource")
 
 
 def _volume_rules() -> list[Rule]:
@@ -396,8 +457,9 @@ def _pod_rules(role: str) -> list[Rule]:
     return [
         Rule(f"{role}.pod.env", f"!has(self.{role}.pod.env) || "
              f"self.{role}.pod.env.all(e, !(e.name in {_cel_list(RESERVED_ENV)}) && "
+             + "".join(f"!e.name.startsWith('{x}') && " for x in RESERVED_ENV_PREFIXES) +
              f"(!has(e.valueFrom) || {_cel_value_from('e.valueFrom')}))",
-             f"{role}.pod.env must not set a variable the operator sets, and its valueFrom must be one of "
+             f"{role}.pod.env must not set a variable the operator sets nor NVIDIA_*, and its valueFrom must be one of "
              + ", ".join(VALUE_FROM_KINDS) + f" naming no Secret *{RAY_TOKEN_SECRET_SUFFIX}", _rule_pod_env(role)),
         Rule(f"{role}.pod.volumes", f"!has(self.{role}.pod.volumes) || "
              f"self.{role}.pod.volumes.all(v, !(v.name in {_cel_list(RESERVED_VOLUMES)}) && {_cel_source('v')})",
@@ -509,6 +571,9 @@ RULES: list[Rule] = [
     *_volume_rules(),
     *_pod_rules("rollout"),
     *_pod_rules("learner"),
+    *input_rules(),
+    _resource_rule("rollout"),
+    _resource_rule("learner"),
 ]
 
 

@@ -17,7 +17,7 @@ import yaml
 
 from rlscale.plan import Calibration
 from rlscale.plan.calibration import CAMEL_FIELDS, cores_of
-from rlscale.spec import FULL_API_VERSION, MISSING, FieldError, SpecError, parse_rlrun
+from rlscale.spec import FULL_API_VERSION, MISSING, FieldError, SpecError, parse_rlrun, safe_load_all
 
 PATCH_KIND = "RLRunCalibration"
 # The noise scale goes into the spec (optimizer.noiseScale), not the calibration; the staleness penalty
@@ -84,7 +84,8 @@ def merge(base: Any, over: Any) -> Any:
 
 def load_patch(path: Path) -> dict[str, Any]:
     try:
-        data = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
+        docs = safe_load_all(Path(path).read_text(encoding="utf-8"))
+        data = docs[0] if docs else None
     except OSError as exc:
         raise _err(str(path), None, f"cannot be read ({exc.strerror})",
                    "pass the file `rlscale sweep --write-calibration` wrote") from None

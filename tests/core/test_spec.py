@@ -124,6 +124,21 @@ CROSS_FIELD = [
     ({"learner": {"pod": {"volumes": [{"name": "data", "emptyDir": {}}],
                           "volumeMounts": [{"name": "data", "mountPath": "/dev/shm"}]}}},
      "spec.learner.pod.volumeMounts", "mount it elsewhere"),
+    ({"rollout": {"pod": {"labels": {"rlscale.dev/role": "learner"}}}}, "spec.rollout.pod.labels", "reserved:"),
+    ({"learner": {"pod": {"labels": {"kueue.x-k8s.io/queue-name": "q"}}}}, "spec.learner.pod.labels", "reserved:"),
+    ({"rollout": {"pod": {"annotations": {"cluster-autoscaler.kubernetes.io/safe-to-evict": "false"}}}},
+     "spec.rollout.pod.annotations", "reserved:"),
+    ({"learner": {"pod": {"annotations": {"-bad": "x"}}}}, "spec.learner.pod.annotations", "e.g. example.com/team"),
+    ({"rollout": {"pod": {"nodeSelector": {"a/b/c": "x"}}}}, "spec.rollout.pod.nodeSelector", "e.g. example.com"),
+    ({"learner": {"pod": {"nodeSelector": {"x" * 64: "y"}}}}, "spec.learner.pod.nodeSelector", "e.g. example.com"),
+    ({"checkpoint": {"path": "ckpt"}}, "spec.checkpoint.path", "absolute path such as /checkpoints"),
+    ({"rollout": {"resources": {"limits": {"nvidia.com/gpu": 8}}}}, "spec.rollout.resources",
+     "set rollout.gpusPerReplica"),
+    ({"learner": {"resources": {"claims": [{"name": "gpu"}]}}}, "spec.learner.resources", "only requests and limits"),
+    ({"rollout": {"pod": {"imagePullSecrets": ["r-ray-token"]}}}, "spec.rollout.pod.imagePullSecrets",
+     "a pull secret of your own"),
+    ({"learner": {"pod": {"imagePullSecrets": ["other-ray-token"]}}}, "spec.learner.pod.imagePullSecrets",
+     "a pull secret of your own"),
 ]
 
 
@@ -308,5 +323,6 @@ def test_pod_overrides_parse_into_kubernetes_field_names():
         "volumeMounts": [{"name": "data", "mountPath": "/data", "readOnly": True}]}}})
     pod = s.learner.pod
     assert pod.volumes[0].model_dump(by_alias=True) == {"name": "data", "persistentVolumeClaim": {"claimName": "data"}}
-    assert pod.volume_mounts[0].model_dump(by_alias=True) == {"name": "data", "mountPath": "/data", "readOnly": True}
+    assert pod.volume_mounts[0].model_dump(by_alias=True, exclude_none=True) == {"name": "data", "mountPath": "/data",
+                                                                                 "readOnly": True}
     assert pod.env[0].model_dump(by_alias=True, exclude_none=True) == {"name": "NCCL_DEBUG", "value": "INFO"}

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from policykit import policy_env  # noqa: E402  (tests/operator is on sys.path)
 
 from hack import cluster as cp
 from hack.cluster import Kube
@@ -51,8 +52,9 @@ class Operator:
         self.metrics_port = cp.free_port()
         self.starts += 1
         log = open(self.logdir / f"operator-{self.starts}.log", "wb")
+        # The admin policy the examples and the tests' runs need (policykit.ALLOWING), as chart values set it.
         e = {**os.environ, "KUBECONFIG": str(self.kubeconfig), "RLSCALE_OPERATOR_BIND": "127.0.0.1",
-             "RLSCALE_PROGRESS_INTERVAL": "1", "RLSCALE_CHECKPOINT_STORAGE": "", **env}
+             "RLSCALE_PROGRESS_INTERVAL": "1", "RLSCALE_CHECKPOINT_STORAGE": "", **policy_env(), **env}
         self.proc = subprocess.Popen([sys.executable, "-m", "rlscale.operator", "--metrics-port",
                                       str(self.metrics_port), *args], env=e, stdout=log, stderr=subprocess.STDOUT,
                                      cwd=REPO)

@@ -335,11 +335,13 @@ def test_pod_overrides_reach_their_role_and_cannot_displace_the_operators_own():
         learner={"gpusPerReplica": 2, "pod": {
             "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
             "nodeSelector": {"pool": "h100"}, "priorityClassName": "train-high",
-            "imagePullSecrets": ["regcred"], "labels": {"team": "a", C.LABEL_RUN: "someone-else"},
+            "imagePullSecrets": ["regcred"], "labels": {"team": "a"},
             "annotations": {"note": "x"}, "env": [{"name": "NCCL_DEBUG", "value": "INFO"}],
             "volumes": [{"name": "data", "persistentVolumeClaim": {"claimName": "data"}}],
             "volumeMounts": [{"name": "data", "mountPath": "/data", "readOnly": True}]}},
         rollout={"gpusPerReplica": 1, "pod": {"runtimeClassName": "nvidia"}})
+    # `validate` refuses a label under rlscale.dev; should one get past it, the operator's own still wins.
+    s.learner.pod.labels[C.LABEL_RUN] = "someone-else"
     kids = B.build_children(RUN, s, PLAN)
     got = {role: (pod, meta) for role, pod, meta in pods(kids)}
     pod, meta = got[C.ROLE_LEARNER]
@@ -555,3 +557,19 @@ def test_every_child_has_an_api_path_and_a_rule_that_lets_the_operator_apply_it(
         verbs = {v for r in rules if group in r["apiGroups"] and plural in r["resources"] for v in r["verbs"]}
         assert {"get", "create", "patch"} <= verbs, (m["kind"], group, plural, verbs)
         assert "delete" not in verbs, m["kind"]
+
+
+def test_containers_that_ask_for_no_gpu_see_none():
+    """NVIDIA_VISIBLE_DEVICES=none wherever a container requests no GPU (the Ray head, CPU runs, the model
+    init container), so an image's own NVIDIA_VISIBLE_DEVICES=all does not hand it the node's GPUs."""
+    s = spec(learner={"gpusPerReplica": 2}, rollout={"gpusPerReplica": 1})
+    seen = {}
+    for role, pod, _ in pods(B.build_children(RUN, s, PLAN)):
+        for c in pod.get("initContainers", []) + pod["containers"]:
+            gpus = int(((c.get("resources") or {}).get("limits") or {}).get(C.GPU_RESOURCE) or 0)
+            env = {e["name"]: e.get("value") for e in c["env"]}
+            seen[(role, c["name"])] = (gpus, env.get("NVIDIA_VISIBLE_DEVICES"))
+    assert seen[(C.ROLE_RAY_HEAD, C.ROLE_RAY_HEAD)] == (0, "none")
+    assert seen[(C.ROLE_LEARNER, C.ROLE_LEARNER)] == (2, None) and seen[(C.ROLE_ROLLOUT, C.ROLE_ROLLOUT)] == (1, None)
+    models = [v for (_, name), v in seen.items() if name == "model"]
+    assert models and all(v == (0, "none") for v in models), seen

@@ -37,7 +37,11 @@ def test_default_render_has_operator_rbac_and_dashboard():
     assert env["RLSCALE_CHECKPOINT_STORAGE"] == "50Gi"
     assert dep["metadata"]["namespace"] == OPERATOR_NS
     assert env["RLSCALE_NETWORK_POLICY"] == "true" and env["RLSCALE_METRICS_FROM"] == "monitoring"
-    assert env["RLSCALE_REQUIRE_POD_SECURITY"] == "true" and env["RLSCALE_IMAGE_PREFIXES"] == ""
+    # Deny by default: the chart's own registry for images, nothing else of the policy.
+    assert env["RLSCALE_REQUIRE_POD_SECURITY"] == "true" and env["RLSCALE_IMAGE_PREFIXES"] == "ghcr.io/rlscale"
+    assert all(env[name] == "" for name in ("RLSCALE_RUNTIME_CLASS_NAMES", "RLSCALE_PRIORITY_CLASS_NAMES",
+                                            "RLSCALE_SCHEDULER_NAMES", "RLSCALE_TOLERATION_KEYS",
+                                            "RLSCALE_NODE_LABEL_KEYS", "RLSCALE_SECRET_NAMES", "RLSCALE_CLAIM_NAMES"))
     # Least privilege: secrets only created (each run's Ray token), never read; no delete.
     rules = next(o for o in objs if o["kind"] == "ClusterRole" and o["metadata"]["name"] == OPERATOR_SA)["rules"]
     verbs = {v for r in rules for v in r["verbs"]}

@@ -13,6 +13,7 @@ from rlscale.operator import constants as C
 from rlscale.operator import settings as OS
 from rlscale.operator.handlers import INDEX_DEPLOYMENTS, INDEX_PODS, INDEX_STATEFULSETS, Handlers
 from rlscale.operator.observed import IndexObserver, index_entry
+from rlscale.operator.policy import Policy
 from tests.conftest import ROOT
 
 
@@ -97,10 +98,15 @@ def test_settings_come_from_the_environment_the_chart_sets():
 def test_policy_settings_come_from_the_environment():
     s = OS.OperatorSettings.from_env({OS.ENV_IMAGE_PREFIXES: "reg.example/ml/, ghcr.io/rlscale/,",
                                       OS.ENV_RUNTIME_CLASSES: "nvidia", OS.ENV_PRIORITY_CLASSES: "",
-                                      OS.ENV_REQUIRE_POD_SECURITY: "false"})
-    assert s.image_prefixes == ("reg.example/ml/", "ghcr.io/rlscale/")
-    assert (s.runtime_class_names, s.priority_class_names, s.require_pod_security) == (("nvidia",), (), False)
-    # Unset: any image and class, and the namespace must enforce Pod Security.
+                                      OS.ENV_TOLERATION_KEYS: "nvidia.com/gpu", OS.ENV_NODE_LABEL_KEYS: "pool,zone",
+                                      OS.ENV_SCHEDULERS: "volcano", OS.ENV_SECRET_NAMES: "hf-token",
+                                      OS.ENV_CLAIM_NAMES: "models", OS.ENV_REQUIRE_POD_SECURITY: "false"})
+    p = s.policy
+    assert p.image_prefixes == ("reg.example/ml/", "ghcr.io/rlscale/")
+    assert (p.runtime_class_names, p.priority_class_names, s.require_pod_security) == (("nvidia",), (), False)
+    assert (p.toleration_keys, p.node_label_keys, p.scheduler_names) == (("nvidia.com/gpu",), ("pool", "zone"),
+                                                                        ("volcano",))
+    assert (p.secret_names, p.claim_names) == (("hf-token",), ("models",))
+    # Unset: nothing allowed, and the namespace must enforce Pod Security.
     d = OS.OperatorSettings.from_env({})
-    assert (d.image_prefixes, d.runtime_class_names, d.priority_class_names, d.require_pod_security) == \
-        ((), (), (), True)
+    assert d.policy == Policy() and all(v == () for v in vars(d.policy).values()) and d.require_pod_security

@@ -149,3 +149,67 @@ def test_standby_health_answers_the_liveness_probe():
             assert r.status == 200 and b"standby" in r.read()
     finally:
         h.close()
+
+
+class Hanging(FakeKube):
+    """An API server whose Lease calls hang once `hang` is set (a half-open connection): they return only
+    when `release` is set."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.hang, self.release = threading.Event(), threading.Event()
+        self.lease_writes_after_hang = 0
+
+    def get(self, *args, **kw):
+        if self.hang.is_set():
+            self.release.wait(30)
+        return super().get(*args, **kw)
+
+    def merge_patch(self, *args, **kw):
+        if self.hang.is_set():
+            self.lease_writes_after_hang += 1
+        return super().merge_patch(*args, **kw)
+
+
+def test_a_renewal_hung_in_the_api_still_steps_down_at_the_deadline_and_writes_nothing_after():
+    """The client's own timeout (30 s) is longer than the lease: the watchdog, not the hung call, keeps
+    the renew deadline, and a renewal that returns after it writes no Lease."""
+    kube = Hanging()
+    a = LeaderElector(kube, "sys", "lead", "a", lease_s=1.5, renew_deadline_s=0.6, retry_s=0.1)
+    assert a.try_acquire_or_renew()
+    lost, stop = threading.Event(), threading.Event()
+    a.hold(lost.set, stop)
+    time.sleep(0.3)
+    assert not lost.is_set()
+    t0 = time.monotonic()
+    kube.hang.set()
+    assert lost.wait(5)
+    waited = time.monotonic() - t0
+    # The deadline counts from the last renewal, at most one retry (0.1 s) before the hang; the watchdog
+    # looks every 0.025 s.
+    assert waited <= 0.6 + 0.1 + 0.2, waited
+    assert a.fenced.is_set()
+    kube.release.set()  # the hung call returns: the fenced elector must not renew
+    time.sleep(0.4)
+    assert kube.lease_writes_after_hang == 0 and not a.try_acquire_or_renew()
+    stop.set()
+
+
+def test_an_outage_longer_than_the_lease_ends_the_lead_before_a_standby_may_take_it():
+    kube = FakeKube()
+    a = LeaderElector(kube, "sys", "lead", "a", lease_s=1.5, renew_deadline_s=0.6, retry_s=0.1)
+    assert a.try_acquire_or_renew()
+    lost, stop = threading.Event(), threading.Event()
+    a.hold(lost.set, stop)
+    real_get = kube.get
+
+    def away(*args, **kw):
+        raise _error(503, "ServiceUnavailable")
+    kube.get = away
+    t0 = time.monotonic()
+    assert lost.wait(5)
+    stepped_down = time.monotonic() - t0
+    kube.get = real_get
+    # A standby takes over no sooner than lease_s after the last record it saw change.
+    assert stepped_down < 1.5, stepped_down
+    stop.set()

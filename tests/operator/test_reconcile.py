@@ -11,6 +11,7 @@ import yaml
 from driverkit import measured, step_seconds
 from fakekube import FakeKube
 from kubernetes.client.exceptions import ApiException
+from policykit import SETTINGS
 from prometheus_client import REGISTRY
 
 from rlscale.operator import builders as B
@@ -18,6 +19,7 @@ from rlscale.operator import constants as C
 from rlscale.operator import scaling as SC
 from rlscale.operator.kube import RLRUN_API
 from rlscale.operator.planning import plan_for
+from rlscale.operator.policy import CHART_VALUES, Policy
 from rlscale.operator.reconcile import Controller
 from rlscale.operator.settings import OperatorSettings
 from rlscale.plan import Calibration, Plan
@@ -39,7 +41,7 @@ def fake() -> FakeKube:
 
 @pytest.fixture
 def ctl(fake) -> Controller:
-    return Controller(fake, OperatorSettings())
+    return Controller(fake, SETTINGS)
 
 
 def create(fake: FakeKube, name: str = RUN, **spec_over) -> dict:
@@ -218,7 +220,7 @@ def test_the_last_report_ends_the_run_and_scales_every_workload_to_zero(fake, ct
     assert "workloads scaled to zero" in cond(fake, outcome)["message"]
     assert set(replicas(fake).values()) == {0}  # the Ray head too: the accelerators are free
     # An operator started again keeps the ended run ended.
-    Controller(fake, OperatorSettings()).reconcile(NS, RUN, "resume")
+    Controller(fake, SETTINGS).reconcile(NS, RUN, "resume")
     assert set(replicas(fake).values()) == {0} and rlrun(fake)["status"]["phase"] == C.OUTCOME_PHASES[outcome]
 
 
@@ -430,9 +432,11 @@ def test_a_deleted_child_is_made_again_by_the_repair_pass(fake, ctl):
 
 
 def settings_with(**kw) -> OperatorSettings:
+    """The tests' settings (policykit.SETTINGS) with fields replaced, the policy's among them."""
     import dataclasses
 
-    return dataclasses.replace(OperatorSettings(), **kw)
+    policy = {k: kw.pop(k) for k in list(kw) if k in {f.name for f in dataclasses.fields(Policy)}}
+    return dataclasses.replace(SETTINGS, policy=dataclasses.replace(SETTINGS.policy, **policy), **kw)
 
 
 def foreign(kind: str, api_version: str, name: str, **more) -> dict:
@@ -490,7 +494,7 @@ def test_the_token_secret_of_a_run_an_older_operator_started_is_kept(fake, ctl):
     started(fake, ctl)
     st = rlrun(fake)["status"]
     fake.patch(RLRUN_API, C.RLRUN_KIND, NS, RUN, {"status": {"rayTokenSecret": None}})
-    fresh = Controller(fake, OperatorSettings())  # a restarted operator remembers nothing
+    fresh = Controller(fake, SETTINGS)  # a restarted operator remembers nothing
     fresh.reconcile(NS, RUN, "resume")
     assert cond(fake, C.COND_FAILED) == {} and rlrun(fake)["status"]["rayTokenSecret"] == "r-ray-token"
     assert st["plan"] == rlrun(fake)["status"]["plan"]
@@ -501,23 +505,73 @@ def test_the_token_secret_of_a_run_an_older_operator_started_is_kept(fake, ctl):
      "spec.learner.image (unset: the chart value runImages.trainer)", C.DEFAULT_TRAINER_IMAGE, "policy.imagePrefixes"),
     ({"image_prefixes": ("reg.example/ml/", "ghcr.io/rlscale/")}, {"rollout": {"image": "evil.example/vllm:1"}},
      "spec.rollout.image", "evil.example/vllm:1", "policy.imagePrefixes"),
+    # A prefix matches on a path boundary: reg.example/ml does not allow reg.example/ml-other.
+    ({"image_prefixes": ("reg.example/ml", "ghcr.io/rlscale/")}, {"rollout": {"image": "reg.example/ml-other/v:1"}},
+     "spec.rollout.image", "reg.example/ml-other/v:1", "policy.imagePrefixes"),
     ({"runtime_class_names": ("nvidia",)}, {"learner": {"pod": {"runtimeClassName": "kata"}}},
      "spec.learner.pod.runtimeClassName", "kata", "policy.runtimeClassNames"),
+    ({}, {"learner": {"pod": {"runtimeClassName": "nvidia"}}},
+     "spec.learner.pod.runtimeClassName", "nvidia", "policy.runtimeClassNames"),
     ({"priority_class_names": ("batch-low",)}, {"scheduling": {"priorityClassName": "system-node-critical"}},
      "spec.scheduling.priorityClassName", "system-node-critical", "policy.priorityClassNames"),
-], ids=["default-image", "rollout-image", "runtime-class", "priority-class"])
+    ({}, {"rollout": {"pod": {"priorityClassName": "system-cluster-critical"}}},
+     "spec.rollout.pod.priorityClassName", "system-cluster-critical", "policy.priorityClassNames"),
+    ({}, {"scheduling": {"schedulerName": "volcano"}}, "spec.scheduling.schedulerName", "volcano",
+     "policy.schedulerNames"),
+    ({}, {"learner": {"pod": {"tolerations": [{"key": "node-role.kubernetes.io/control-plane",
+                                               "operator": "Exists"}]}}},
+     "spec.learner.pod.tolerations[0].key", "node-role.kubernetes.io/control-plane", "policy.tolerationKeys"),
+    ({"node_label_keys": ("pool",)}, {"rollout": {"pod": {"nodeSelector": {"team-b/pool": "h100"}}}},
+     "spec.rollout.pod.nodeSelector", "team-b/pool", "policy.nodeLabelKeys"),
+    ({}, {"learner": {"pod": {"affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+        "nodeSelectorTerms": [{"matchExpressions": [{"key": "kubernetes.io/hostname", "operator": "In",
+                                                     "values": ["gpu-7"]}]}]}}}}}},
+     "spec.learner.pod.affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution.nodeSelectorTerms."
+     "matchExpressions.key", "kubernetes.io/hostname", "policy.nodeLabelKeys"),
+    ({}, {"learner": {"pod": {"imagePullSecrets": ["regcred"]}}}, "spec.learner.pod.imagePullSecrets[0]",
+     "regcred", "policy.secretNames"),
+    ({"secret_names": ("hf-token",)}, {"rollout": {"pod": {"env": [
+        {"name": "T", "valueFrom": {"secretKeyRef": {"name": "team-b-token", "key": "t"}}}]}}},
+     "spec.rollout.pod.env[0].valueFrom.secretKeyRef.name", "team-b-token", "policy.secretNames"),
+    ({}, {"learner": {"pod": {"volumes": [{"name": "d", "persistentVolumeClaim": {"claimName": "team-b-data"}}]}}},
+     "spec.learner.pod.volumes[0].persistentVolumeClaim.claimName", "team-b-data", "policy.claimNames"),
+    ({"claim_names": ()}, {}, "spec.model.volume.persistentVolumeClaim.claimName", "models", "policy.claimNames"),
+], ids=["default-image", "rollout-image", "image-path-boundary", "runtime-class", "runtime-class-none",
+        "priority-class", "system-priority-class", "scheduler", "toleration", "node-selector", "node-affinity",
+        "pull-secret", "env-secret", "claim", "model-claim"])
 def test_a_run_outside_the_admins_allowlists_gets_nothing(fake, settings, spec_over, field, value, chart_value):
     ctl = Controller(fake, settings_with(**settings))
     create(fake, **spec_over)
     o = ctl.reconcile(NS, RUN, "create")
     failed = cond(fake, C.COND_FAILED)
     assert o.refusal[0] == failed["reason"] == "NotAllowed"
-    assert f"{field} is {value!r}" in failed["message"] and chart_value in failed["message"]
+    assert f"{field} is {value!r}" in failed["message"] and chart_value in failed["message"], failed["message"]
     assert children_of(fake) == [] and fake.calls.get("create_if_absent", 0) == 0
     assert [e["reason"] for e in fake.events] == ["NotAllowed"]
-    # Allowed, it runs (the same run, the admin's list widened and the operator restarted).
-    Controller(fake, OperatorSettings()).reconcile(NS, RUN, "resume")
+    # Allowed, it runs (the same run, the admin's list widened by what was refused and the operator restarted).
+    key = next(k for k, v in CHART_VALUES.items() if v == chart_value)
+    allow = value.rsplit("/", 1)[0] if key == "image_prefixes" else value  # the default images' registry too
+    widened = {key: (*settings.get(key, getattr(SETTINGS.policy, key)), allow)}
+    Controller(fake, settings_with(**{**settings, **widened})).reconcile(NS, RUN, "resume")
     assert cond(fake, C.COND_FAILED)["status"] == "False" and workload(fake, C.ROLE_LEARNER) is not None
+
+
+def test_a_keyless_toleration_is_refused_whatever_the_admin_allows(fake):
+    ctl = Controller(fake, settings_with(toleration_keys=("nvidia.com/gpu",)))
+    create(fake, learner={"pod": {"tolerations": [{"operator": "Exists"}]}})
+    ctl.reconcile(NS, RUN, "create")
+    failed = cond(fake, C.COND_FAILED)
+    assert failed["reason"] == "NotAllowed" and "tolerates every taint" in failed["message"]
+
+
+def test_pod_affinity_may_not_look_into_other_namespaces(fake):
+    term = {"topologyKey": "kubernetes.io/hostname", "labelSelector": {"matchLabels": {"app": "x"}},
+            "namespaceSelector": {}}
+    ctl = Controller(fake, settings_with(node_label_keys=("kubernetes.io/hostname",)))
+    create(fake, learner={"pod": {"affinity": {"podAntiAffinity": {
+        "requiredDuringSchedulingIgnoredDuringExecution": [term]}}}})
+    ctl.reconcile(NS, RUN, "create")
+    assert "pods of other namespaces" in cond(fake, C.COND_FAILED)["message"]
 
 
 def test_allowed_images_and_classes_run():
@@ -534,7 +588,7 @@ def test_a_namespace_without_pod_security_gets_no_run():
     fake = FakeKube()
     fake.namespace(NS)
     create(fake)
-    o = Controller(fake, OperatorSettings()).reconcile(NS, RUN, "create")
+    o = Controller(fake, SETTINGS).reconcile(NS, RUN, "create")
     failed = cond(fake, C.COND_FAILED)
     assert o.refusal[0] == failed["reason"] == "NamespaceNotEnforced"
     assert f"kubectl label namespace {NS} pod-security.kubernetes.io/enforce=restricted" in failed["message"]
@@ -564,11 +618,11 @@ def test_an_operator_killed_after_creating_the_token_secret_knows_it_as_the_runs
     assert fake.get("v1", "Secret", NS, "r-ray-token") is not None
     assert rlrun(fake)["status"]["rayTokenSecret"] == "r-ray-token"
     del fake.refuse["ConfigMap"]
-    Controller(fake, OperatorSettings()).reconcile(NS, RUN, "resume")
+    Controller(fake, SETTINGS).reconcile(NS, RUN, "resume")
     assert cond(fake, C.COND_FAILED) == {} and workload(fake, C.ROLE_LEARNER) is not None
     # A Secret deleted behind the run's back is made again.
     fake.delete("v1", "Secret", NS, "r-ray-token")
-    Controller(fake, OperatorSettings()).reconcile(NS, RUN, "repair")
+    Controller(fake, SETTINGS).reconcile(NS, RUN, "repair")
     assert fake.get("v1", "Secret", NS, "r-ray-token") is not None
 
 
@@ -582,7 +636,7 @@ def with_images(images: dict[str, str], **kw) -> OperatorSettings:
     """The operator as the chart's runImages (RLSCALE_TRAINER_IMAGE / RLSCALE_ROLLOUT_IMAGE) set it."""
     import dataclasses
 
-    return settings_with(children=dataclasses.replace(OperatorSettings().children, **images), **kw)
+    return settings_with(children=dataclasses.replace(SETTINGS.children, **images), **kw)
 
 
 def pod_images(fake: FakeKube, name: str = RUN) -> dict[str, set[str]]:

@@ -173,7 +173,8 @@ def test_a_hub_dataset_resolves_from_the_cache_with_its_folder(tmp_path):
      "answer", "row 2: field 'answer' is missing"),
     ([{"prompt": "1+1=", "answer": "2"}, {"prompt": "2+2=", "answer": "4"}, {"prompt": ["x"], "answer": "6"}],
      "prompt", "row 3: field 'prompt' is list"),
-    ([{"prompt": "1+1=", "answer": "2"}, {"prompt": "", "answer": "4"}], "prompt", "row 2: field 'prompt' is str ''"),
+    ([{"prompt": "1+1=", "answer": "2"}, {"prompt": "", "answer": "4"}], "prompt",
+     "row 2: field 'prompt' is str (0 characters)"),
     ([{"prompt": "1+1=", "answer": [2]}], "answer", "row 1: field 'answer' is list"),
 ])
 def test_bad_rows_are_refused_naming_file_row_and_field(tmp_path, rows, field, problem):
@@ -183,6 +184,7 @@ def test_bad_rows_are_refused_naming_file_row_and_field(tmp_path, rows, field, p
     (err,) = info.value.errors
     text = str(err)
     assert err.path == "spec.task.dataset" and str(f) in text and problem in text, text
+    assert "1+1=" not in text and "'x'" not in text  # the rows' values are never quoted
 
 
 def test_a_missing_column_names_the_mapping_field_and_the_columns(tmp_path):
