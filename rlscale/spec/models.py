@@ -470,7 +470,8 @@ class RolloutSpec(_RoleSpec):
 class LearnerSpec(_RoleSpec):
     """DeepSpeed learner ranks."""
 
-    gpus_per_replica: int | None = Field(None, ge=0, le=MAX_GPUS_PER_POD, description="GPUs per learner pod. Unset: half of budget.gpus, "
+    gpus_per_replica: int | None = Field(None, ge=0, le=MAX_GPUS_PER_POD,
+                                         description="GPUs per learner pod. Unset: half of budget.gpus, "
                                          "at most a node's (hardware.gpusPerNode): across nodes one pod per node, so "
                                          "ZeRO's collectives run inside NVLink; on one node the other half is the "
                                          "rollout's. Ignored on accelerator cpu.")
