@@ -423,19 +423,28 @@ class SystemModel:
                     f"usable; {zero}{ckpt}{more}")
         return self.generate_phase_infeasible() if colocated else None
 
+    def update_bytes(self) -> float:
+        """What a weight update adds on each engine GPU: one transfer bucket (the receive buffer) and one layer's
+        shard, which vLLM's layerwise reload materialises while it processes the layer (bench/weight_sync.py:
+        the receive buffers peak at one bucket; the process's peak RSS rose 1.0-1.8 buckets per update on CPU)."""
+        layer = self.weight_bytes / max(1, self.shape.layers) / max(1, self.rollout_gpus)
+        return TRANSFER_BUCKET_BYTES + layer
+
     def generate_phase_infeasible(self) -> str | None:
         """Colocated, while the engine generates: the learner's states are offloaded (its context remains)
-        and the engine holds its share of the card plus one transfer bucket: u M + bucket + context <= M."""
+        and the engine holds its share of the card plus a weight update's extra (update_bytes):
+        u M + update + context <= M."""
         p, gb = self.profile, 1e9
         engine = p.memory * self.rollout_utilization
-        need = engine + TRANSFER_BUCKET_BYTES + LEARNER_CONTEXT_BYTES
+        update = self.update_bytes()
+        need = engine + update + LEARNER_CONTEXT_BYTES
         if need <= p.memory:
             return None
-        top = (p.memory - TRANSFER_BUCKET_BYTES - LEARNER_CONTEXT_BYTES) / p.memory
+        top = (p.memory - update - LEARNER_CONTEXT_BYTES) / p.memory
         return (f"rollout.gpuMemoryUtilization: {self.rollout_utilization:.2g} (colocated) gives the engine "
-                f"{engine / gb:.0f} GB of each GPU, which with a {TRANSFER_BUCKET_BYTES / gb:.1f} GB transfer bucket "
-                f"and the offloaded learner's {LEARNER_CONTEXT_BYTES / gb:.0f} GB context exceeds its "
-                f"{p.memory / gb:.0f} GB; lower it to at most {math.floor(top * 100) / 100:.2f}, "
+                f"{engine / gb:.0f} GB of each GPU, which with a weight update's {update / gb:.1f} GB (a transfer "
+                f"bucket and a layer) and the offloaded learner's {LEARNER_CONTEXT_BYTES / gb:.0f} GB context "
+                f"exceeds its {p.memory / gb:.0f} GB; lower it to at most {math.floor(top * 100) / 100:.2f}, "
                 "or set placement: disaggregated")
 
     def tensor_parallel_for_group(self) -> int | None:

@@ -67,7 +67,7 @@ def test_eight_h100_7b_auto_states_its_choice_in_words():
 
 def test_colocated_that_does_not_fit_names_the_fields():
     # generating: the engine's 0.99 x 80 GB + a 0.54 GB bucket + the learner's 1 GB context > 80 GB
-    with pytest.raises(PlanError, match=r"^spec\.rollout\.gpuMemoryUtilization: 0\.99 .*lower it to at most 0\.98, "
+    with pytest.raises(PlanError, match=r"^spec\.rollout\.gpuMemoryUtilization: 0\.99 .*lower it to at most 0\.97, "
                                         r"or set placement: disaggregated"):
         make_plan(gpu_spec("Qwen/Qwen2.5-7B-Instruct", 8, placement="colocated",
                            rollout={"gpuMemoryUtilization": 0.99}, learner={"gpusPerReplica": 4}))
