@@ -421,7 +421,16 @@ class SystemModel:
             return (f"learner.replicas: {learner} learner replica(s) need {states / gb:.0f} GB of training state "
                     f"+ {acts / gb:.1f} GB of activations (one sequence){engine} per GPU, above {limit / gb:.0f} GB "
                     f"usable; {zero}{ckpt}{more}")
-        return self.generate_phase_infeasible() if colocated else None
+        return self.generate_phase_infeasible(learner) if colocated else None
+
+    def resident_after_offload(self, learner: int) -> float:
+        """Training state that stays on each GPU after the colocated learner offloads: at ZeRO-3 DeepSpeed moves
+        the fp32 master weights and Adam's moments only for its FusedAdam, and the learner steps with torch's
+        AdamW, so those stay (trainer/transfer/ranks.py offloadable); below ZeRO-3 everything goes."""
+        if self.zero_stage < 3:
+            return 0.0
+        opt = 8.0 if self.dtype == "float32" else 12.0
+        return opt * self.shape.params * (2 if self.algorithm == "ppo" else 1) / self._learner_world(learner)
 
     def update_bytes(self) -> float:
         """What a weight update adds on each engine GPU: one transfer bucket (the receive buffer) and one layer's
@@ -430,20 +439,21 @@ class SystemModel:
         layer = self.weight_bytes / max(1, self.shape.layers) / max(1, self.rollout_gpus)
         return TRANSFER_BUCKET_BYTES + layer
 
-    def generate_phase_infeasible(self) -> str | None:
-        """Colocated, while the engine generates: the learner's states are offloaded (its context remains)
-        and the engine holds its share of the card plus a weight update's extra (update_bytes):
-        u M + update + context <= M."""
+    def generate_phase_infeasible(self, learner: int = 1) -> str | None:
+        """Colocated, while the engine generates: the learner's states are offloaded (its context and what
+        DeepSpeed keeps, resident_after_offload, remain) and the engine holds its share of the card plus a weight
+        update's extra (update_bytes): u M + update + context + resident <= M."""
         p, gb = self.profile, 1e9
         engine = p.memory * self.rollout_utilization
-        update = self.update_bytes()
+        update = self.update_bytes() + self.resident_after_offload(learner)
         need = engine + update + LEARNER_CONTEXT_BYTES
         if need <= p.memory:
             return None
         top = (p.memory - update - LEARNER_CONTEXT_BYTES) / p.memory
         return (f"rollout.gpuMemoryUtilization: {self.rollout_utilization:.2g} (colocated) gives the engine "
-                f"{engine / gb:.0f} GB of each GPU, which with a weight update's {update / gb:.1f} GB (a transfer "
-                f"bucket and a layer) and the offloaded learner's {LEARNER_CONTEXT_BYTES / gb:.0f} GB context "
+                f"{engine / gb:.0f} GB of each GPU, which with {update / gb:.1f} GB of a weight update (a transfer "
+                f"bucket and a layer) and the learner's states DeepSpeed keeps, and the offloaded learner's "
+                f"{LEARNER_CONTEXT_BYTES / gb:.0f} GB context "
                 f"exceeds its {p.memory / gb:.0f} GB; lower it to at most {math.floor(top * 100) / 100:.2f}, "
                 "or set placement: disaggregated")
 
