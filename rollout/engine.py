@@ -147,7 +147,7 @@ def engine_kwargs(config: EngineConfig, on_gpu: bool) -> dict[str, Any]:
         skip_tokenizer_init=True,
         logprobs_mode=LOGPROBS_MODE,
         enable_prefix_caching=True,
-        worker_extension_cls=f"{__name__}.RolloutWorkerExtension",
+        worker_extension_cls="rlscale.rollout.worker_ext.RolloutWorkerExtension",
     )
     if tp > 1:
         kwargs["tensor_parallel_size"] = tp
@@ -189,6 +189,9 @@ class RolloutEngine:
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "1" if config.multiprocess else "0"
         from vllm import LLM
 
+        from rlscale.rollout.transfer import register
+
+        register()  # an in-process worker builds its transfer engine from vLLM's factory in LLM(...)
         on_gpu = _on_gpu()
         if not on_gpu and config.cpu_threads is not None:
             _use_cpu_threads(config.cpu_threads)
@@ -394,39 +397,6 @@ class RolloutEngine:
             self.llm = None
 
 
-class RolloutWorkerExtension:
-    """Methods vLLM mixes into its worker (`worker_extension_cls`), callable by name
-    through collective_rpc from this process or across the engine-process boundary."""
-
-    def rlscale_transfer_stats(self) -> dict[str, Any]:
-        stats = getattr(getattr(self, "weight_transfer_engine", None), "stats", None)
-        return stats.as_dict() if stats is not None else {}
-
-
-    def rlscale_refresh_lm_heads(self) -> int:
-        """Re-derive the LM heads' kernel form from their (possibly tied) weight.
-
-        With tied embeddings the checkpoint has no lm_head tensor, so the in-place reload
-        skips the head ("ParallelLMHead: Failed to load weights"). Its shared weight is
-        updated through the embedding, but on CPU the head computes logits from a packed
-        copy (oneDNN / sgl kernel) made at load time: without this the logits keep coming
-        from the old embedding. On GPU the method uses the weight directly: a no-op.
-        """
-        from vllm.model_executor.layers.vocab_parallel_embedding import (
-            ParallelLMHead,
-            UnquantizedEmbeddingMethod,
-        )
-
-        n = 0
-        for module in self.get_model().modules():
-            if isinstance(module, ParallelLMHead) and isinstance(
-                module.quant_method, UnquantizedEmbeddingMethod
-            ):
-                module.quant_method.process_weights_after_loading(module)
-                n += 1
-        return n
-
-
 def prompt_seeds(seed: int | Sequence[int] | None, prompts: int, samples_per_prompt: int) -> list[int | None]:
     """One seed per prompt, from a base seed for the batch or one seed per prompt (None: unseeded)."""
     if seed is None or isinstance(seed, int):
@@ -453,10 +423,3 @@ def group_samples(outputs: Sequence[Any], prompts: int, copies: int, version: in
                                   weights_version=version))
         result.append(samples)
     return result
-
-
-from rlscale.rollout.transfer import register as _register_transfer_backends  # noqa: E402
-
-# vLLM builds a worker's transfer engine from its factory when the worker loads the model; a worker in its own
-# process (tensor parallelism) imports this module for RolloutWorkerExtension before that, so it registers too.
-_register_transfer_backends()
