@@ -405,8 +405,8 @@ def _rule_resources(role: str):
 def _resource_rule(role: str) -> Rule:
     r = f"self.{role}.resources"
     ok = " || ".join([f"k in {_cel_list(RESOURCE_NAMES)}", *(f"k.startsWith('{p}')" for p in RESOURCE_PREFIXES)])
-    return Rule(f"{role}.resources", f"(!has({r}.requests) || {r}.requests.all(k, {ok})) && "
-                f"(!has({r}.limits) || {r}.limits.all(k, {ok}))",
+    return Rule(f"{role}.resources", f"!has({r}) || ((!has({r}.requests) || {r}.requests.all(k, {ok})) && "
+                f"(!has({r}.limits) || {r}.limits.all(k, {ok})))",
                 f"{role}.resources may request and limit only " + ", ".join(RESOURCE_NAMES) + " and hugepages-*: "
                 f"GPUs come through {role}.gpusPerReplica", _rule_resources(role))
 
