@@ -78,8 +78,16 @@ def model_cache() -> Path:
 
 
 def quickstart(**spec_over) -> dict:
-    """examples/quickstart-k8s.yaml, with spec sections updated (e.g. budget={"maxSteps": 60})."""
+    """examples/quickstart-k8s.yaml at its smallest, what the suite's other runs and the benches build
+    on: no namespace (they apply it with -n), one pod of each role with one rank, the placement left
+    to the planner, no export; then spec sections updated (e.g. budget={"maxSteps": 60})."""
     obj = yaml.safe_load(SPEC.read_text())
+    obj["metadata"].pop("namespace", None)
+    spec = obj["spec"]
+    for key in ("placement", "export"):
+        spec.pop(key, None)
+    spec["rollout"]["replicas"] = 1
+    spec["learner"].update(replicas=1, ranksPerReplica=1)
     for k, v in spec_over.items():
         obj["spec"][k] = {**obj["spec"].get(k, {}), **v} if isinstance(v, dict) else v
     return obj

@@ -1,9 +1,10 @@
-"""The product's main path on the real node: `helm install` the chart (the operator image built
-here), `kubectl apply -f` the quickstart (examples/quickstart-k8s.yaml at scale: 2 rollout replicas,
-2 learner pods of 2 ranks each, weights by broadcast; see quickstart_at_scale), and the operator's own
-pods train it to its target; a real Prometheus finds the pods through the API server the way the
-chart's PodMonitor and ServiceMonitor ask, and every panel of the Grafana dashboard has data.
-Then two runs that cannot work say why and free their pods.
+"""The product's main path on the real node, as the README writes it: its Kubernetes block's lines
+from `helm install` on, run as written (the chart with the operator image built here, the run's
+namespace and claims from examples/cluster/quickstart-volumes.yaml, `kubectl apply -f
+examples/quickstart-k8s.yaml`: 2 rollout pods, 2 learner pods of 2 ranks each, weights through
+vLLM's protocol), and the operator's own pods train it to its target; a real Prometheus finds the
+pods through the API server the way the chart's PodMonitor and ServiceMonitor ask, and every panel
+of the Grafana dashboard has data. Then two runs that cannot work say why and free their pods.
 
 Each scenario (the quickstart run; the two failing runs) happens once, in a fixture that records
 what it saw (tests/node/scenario.py); each test checks one property of that record, so a
@@ -13,6 +14,9 @@ scenario, so the quickstart's namespace and Prometheus go before the failing run
 from __future__ import annotations
 
 import json
+import os
+import re
+import shutil
 import statistics
 import subprocess
 import sys
@@ -40,14 +44,50 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 OPERATOR_NS = qs.OPERATOR_NS
-RUN = "quickstart"
+README = REPO / "README.md"
 EXAMPLE = REPO / "examples/quickstart-k8s.yaml"
-# The quickstart at scale, in the one run the suite has time for: 2 rollout replicas, 2 learner pods
-# of 2 ranks each (a world of 4, each pod's launcher numbering its ranks), weights by broadcast.
-ROLLOUT_REPLICAS, LEARNER_PODS, RANKS_PER_POD = 2, 2, 2
+VOLUMES = REPO / "examples/cluster/quickstart-volumes.yaml"
+_RUN = yaml.safe_load(EXAMPLE.read_text())
+RUN, NS = _RUN["metadata"]["name"], _RUN["metadata"]["namespace"]
+# The example at scale: rollout pods, learner pods of several ranks (a world each pod's launcher
+# numbers its ranks in), every publish to every rollout pod.
+ROLLOUT_REPLICAS = _RUN["spec"]["rollout"]["replicas"]
+LEARNER_PODS, RANKS_PER_POD = _RUN["spec"]["learner"]["replicas"], _RUN["spec"]["learner"]["ranksPerReplica"]
 WORLD_SIZE = LEARNER_PODS * RANKS_PER_POD
-NS = "quickstart-e2e"
 BY_GLOO = f"by gloo to {ROLLOUT_REPLICAS} replicas"
+# The README's set-up lines the test's own fixtures stand for (its cluster, images built here and
+# loaded into its node, its kubeconfig); every later line runs as written but the last, `kubectl get
+# rlrun ... -w`, whose watching the test does by polling.
+STANDS_FOR = ("make cluster", "export KUBECONFIG=", "make images", "bash hack/images/load.sh ")
+
+
+def readme_block() -> list[str]:
+    """The README's Kubernetes block: its commands, trailing comments dropped."""
+    section = README.read_text().split("\n## On Kubernetes\n", 1)[1]
+    block = section.split("```bash\n", 1)[1].split("```", 1)[0]
+    return [re.sub(r"\s+#.*$", "", line).strip() for line in block.splitlines() if line.strip()]
+
+
+def readme_commands() -> tuple[list[str], str]:
+    """(the lines the test runs as written, the watch line); the README changed where the test cannot
+    follow it fails here, naming the line."""
+    lines = readme_block()
+    for i, prefix in enumerate(STANDS_FOR):
+        assert lines[i].startswith(prefix), f"README's Kubernetes block line {i + 1}: {lines[i]!r}"
+    run, watch = lines[len(STANDS_FOR):-1], lines[-1]
+    assert watch.startswith(f"kubectl get rlrun {RUN} ") and watch.endswith(" -w"), watch
+    assert run[0].startswith("helm install ") and f"kubectl apply -f {EXAMPLE.relative_to(REPO)}" in run, run
+    return run, watch
+
+
+def hostpath(pv: str) -> Path:
+    """The hostPath of the README's PersistentVolume `pv`."""
+    for doc in yaml.safe_load_all(VOLUMES.read_text()):
+        if doc["kind"] == "PersistentVolume" and doc["metadata"]["name"] == pv:
+            return Path(doc["spec"]["hostPath"]["path"])
+    raise AssertionError(f"no PersistentVolume {pv} in {VOLUMES}")
+
+
 # The run's namespace enforces the `restricted` Pod Security profile: a pod of the run that
 # asked for more (root, a capability, a writable root filesystem...) would be refused.
 PSS = {"pod-security.kubernetes.io/enforce": "restricted", "pod-security.kubernetes.io/warn": "restricted"}
@@ -135,19 +175,6 @@ def get(kubectl, kind: str, name: str | None = None, ns: str = NS, selector: str
     return json.loads(out.stdout) if out.returncode == 0 else None
 
 
-def quickstart_at_scale(example: Path = EXAMPLE) -> dict:
-    """The example's RLRun with 2 rollout replicas, 2 learner pods of 2 ranks and weights through vLLM's
-    weight transfer protocol (the gloo stand-in for nccl), on rollout pods of their own (placement pinned:
-    the planner's `auto` could colocate)."""
-    run = yaml.safe_load(example.read_text())
-    spec = run["spec"]
-    spec["placement"] = "disaggregated"
-    spec["rollout"].update(replicas=ROLLOUT_REPLICAS)
-    spec["learner"].update(replicas=LEARNER_PODS, ranksPerReplica=RANKS_PER_POD)
-    spec["export"] = {"hf": True}  # the finished run's weights as a Hugging Face directory on the claim
-    return run
-
-
 def namespace_and_claims(kubectl, ns: str, checkpoints: Path) -> None:
     kubectl("apply", "-f", "-", input=json.dumps({"apiVersion": "v1", "kind": "Namespace",
                                                   "metadata": {"name": ns, "labels": PSS}}))
@@ -156,8 +183,7 @@ def namespace_and_claims(kubectl, ns: str, checkpoints: Path) -> None:
 
 
 # The quickstart run's steps, in order.
-OPERATOR = "the operator pod Ready"
-CLAIMS = "the run's namespace and claims"
+OPERATOR = "the README's lines up to the RLRun run as written, the operator pod Ready"
 PROMETHEUS = "Prometheus ready"
 PODS = "the run's pods Running"
 FIRST_STEP = "the first step in status"
@@ -206,7 +232,10 @@ def quickstart(node_cluster, images, tmp_path_factory) -> Iterator[Quickstart]:
             if scenario.prom:
                 scenario.prom.stop()
         finally:
-            node_cluster.kubectl("delete", "namespace", NS, "--wait=false", check=False)
+            # The README's objects go (the namespace, its claims and the two PersistentVolumes); the
+            # hostPath folders stay, the model built into them once.
+            for f in (EXAMPLE, VOLUMES):
+                node_cluster.kubectl("delete", "-f", str(f), "--wait=false", "--ignore-not-found", check=False)
 
 
 class QuickstartRun:
@@ -214,7 +243,8 @@ class QuickstartRun:
 
     def __init__(self, cluster, workdir: Path):
         self.c, self.kubectl, self.workdir = cluster, cluster.kubectl, workdir
-        self.facts = Quickstart(node=cluster.node_name, checkpoints=workdir / "checkpoints")
+        self.facts = Quickstart(node=cluster.node_name, checkpoints=hostpath("rlscale-checkpoints"))
+        self.commands, _ = readme_commands()
         self.prom: DiscoveringPrometheus | None = None
         self.t_apply = 0.0
         self.first = None  # the first step seen in status
@@ -222,9 +252,8 @@ class QuickstartRun:
     def run_all(self) -> None:
         s = self.facts.steps
         s.run(OPERATOR, self.install_operator)
-        s.run(CLAIMS, lambda: namespace_and_claims(self.kubectl, NS, self.facts.checkpoints), needs=[OPERATOR])
-        s.run(PROMETHEUS, self.start_prometheus, needs=[CLAIMS])
-        s.run(PODS, self.apply, needs=[CLAIMS])
+        s.run(PROMETHEUS, self.start_prometheus, needs=[OPERATOR])
+        s.run(PODS, self.apply, needs=[OPERATOR])
         s.run(FIRST_STEP, self.first_step, needs=[PODS])
         s.run(LEARNER_LOG, self.read_learner_log, needs=[FIRST_STEP])
         s.run(PROGRESS, self.steps_progress, needs=[FIRST_STEP])
@@ -245,8 +274,28 @@ class QuickstartRun:
         pods = self.get("pods", selector=f"{C.LABEL_RUN}={RUN},{C.LABEL_ROLE}={role}")["items"]
         return [p for p in pods if p["status"].get("phase") == "Running"]
 
+    def readme_line(self, line: str) -> None:
+        """One line of the README's block, as written, against this test's cluster."""
+        env = {**os.environ, "KUBECONFIG": str(self.c.kubeconfig), "PATH": f"{cp.bin_dir()}:{os.environ['PATH']}"}
+        out = subprocess.run(["bash", "-euo", "pipefail", "-c", line], cwd=REPO, env=env, capture_output=True,
+                             text=True, timeout=600)
+        assert out.returncode == 0, f"README line {line!r} exited {out.returncode}:\n{out.stdout}\n{out.stderr}"
+
     def install_operator(self) -> None:
-        qs.helm_install(cp.bin_dir() / "helm", self.c.kubeconfig)
+        """The README's lines before the RLRun's: `helm install` (a release another test of the session
+        made goes first, as `helm install` refuses a name in use), the claims' folders, the namespace
+        and claims. A checkpoint folder an earlier run left would make this one resume it: moved aside."""
+        helm = str(cp.bin_dir() / "helm")
+        env = {**os.environ, "KUBECONFIG": str(self.c.kubeconfig)}
+        subprocess.run([helm, "uninstall", "rlscale", "-n", OPERATOR_NS, "--wait", "--ignore-not-found"],
+                       env=env, capture_output=True, timeout=300)
+        old = self.facts.checkpoints
+        if old.exists() and any(old.iterdir()):
+            aside = old.with_name(old.name + ".previous")
+            shutil.rmtree(aside, ignore_errors=True)
+            old.rename(aside)
+        for line in self.commands[:self.commands.index(f"kubectl apply -f {EXAMPLE.relative_to(REPO)}")]:
+            self.readme_line(line)
         op = wait("the operator pod Ready", lambda: [
             p for p in self.get("pods", ns=OPERATOR_NS, selector="app.kubernetes.io/name=rlscale")["items"]
             if any(s.get("ready") for s in p["status"].get("containerStatuses", []))], 300)
@@ -257,7 +306,9 @@ class QuickstartRun:
 
     def apply(self) -> None:
         self.t_apply = time.monotonic()
-        self.kubectl("apply", "-n", NS, "-f", "-", input=json.dumps(quickstart_at_scale()))
+        apply = self.commands.index(f"kubectl apply -f {EXAMPLE.relative_to(REPO)}")
+        for line in self.commands[apply:]:
+            self.readme_line(line)
         # The learner pod installs the model into the claim on a cold machine (the shipped build:
         # seconds; the recipe, where none ships, took 690 s in the pod on a 2-core machine beside
         # the run's other pods), then DeepSpeed and vLLM start.
@@ -412,7 +463,7 @@ class TestQuickstart:
         for f in REPORT_FILES:
             assert quickstart.report_files[f], f
         recs, prog = quickstart.records, quickstart.status["progress"]
-        target = quickstart_at_scale()["spec"]["target"]["value"]
+        target = _RUN["spec"]["target"]["value"]
         assert recs[-1]["target_metric"] >= target and [r["step"] for r in recs] == list(range(1, len(recs) + 1))
         step_s = statistics.median(r["step_seconds"] for r in recs[len(recs) // 2:])
         print(f"apply -> first step in status {quickstart.t_first:.0f} s; {len(recs)} steps, median {step_s:.3f} s "
