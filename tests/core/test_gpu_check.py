@@ -32,6 +32,7 @@ def _rows(folder: Path, check: str) -> list[dict]:
     return [r for r in json.loads((folder / "gpu-check.json").read_text())["rows"] if r["check"] == check]
 
 
+@pytest.mark.slow  # seconds of subprocesses or models: `make test`, not `make unit`
 @pytest.mark.skipif(HAS_GPU, reason="this machine has a GPU")
 def test_without_a_gpu_it_says_so_lists_the_checks_and_exits_0(tmp_path):
     proc = _run(env={"OUT": str(tmp_path)})
@@ -42,6 +43,7 @@ def test_without_a_gpu_it_says_so_lists_the_checks_and_exits_0(tmp_path):
     assert list(tmp_path.iterdir()) == []  # no report pretending to be one
 
 
+@pytest.mark.slow  # seconds of subprocesses or models: `make test`, not `make unit`
 def test_cpu_smoke_hands_buckets_over_shared_memory_and_decodes(tmp_path):
     proc = _run("--cpu-smoke", "--checks", "driver,ipc,nccl,offload,decode", env={"OUT": str(tmp_path)})
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -158,6 +160,7 @@ def test_nccl_verdicts():
     assert other["verdict"] == "FAIL" and "proves nothing" in other["note"]
 
 
+@pytest.mark.slow  # seconds of subprocesses or models: `make test`, not `make unit`
 def test_the_nccl_check_runs_two_ranks_and_without_a_gpu_proves_nothing():
     # the two processes, their answers and the verdict; here both fail before NCCL (no CUDA device)
     s = common.cpu_smoke_settings(["nccl"])
@@ -217,6 +220,7 @@ def test_learner_rows_gate_the_planner_and_call_an_unplanned_oom_a_miss():
     assert oom[0]["verdict"] == "MISS" and "the planner said it fits" in oom[0]["note"]
 
 
+@pytest.mark.slow  # seconds of subprocesses or models: `make test`, not `make unit`
 def test_without_deepspeed_a_plain_torch_step_stands_in(monkeypatch):
     planner, _ = common.import_planner()
     s = common.cpu_smoke_settings(["learner"])

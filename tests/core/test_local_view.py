@@ -80,6 +80,7 @@ def test_off_a_terminal_each_eval_is_a_line_and_the_end_its_own():
     assert lines[3:] == ["view at step 6", "target reached — report: runs/x/summary.md"]
 
 
+@pytest.mark.slow  # seconds of subprocesses or models: `make test`, not `make unit`
 def test_the_summary_is_printed_as_written_with_the_next_commands(tmp_path, shown):
     run_dir = tmp_path / "runs" / "quickstart"
     write_run(run_dir, records(8, reached_at=8))
@@ -98,6 +99,7 @@ def test_the_summary_is_printed_as_written_with_the_next_commands(tmp_path, show
     assert "resume from the last checkpoint" in shown.getvalue().rsplit("next:", 1)[1]
 
 
+@pytest.mark.slow  # seconds of subprocesses or models: `make test`, not `make unit`
 def test_a_finished_run_is_known_from_its_records(tmp_path):
     spec = load_rlrun(QUICKSTART).spec
     run_dir = tmp_path / "quickstart"
@@ -112,6 +114,7 @@ def test_a_finished_run_is_known_from_its_records(tmp_path):
     assert local_view.finished_end(run_dir, spent) is None
 
 
+@pytest.mark.slow  # seconds of subprocesses or models: `make test`, not `make unit`
 def test_rlscale_run_of_a_finished_run_starts_nothing(tmp_path, shown):
     rlrun = load_rlrun(QUICKSTART)
     write_run(tmp_path / "runs" / rlrun.name, records(8, reached_at=8))

@@ -77,6 +77,7 @@ def _records(n: int = 30) -> list[StepRecord]:
     return [StepRecord.from_dict(d) for d in _dicts(n)]
 
 
+@pytest.mark.slow  # seconds of subprocesses or models: `make test`, not `make unit`
 def test_report_files(tmp_path: Path):
     recs = _dicts()
     (tmp_path / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in recs) + "\n{\"step\": 31, \"trunc")
@@ -100,6 +101,7 @@ def test_report_files(tmp_path: Path):
     assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 10_000
 
 
+@pytest.mark.slow  # seconds of subprocesses or models: `make test`, not `make unit`
 def test_report_of_a_run_without_diagnostics_says_so(tmp_path: Path):
     keys = ("mixed_group_fraction", "entropy", "clip_fraction", "grad_norm", "logprob_diff", "logprob_abs_diff")
     recs = [{k: v for k, v in r.items() if k not in keys} for r in _dicts(4)]  # a log written before them

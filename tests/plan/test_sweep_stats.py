@@ -174,6 +174,7 @@ def stale_run(prompts: int, seed: int, k: int, p: float, gain: float, samples: i
     return RunData(prompts, SPP, "sqrt", seed, run.lr, recs, window=1, staleness=k, source=f"p{prompts}-s{seed}-k{k}")
 
 
+@pytest.mark.slow  # seconds of subprocesses or models: `make test`, not `make unit`
 def test_a_sweep_with_staleness_fits_p_and_the_patch_carries_it(spec, tmp_path):
     runs = [stale_run(p, s, k, 0.1, 1.0 if k == 0 else 1.5) for s in (0, 1) for p in (8, 16) for k in (0, 1, 2)]
     res = analyse("stale", spec, runs)

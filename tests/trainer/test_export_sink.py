@@ -73,6 +73,7 @@ def _params(path: Path) -> dict[str, torch.Tensor]:
             .named_parameters()}
 
 
+@pytest.mark.slow  # seconds of subprocesses or models: `make test`, not `make unit`
 def test_a_finished_run_writes_the_learners_weights_and_tells_the_sinks(tmp_path, model_and_weights):
     model, weights = model_and_weights
     told = Told()
@@ -133,6 +134,7 @@ def test_a_failure_mid_write_leaves_no_export_and_keeps_the_earlier_one(tmp_path
     assert list((fresh / "run" / "export").iterdir()) == []
 
 
+@pytest.mark.slow  # seconds of subprocesses or models: `make test`, not `make unit`
 def test_the_summary_and_the_last_progress_report_name_the_export(tmp_path, model_and_weights):
     from rlscale.progress_report import export_words
     from rlscale.trainer.sinks import KubeSink, RunLog

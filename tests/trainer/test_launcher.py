@@ -12,6 +12,8 @@ import sys
 import textwrap
 import time
 
+import pytest
+
 from rlscale.roles import free_port
 from rlscale.trainer.launcher import LAUNCHED_ENV, Launcher, Layout, is_launcher
 
@@ -88,6 +90,7 @@ def test_sigterm_reaches_every_rank_once_and_a_clean_stop_exits_0(tmp_path):
     assert [(tmp_path / f"term-{i}").read_text() for i in range(2)] == ["x", "x"]
 
 
+@pytest.mark.slow  # seconds of subprocesses or models: `make test`, not `make unit`
 def test_two_launchers_of_two_ranks_are_one_gloo_world_of_four(tmp_path):
     argv = _script(tmp_path, """
         import os

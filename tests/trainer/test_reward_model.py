@@ -126,6 +126,7 @@ def test_the_term_needs_the_runs_ray(rm_dir):
         score(reward, PROMPTS[:1], COMPLETIONS[:1], ANSWERS[:1], [True])
 
 
+@pytest.mark.slow  # seconds of subprocesses or models: `make test`, not `make unit`
 def test_served_weighted_sum_equals_transformers_and_logs_each_term(rm_dir, ray_cluster, tmp_path, monkeypatch):
     """Two replicas, chunks of 3 pairs: the served scores are transformers' forward of each pair alone; the sum
     weighs them with exact-match; each term's mean goes to the step record; the run's end deletes the replicas."""

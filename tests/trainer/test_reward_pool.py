@@ -149,6 +149,7 @@ def test_the_report_has_a_line_per_term():
     assert "killed at task.rewardTimeout: 4" in text
 
 
+@pytest.mark.slow  # seconds of subprocesses or models: `make test`, not `make unit`
 def test_the_driver_scores_in_the_pool_logs_each_term_and_ends_the_pool(tmp_path, monkeypatch):
     """A run's loop around fakes: the plug-in's calls in worker processes, reward/<term> and the timeouts
     in the step records, and the workers gone when the run ends."""

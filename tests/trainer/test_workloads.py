@@ -138,6 +138,7 @@ for dataset, model in json.loads(sys.argv[1]):
 """
 
 
+@pytest.mark.slow  # seconds of subprocesses or models: `make test`, not `make unit`
 def test_a_hub_dataset_resolves_from_the_cache_with_its_folder(tmp_path):
     """`hf download acme/gsm --repo-type dataset` leaves the files under HF_HOME's hub cache;
     task.dataset names the dataset, or a folder of it (GSM8K keeps its configs as folders)."""
