@@ -18,7 +18,7 @@ import numpy as np
 
 from rlscale.spec import FieldError, SpecError
 from rlscale.trainer.rewards import Reward, RewardError, parse_expression, resolve_reward, score
-from rlscale.trainer.tasks import ArithmeticTask, Problem
+from rlscale.trainer.tasks import ArithmeticTask, Problem, load_task
 
 log = logging.getLogger("rlscale.data")
 
@@ -249,8 +249,8 @@ def read_rows(task, needs_answer: bool = True) -> tuple[list[Row], list[Row]]:
 
 
 def builtin_rows(task) -> tuple[list[Row], list[Row]]:
-    """builtin:arithmetic as rows (its own fixed split)."""
-    t = ArithmeticTask(difficulty=task.difficulty, seed=0)
+    """A builtin task as rows (its own fixed split)."""
+    t = load_task(task.name or ArithmeticTask.name, difficulty=task.difficulty, seed=0)
     to_rows = lambda ps: [Row(i, p.prompt, None, p.answer, {}) for i, p in enumerate(ps, start=1)]  # noqa: E731
     held = t.eval[: task.eval_size] if task.eval_size is not None else t.eval
     return to_rows(t.train), to_rows(held)

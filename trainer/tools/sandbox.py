@@ -77,9 +77,13 @@ class _Worker:
                                      stdout=subprocess.PIPE, env=env, start_new_session=True)
         self.cpu = 0.0
         hello = self.read(STARTUP_TIMEOUT_S)
+        if hello and hello.get("error"):  # a plug-in tool that does not import: no restart helps
+            self.kill()
+            raise ImportError(f"spec.task.tools: a tool worker could not load the tools: {hello['error']}; run from "
+                              "the directory that holds the module or put it on PYTHONPATH")
         if not hello or not hello.get("ready"):  # None (no answer in time) or {} (it ended)
             self.kill()
-            why = (hello or {}).get("error") or f"exit status {self.proc.poll()}"
+            why = f"exit status {self.proc.poll()}"
             raise RuntimeError(f"spec.task.tools: a tool worker did not start ({why}); check the tools' "
                                "module:function names import on the driver's node")
         self.network = hello["network"]
