@@ -43,6 +43,7 @@ class Sample:
     tool_calls: int = 0
     tool_errors: int = 0
     tool_seconds: float = 0.0
+    tool_wall: float = 0.0
     env_reward: float = 0.0
 
 
@@ -105,7 +106,8 @@ def _sample_state(s: Any) -> dict:
            "finish_reason": str(s.finish_reason)}
     if getattr(s, "mask", None) is not None:  # a trajectory: what it trains on and what it did
         out.update(mask=[int(m) for m in s.mask], text=s.text, turns=int(s.turns), tool_calls=int(s.tool_calls),
-                   tool_errors=int(s.tool_errors), tool_seconds=float(s.tool_seconds), env_reward=float(s.env_reward))
+                   tool_errors=int(s.tool_errors), tool_seconds=float(s.tool_seconds), tool_wall=float(s.tool_wall),
+                   env_reward=float(s.env_reward))
     return out
 
 

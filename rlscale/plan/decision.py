@@ -300,6 +300,10 @@ def system_model(spec: Any, calibration: Calibration | None = None, host_cores: 
         group_size=spec.batch.samples_per_prompt,
         micro_batch_tokens=getattr(spec.batch, "micro_batch_tokens", None),
         host_cores=host_cores if profile.shared_host else 0,
+        # A trajectory's turns: measured, else task.maxTurns (an upper bound: a trajectory may answer sooner).
+        turns=float(cal_turns if calibration is not None and (cal_turns := calibration.turns) else
+                    getattr(spec.task, "max_turns", None) or 1),
+        tool_seconds=float(calibration.tool_seconds or 0.0) if calibration is not None else 0.0,
     )
 
 
@@ -567,6 +571,11 @@ def _notes(spec: Any, model: SystemModel, cal: Calibration, win: Candidate, n_no
         notes.append(activations)
     if model.profile.shared_host:
         notes.append("cpu: rollout and learner replicas share one machine's cores, so more replicas add no throughput")
+    if model.turns > 1:
+        notes.append(f"multi-turn: {model.turns:.2f} model turns per trajectory "
+                     f"({'measured' if cal.turns else 'task.maxTurns, an upper bound'}), each one more engine pass; "
+                     f"{model.tool_seconds:.2f} s in tools per step "
+                     f"({'measured' if cal.tool_seconds else 'not measured yet'})")
     if getattr(spec.task, "reward_model", None) is not None:
         notes.append(spec.task.reward_model.plan_note())
     return tuple(notes)

@@ -32,3 +32,26 @@ def test_the_report_says_how_tool_use_changed_and_plots_it(tmp_path):
     assert line in summarize(recs, [], 0.8, "eval/accuracy", "t")
     assert tool_lines([StepRecord(step=1)]) == []
     assert plot_diagnostics(recs, tmp_path / "d.png").stat().st_size > 0
+
+
+def test_the_planner_counts_turns_and_tool_seconds():
+    from rlscale.plan.calibration import Calibration
+    from rlscale.plan.decision import system_model
+    from rlscale.spec import load_rlrun
+    from tests.conftest import EXAMPLES
+
+    spec = load_rlrun(EXAMPLES / "tools-quickstart.yaml").spec
+    single = spec.model_copy(deep=True)
+    single.task.tools, single.task.max_turns = None, 1
+    two, one = system_model(spec), system_model(single)
+    assert (two.turns, one.turns) == (2.0, 1.0)
+    assert two.generation(16, 8, 1).seconds > one.generation(16, 8, 1).seconds
+    recs = [StepRecord(step=i, prompts=16, samples_per_prompt=8, phases={"generate": 1.0},
+                       tools={"turns": 1.4, "wall_seconds": 0.3}) for i in range(1, 4)]
+    cal = Calibration.from_steps(recs)
+    assert (cal.turns, cal.tool_seconds) == (1.4, 0.3)
+    assert Calibration.from_dict(cal.to_dict()).turns == 1.4
+    measured = system_model(spec, cal)
+    assert (measured.turns, measured.tool_seconds) == (1.4, 0.3)
+    assert measured.generation(16, 8, 1).seconds - system_model(spec, Calibration(turns=1.4)).generation(
+        16, 8, 1).seconds == __import__("pytest").approx(0.3)

@@ -171,3 +171,32 @@ def test_the_driver_trains_on_the_masks_and_records_tool_figures(tmp_path, tok, 
     assert all(0 in m for m, rw in zip(batch.response_mask, batch.rewards, strict=True) if rw == 1.0)
     assert rec.tools["calls"] == n and rec.tools["with_calls"] == 0.5 and rec.tools["turns"] == 1.5
     assert evaluate_task(r, tok, problems, resolve_reward("exact-match"), 16, 0)["eval/accuracy"] == 0.5
+
+
+def test_trajectories_generated_ahead_keep_their_masks_through_a_checkpoint(tok, tools):
+    from rlscale.trainer.pipeline import Rollouts
+    from rlscale.trainer.tools.loop import response_masks
+
+    r = rollout(tok, tools, lambda text: call(text.rstrip("=")))
+    (g,) = r.generate(prompts(tok, ["12*12="]), 2, temperature=1.0, top_p=1.0, max_new_tokens=16)
+    p = Problem("12*12=", "144", prompt_ids=tuple(tok("12*12=").input_ids))
+    batch = Rollouts(1, 0, [p], [list(p.prompt_ids)], g, [t.text for t in g], [True, True], [1.0, 1.0], g)
+    back = Rollouts.from_state(batch.to_state())
+    assert response_masks(back.samples) == response_masks(g) and 0 in response_masks(g)[0]
+    assert decode_samples(tok, back.samples) == ["144", "144"] and tool_metrics(back.samples) == tool_metrics(g)
+
+
+def test_the_tool_task_and_its_tokenizer(tok):
+    from rlscale.trainer.tools.task import ToolArithmeticTask, call_text, demonstration
+
+    task = ToolArithmeticTask()
+    assert len(task.train) + len(task.eval) == 900 * 90 and len(task.eval) == 500
+    assert not {p.prompt for p in task.eval} & {p.prompt for p in task.train[:5000]}
+    p = Problem("347*58=", "20126")
+    ids = tok(call_text(p), add_special_tokens=False).input_ids
+    assert len(ids) == 10 and tok.decode(ids) == call(p.prompt.rstrip("="))  # exact Hermes text, 10 tokens
+    full, labels = demonstration(tok, p, use_tool=True)
+    shy, shy_labels = demonstration(tok, p, use_tool=True, decide=False)
+    assert full == shy and [i for i, x in enumerate(labels) if x != shy_labels[i]] == [8]  # only <tool_call>
+    observed = [t for t, lab in zip(full, labels, strict=True) if lab == -100]
+    assert tok.decode(observed) == "<bos>347*58=<tool_response>20126</tool_response>"

@@ -15,6 +15,7 @@ takes as long as its slowest tool call (bounded by the tools' timeouts).
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -38,7 +39,8 @@ class Trajectory:
     turns: int = 0
     tool_calls: int = 0
     tool_errors: int = 0
-    tool_seconds: float = 0.0
+    tool_seconds: float = 0.0  # summed over its calls
+    tool_wall: float = 0.0  # its share of the wall seconds its turns waited for tools (the planner's figure)
     env_reward: float = 0.0
     weights_version: int = 0
     done: bool = False
@@ -84,15 +86,18 @@ class MultiTurnRollout:
             texts = self._turn(prompts, trajs, active, turn, temperature=temperature, top_p=top_p,
                                max_new_tokens=max_new_tokens, seed=seed, version=version)
             going = [i for i in active if not trajs[i].done]
+            t0 = time.perf_counter()
             answers = (envs.step_many(going, [texts[i] for i in going]) if envs is not None
                        else self.tools.step_many([texts[i] for i in going]) if self.tools is not None
                        else [Turn("", done=True) for _ in going])
+            wall = (time.perf_counter() - t0) / max(1, len(going))
             for i, got in zip(going, answers, strict=True):
                 t = trajs[i]
                 t.text, t.env_reward = texts[i], t.env_reward + got.reward
                 t.tool_calls += got.calls
                 t.tool_errors += got.errors
                 t.tool_seconds += got.tool_seconds
+                t.tool_wall += wall
                 if got.done:
                     t.done = True
                 elif turn == self.max_turns - 1:  # a call left unanswered: maxTurns cut it
@@ -172,7 +177,8 @@ def response_masks(samples: Sequence[Any]) -> list[list[int]] | None:
 
 def tool_metrics(samples: Sequence[Any]) -> dict[str, float]:
     """A step's tool figures (StepRecord.tools): per trajectory means of turns and tool calls, and totals of
-    calls, errors, seconds in tools and trajectories cut (by tokens or maxTurns); {} for single-turn samples."""
+    calls, errors, seconds in tools (summed over calls; wall_seconds: what the turns waited for them) and
+    trajectories cut (by tokens or maxTurns); {} for single-turn samples."""
     trajs = [s for s in samples if getattr(s, "turns", None) is not None]
     if not trajs:
         return {}
@@ -180,5 +186,6 @@ def tool_metrics(samples: Sequence[Any]) -> dict[str, float]:
     calls = sum(t.tool_calls for t in trajs)
     return {"turns": sum(t.turns for t in trajs) / n, "calls_per_trajectory": calls / n, "calls": float(calls),
             "errors": float(sum(t.tool_errors for t in trajs)), "seconds": sum(t.tool_seconds for t in trajs),
+            "wall_seconds": sum(t.tool_wall for t in trajs),
             "truncated": float(sum(t.finish_reason == "length" for t in trajs)),
             "with_calls": sum(t.tool_calls > 0 for t in trajs) / n}
