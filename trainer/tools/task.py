@@ -2,10 +2,11 @@
 
 Products of a 3-digit and a 2-digit number ("347*58="): the 3.4M-parameter model cannot multiply them, but
 it can call the calculator and copy the result. Its warm start (`warm_start`, the recipe TINY_TOOLS) teaches
-the call format and the copying on every problem, but calls the tool on only `tool_share` of them, at
-random: the model knows how to use the tool, not when. Greedy, it answers directly and is almost always
-wrong; sampled, it calls the tool on about `tool_share` of the trajectories, which then score 1. GRPO has
-to learn that the call is worth making (docs/tools.md, examples/tools-quickstart.yaml).
+the call format and the copying on `tool_share` of its demonstrations, chosen at random whatever the
+problem, and the decision to call on only `call_prior` of the first response tokens: the model knows how
+to use the tool, not when. Greedy, it mostly answers directly and is wrong; sampled, it calls the tool on
+some of the trajectories, which then score 1. GRPO has to learn that the call is worth making
+(docs/tools.md, examples/tools-quickstart.yaml).
 
 The tokenizer is the character tokenizer of builtin:tiny-arith (the same four special tokens first) with
 all printable ASCII, the Hermes tags as one token each, and the calculator call's fixed JSON around the
