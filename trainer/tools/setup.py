@@ -41,7 +41,9 @@ def multi_turn(spec: Any, rollout: Any, tokenizer: Any, problems: Sequence[Any],
         tools = ToolEnvironment(pool, tokenizer)
     else:
         env = import_object(t.environment, "spec.task.environment")
-    rows = {tuple(encode(tokenizer, p)): {"prompt": p.prompt, "answer": p.answer, **dict(p.extra)} for p in problems}
+    # An environment's reset(row) gets the problem's fields, found by the prompt's tokens (the rollout port's key).
+    rows = {tuple(encode(tokenizer, p)): {"prompt": p.prompt, "answer": p.answer, **dict(p.extra)}
+            for p in problems} if env is not None else {}
     max_tokens = t.max_trajectory_tokens or spec.model.max_length
     return MultiTurnRollout(rollout, tokenizer, max_turns=t.max_turns, max_tokens=max_tokens,
                             max_length=spec.model.max_length, tools=tools, environment=env,
