@@ -200,3 +200,36 @@ def test_the_tool_task_and_its_tokenizer(tok):
     assert full == shy and [i for i, x in enumerate(labels) if x != shy_labels[i]] == [8]  # only <tool_call>
     observed = [t for t, lab in zip(full, labels, strict=True) if lab == -100]
     assert tok.decode(observed) == "<bos>347*58=<tool_response>20126</tool_response>"
+
+
+
+def test_the_tool_tokenizer_survives_autotokenizer(tok, tmp_path):
+    """The driver and vLLM load tokenizers with AutoTokenizer, which rebuilds this one as Qwen2's: the Hermes
+    pieces must still be one token each (they are added tokens)."""
+    import json
+
+    from transformers import AutoTokenizer
+
+    tok.save_pretrained(tmp_path)
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "qwen2"}))  # what the model directory says
+    loaded = AutoTokenizer.from_pretrained(str(tmp_path))
+    text = call("347*58") + "<eos><tool_response>20126</tool_response>20126<eos>"
+    assert loaded(text, add_special_tokens=False).input_ids == tok(text, add_special_tokens=False).input_ids
+
+
+def test_a_runs_multi_turn_rollout_comes_from_its_spec(tok):
+    from rlscale.spec import SpecError  # noqa: F401  (the spec is valid; a plug-in that does not import fails here)
+    from rlscale.trainer.driver import prompt_tokens
+    from rlscale.trainer.tools.setup import multi_turn
+
+    spec = load_rlrun(EXAMPLES / "tools-quickstart.yaml").spec
+    r = multi_turn(spec, ScriptedPolicy(tok, lambda text: "1"), tok, [], prompt_tokens)
+    try:
+        assert (r.max_turns, r.max_tokens, r.max_length) == (2, 36, 48) and set(r.tools.pool.tools) == {"calculator"}
+        assert r.tools.pool.take_stats().isolation  # its first worker started, and said how it is isolated
+    finally:
+        r.close()
+    bad = spec.model_copy(deep=True)
+    bad.task.tools[0] = bad.task.tools[0].model_copy(update={"builtin": None, "function": "no_such_mod:f"})
+    with pytest.raises(ImportError, match="no_such_mod"):
+        multi_turn(bad, ScriptedPolicy(tok, lambda text: "1"), tok, [], prompt_tokens)

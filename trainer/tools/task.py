@@ -64,7 +64,7 @@ def vocabulary() -> list[str]:
 
 def build_tokenizer():
     """The tool model's tokenizer (see the module docstring); prepends <bos> like tiny-arith's."""
-    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, processors
+    from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers, processors
     from transformers import PreTrainedTokenizerFast
 
     from rlscale.trainer.modeling import BOS, EOS, PAD, UNK
@@ -76,8 +76,13 @@ def build_tokenizer():
     tok.decoder = decoders.Fuse()
     tok.post_processor = processors.TemplateProcessing(single=f"{BOS} $A", pair=f"{BOS} $A $B",
                                                        special_tokens=[(BOS, vocab[BOS])])
-    return PreTrainedTokenizerFast(tokenizer_object=tok, bos_token=BOS, eos_token=EOS, pad_token=PAD,
-                                   unk_token=UNK, padding_side="left", model_max_length=512)
+    out = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token=BOS, eos_token=EOS, pad_token=PAD,
+                                  unk_token=UNK, padding_side="left", model_max_length=512)
+    # The pieces again as added tokens (their ids unchanged): AutoTokenizer, which the driver and vLLM load with,
+    # otherwise rebuilds the tokenizer as Qwen2's (the model type's) with its own pre-tokenizer, splitting
+    # <tool_call> into 11 characters.
+    out.add_tokens([AddedToken(p, special=False, normalized=False) for p in PIECES])
+    return out
 
 
 class ToolArithmeticTask:
