@@ -40,7 +40,7 @@ from rlscale.trainer.ports import Learner, Rollout
 from rlscale.trainer.rewards import Reward, RewardError, resolve_reward, score, score_terms
 from rlscale.trainer.sinks import ClosesRewardPool, PrometheusSink, RunLog, Sink
 from rlscale.trainer.tasks import Problem, PromptIterator
-from rlscale.trainer.tools.loop import decode_samples, env_rewards, response_masks, tool_metrics
+from rlscale.trainer.tools.loop import add_env_rewards, decode_samples, response_masks, tool_metrics
 from rlscale.trainer.trackers import tracker_sinks
 
 log = logging.getLogger("rlscale.driver")
@@ -428,8 +428,7 @@ class Driver:
         if self._colocated():
             self.rollout.wake_up(["kv_cache"])
 
-    def _score(self, problems: list[Problem], n: int, texts: list[str], finished: list[bool],
-               samples: Sequence[Any] = ()) -> list[float]:
+    def _score(self, problems: list[Problem], n: int, texts: list[str], finished: list[bool], samples=()) -> list:
         reward, t = self.task.reward, self.spec.task
         if reward.pool is None and reward.start_pool(t.reward_workers, t.reward_timeout_score):
             self.sinks.append(ClosesRewardPool(reward))  # worker processes, started once, end with the run
@@ -440,9 +439,7 @@ class Driver:
         except RewardError as exc:  # before any update with it; a restart would meet the same reward
             raise PermanentRunError(str(exc)) from exc
         reward.tally.add(scored)  # each term's mean in the step record
-        if any(env_rewards(samples)):  # a plug-in environment's rewards add to task.reward's
-            return [r + e for r, e in zip(scored.rewards, env_rewards(samples), strict=True)]
-        return scored.rewards
+        return add_env_rewards(scored.rewards, samples)
 
     def _record(self, r: Rollouts, batch: RolloutBatch, stats: dict, phases: dict[str, float], step_s: float,
                 skipped: bool, staleness: int) -> StepRecord:
@@ -584,9 +581,8 @@ def evaluate_task(rollout: Rollout, tok, problems: list[Problem], reward: Reward
     groups = rollout.generate(ids, 1, temperature=0.0, top_p=1.0, max_new_tokens=max_new_tokens, version=version)
     outs = [g[0] for g in groups]
     texts = decode_samples(tok, outs)
-    rewards = score(reward, [p.prompt for p in problems], texts, [p.answer for p in problems],
-                    [o.finish_reason == "stop" for o in outs], [p.extra for p in problems])
-    rewards = [r + e for r, e in zip(rewards, env_rewards(outs), strict=True)]
+    rewards = add_env_rewards(score(reward, [p.prompt for p in problems], texts, [p.answer for p in problems],
+                                    [o.finish_reason == "stop" for o in outs], [p.extra for p in problems]), outs)
     n = max(1, len(problems))
     return {"eval/accuracy": sum(r >= 1.0 for r in rewards) / n, "eval/reward": float(sum(rewards)) / n}
 

@@ -572,10 +572,7 @@ def _notes(spec: Any, model: SystemModel, cal: Calibration, win: Candidate, n_no
     if model.profile.shared_host:
         notes.append("cpu: rollout and learner replicas share one machine's cores, so more replicas add no throughput")
     if model.turns > 1:
-        notes.append(f"multi-turn: {model.turns:.2f} model turns per trajectory "
-                     f"({'measured' if cal.turns else 'task.maxTurns, an upper bound'}), each one more engine pass; "
-                     f"{model.tool_seconds:.2f} s in tools per step "
-                     f"({'measured' if cal.tool_seconds else 'not measured yet'})")
+        notes.append(model.turns_note(bool(cal.turns), bool(cal.tool_seconds)))
     if getattr(spec.task, "reward_model", None) is not None:
         notes.append(spec.task.reward_model.plan_note())
     return tuple(notes)

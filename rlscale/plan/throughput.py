@@ -198,6 +198,12 @@ class SystemModel:
         tps = replicas * n * self.response_tokens / decode if decode > 0 else 0.0
         return Generation(seconds, b, "memory" if mem_t >= t_iter else "compute", tps)
 
+    def turns_note(self, turns_measured: bool, tools_measured: bool) -> str:
+        """What the plan's notes say of a multi-turn run's turns and tool seconds."""
+        return (f"multi-turn: {self.turns:.2f} model turns per trajectory ("
+                f"{'measured' if turns_measured else 'task.maxTurns, an upper bound'}), each one more engine pass; "
+                f"{self.tool_seconds:.2f} s in tools per step ({'measured' if tools_measured else 'not measured yet'})")
+
     def longest_response(self, n: int) -> float:
         """Expected longest of n responses (topology.expected_longest): a step's generation ends with it."""
         return expected_longest(self.response_tokens, float(self.max_new_tokens), n)

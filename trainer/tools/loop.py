@@ -163,9 +163,11 @@ def decode_samples(tok: Any, samples: Sequence[Any]) -> list[str]:
     return tok.batch_decode([s.token_ids for s in samples], skip_special_tokens=True)
 
 
-def env_rewards(samples: Sequence[Any]) -> list[float]:
-    """Each sample's reward from its environment's steps (0 without one)."""
-    return [float(getattr(s, "env_reward", 0.0) or 0.0) for s in samples]
+def add_env_rewards(rewards: Sequence[float], samples: Sequence[Any]) -> list[float]:
+    """task.reward's scores plus each sample's rewards from its environment's steps (a plug-in environment's)."""
+    if not samples:
+        return list(rewards)
+    return [r + float(getattr(s, "env_reward", 0.0) or 0.0) for r, s in zip(rewards, samples, strict=True)]
 
 
 def response_masks(samples: Sequence[Any]) -> list[list[int]] | None:
