@@ -233,3 +233,17 @@ def test_a_runs_multi_turn_rollout_comes_from_its_spec(tok):
     bad.task.tools[0] = bad.task.tools[0].model_copy(update={"builtin": None, "function": "no_such_mod:f"})
     with pytest.raises(ImportError, match="no_such_mod"):
         multi_turn(bad, ScriptedPolicy(tok, lambda text: "1"), tok, [], prompt_tokens)
+
+
+def test_validate_imports_the_plugin_tools_and_environment(tmp_path, monkeypatch):
+    from rlscale.spec import parse_spec
+    from rlscale.trainer.data import check_plugins
+
+    (tmp_path / "myenv.py").write_text("class Game:\n    pass\n\ndef search(q=''):\n    return q\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    tools = [{"name": "s", "function": "myenv:search"}]
+    ok = parse_spec({"hardware": {"accelerator": "cpu"}, "task": {"tools": tools}})
+    assert check_plugins(ok.task) == []
+    bad = parse_spec({"hardware": {"accelerator": "cpu"}, "task": {"environment": "myenv:Nope"}})
+    (err,) = check_plugins(bad.task)
+    assert err.path == "spec.task.environment" and "Nope" in str(err)
