@@ -4,6 +4,7 @@ response_logprobs, GroupBaseline, aggregate) with plain AdamW, no vLLM, Ray or D
 task, the warm start and the loss mask learn, where `rlscale run` cannot be had; prints one JSON line per eval.
 
     .venv/bin/python bench/tools_reference.py --steps 40 --eval-every 5
+    .venv/bin/python bench/tools_reference.py --in-flight 64 [--model DIR]   # many in flight vs one at a time
 """
 
 from __future__ import annotations
@@ -62,8 +63,25 @@ def evaluate(rollout, tok, problems) -> tuple[float, dict]:
     return right / len(problems), tool_metrics(trajs)
 
 
+def in_flight(rollout, tok, problems) -> dict:
+    """Trajectories per second with every trajectory of the batch in each turn's generate call, and with one
+    trajectory at a time (the same problems, sampled at temperature 1)."""
+    ids = [tok(p.prompt).input_ids for p in problems]
+    t0 = time.perf_counter()
+    batched = [t for g in rollout.generate(ids, 1, temperature=1.0, top_p=1.0, max_new_tokens=12) for t in g]
+    t1 = time.perf_counter()
+    single = [rollout.generate([i], 1, temperature=1.0, top_p=1.0, max_new_tokens=12)[0][0] for i in ids]
+    t2 = time.perf_counter()
+    return {"trajectories": len(ids), "in_flight_per_s": round(len(ids) / (t1 - t0), 1),
+            "one_at_a_time_per_s": round(len(ids) / (t2 - t1), 1),
+            "calls_per_trajectory": [tool_metrics(batched)["calls_per_trajectory"],
+                                     tool_metrics(single)["calls_per_trajectory"]]}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
+    ap.add_argument("--in-flight", type=int, default=0, help="measure this many trajectories in flight and exit")
+    ap.add_argument("--model", default=None, help="a model directory (`rlscale export`'s) instead of the warm start")
     ap.add_argument("--steps", type=int, default=40)
     ap.add_argument("--eval-every", type=int, default=5)
     ap.add_argument("--prompts", type=int, default=16)
@@ -71,7 +89,7 @@ def main() -> None:
     ap.add_argument("--lr", type=float, default=5e-4)
     a = ap.parse_args()
     torch.manual_seed(0)
-    path = ensure_builtin_model("builtin:tiny-tools", progress=False)
+    path = a.model or ensure_builtin_model("builtin:tiny-tools", progress=False)
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(str(path))
@@ -81,6 +99,11 @@ def main() -> None:
                                tools=ToolEnvironment(pool, tok))
     task = ToolArithmeticTask()
     held = task.eval[:200]
+    if a.in_flight:
+        model.eval()
+        print(json.dumps(in_flight(rollout, tok, task.train[:a.in_flight])), flush=True)
+        pool.close()
+        return
     data = PromptIterator(task.train, seed=1)
     opt = torch.optim.AdamW(model.parameters(), lr=a.lr, betas=(0.9, 0.99))
     objective = GroupBaseline("grpo")
