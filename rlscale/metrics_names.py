@@ -13,6 +13,12 @@ SAMPLES_PER_SECOND = "rlscale_samples_per_second"
 REWARD_MEAN = "rlscale_reward_mean"
 REWARD_TERM_MEAN = "rlscale_reward_term_mean"  # gauge, label term: each term of task.reward, unweighted
 REWARD_TIMEOUTS_TOTAL = "rlscale_reward_timeouts_total"  # reward calls killed at task.rewardTimeout
+# Multi-turn rollouts (spec.task.tools / environment; StepRecord.tools)
+TOOL_CALLS_TOTAL = "rlscale_tool_calls_total"  # tool calls made by the trajectories of trained steps
+TOOL_ERRORS_TOTAL = "rlscale_tool_errors_total"  # calls that failed: malformed, raised, timed out or killed
+TOOL_SECONDS_TOTAL = "rlscale_tool_seconds_total"  # seconds spent in tool calls (summed over calls)
+TRUNCATED_TRAJECTORIES_TOTAL = "rlscale_truncated_trajectories_total"  # cut by tokens, budget or maxTurns
+TURNS_PER_TRAJECTORY = "rlscale_turns_per_trajectory"  # gauge: mean model turns in the last step
 TARGET_METRIC = "rlscale_target_metric"
 TARGET_VALUE = "rlscale_target_value"
 TIME_TO_TARGET_SECONDS = "rlscale_time_to_target_seconds"

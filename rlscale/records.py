@@ -54,6 +54,9 @@ class StepRecord:
     # and the run's samples dropped so far as older than the plan's staleness (never trained on).
     staleness: int = 0
     stale_samples: int = 0
+    # Multi-turn rollouts (rlscale.trainer.tools.loop.tool_metrics): turns and calls_per_trajectory (means),
+    # calls, errors, seconds (in tools) and truncated (trajectories cut) over the step's trajectories; {} single-turn.
+    tools: dict[str, float] = field(default_factory=dict)
     skipped: bool = False
     rollout_replicas: int = 1
     learner_replicas: int = 1

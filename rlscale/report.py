@@ -113,6 +113,8 @@ def plot_diagnostics(records: list[StepRecord], out: Path) -> Path | None:
 
     panels = [(key, label, lambda r, key=key: r.diagnostic(key)) for key, label, _ in DIAGNOSTIC_FORMATS]
     panels.append(("completion_tokens", "completion tokens (mean)", completion_tokens))
+    if any(r.tools for r in records):  # multi-turn (StepRecord.tools)
+        panels += [(f"tools/{k}", label, lambda r, k=k: r.tools.get(k)) for k, label in TOOL_PANELS]
     cols = 3
     rows = -(-len(panels) // cols)
     fig, axes = plt.subplots(rows, cols, figsize=(4 * cols, 3 * rows), squeeze=False)
@@ -134,6 +136,25 @@ def plot_diagnostics(records: list[StepRecord], out: Path) -> Path | None:
     fig.savefig(out, dpi=100)
     plt.close(fig)
     return out
+
+
+TOOL_PANELS = (("calls_per_trajectory", "tool calls per trajectory"), ("turns", "turns per trajectory"),
+               ("errors", "tool errors per step"), ("truncated", "trajectories cut per step"))
+
+
+def tool_lines(records: list[StepRecord]) -> list[str]:
+    """Multi-turn runs: tool calls per trajectory over the first and the last quarter of the steps, and the
+    run's tool errors, seconds in tools and trajectories cut."""
+    steps = [r for r in records if r.tools]
+    if not steps:
+        return []
+    quarter = max(1, len(steps) // 4)
+    first, last = (median_present([r.tools.get("calls_per_trajectory") for r in part])
+                   for part in (steps[:quarter], steps[-quarter:]))
+    total = {k: sum(r.tools.get(k, 0.0) for r in steps) for k in ("calls", "errors", "seconds", "truncated")}
+    return [f"- tool calls per trajectory: {first:.2f} over the first {quarter} steps, {last:.2f} over the last "
+            f"{quarter} (median of the step means); {total['calls']:.0f} calls, {total['errors']:.0f} failed, "
+            f"{total['seconds']:.1f} s in tools, {total['truncated']:.0f} trajectories cut"]
 
 
 def diagnostics_table(records: list[StepRecord]) -> list[str]:
@@ -228,6 +249,7 @@ def summarize(records: list[StepRecord], plans: list[dict[str, Any]], target: fl
                      f"{evals[-1].eval:.3f} at the last eval "
                      f"(step {evals[-1].step}), best {max(r.eval for r in evals):.3f}")
     lines += reward_term_lines(records)
+    lines += tool_lines(records)
     quarter = max(1, len(records) // 4)
     lengths = [median_present([completion_tokens(r) for r in part]) for part in (records[:quarter], records[-quarter:])]
     if None not in lengths:

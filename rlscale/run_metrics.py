@@ -31,6 +31,15 @@ class RunMetrics:
                                  "over the last step's samples.", ["term"], registry=r)
         self.reward_timeouts = Counter(m.REWARD_TIMEOUTS_TOTAL.removesuffix("_total"), "Reward calls killed at "
                                        "task.rewardTimeout (scored task.rewardTimeoutScore).", registry=r)
+        self.tool_calls = Counter(m.TOOL_CALLS_TOTAL.removesuffix("_total"), "Tool calls made by the trajectories "
+                                  "of trained steps.", registry=r)
+        self.tool_errors = Counter(m.TOOL_ERRORS_TOTAL.removesuffix("_total"), "Tool calls that failed: malformed, "
+                                   "raised, timed out or killed.", registry=r)
+        self.tool_seconds = Counter(m.TOOL_SECONDS_TOTAL.removesuffix("_total"), "Seconds in tool calls, summed "
+                                    "over calls.", registry=r)
+        self.truncated = Counter(m.TRUNCATED_TRAJECTORIES_TOTAL.removesuffix("_total"), "Multi-turn trajectories "
+                                 "cut by the turn's tokens, task.maxTrajectoryTokens or task.maxTurns.", registry=r)
+        self.turns = Gauge(m.TURNS_PER_TRAJECTORY, "Mean model turns per trajectory in the last step.", registry=r)
         self.target_metric = Gauge(m.TARGET_METRIC, "Moving average of the target metric on the held-out split.",
                                    registry=r)
         self.target_value = Gauge(m.TARGET_VALUE, "The target the run aims at.", registry=r)
@@ -82,6 +91,12 @@ class RunMetrics:
         for term, value in rec.reward_terms.items():
             self.reward_term.labels(term=term).set(value)
         self.reward_timeouts.inc(rec.reward_timeouts)
+        if rec.tools:
+            self.tool_calls.inc(rec.tools.get("calls", 0.0))
+            self.tool_errors.inc(rec.tools.get("errors", 0.0))
+            self.tool_seconds.inc(rec.tools.get("seconds", 0.0))
+            self.truncated.inc(rec.tools.get("truncated", 0.0))
+            self.turns.set(rec.tools.get("turns", 0.0))
         if rec.target_metric is not None:
             self.target_metric.set(rec.target_metric)
         if rec.noise_scale is not None:

@@ -65,13 +65,16 @@ def reinforce_pp_baseline_advantages(rewards: Tensor, group_size: int, token_cou
 
 
 def reward_to_go(token_rewards: Tensor, mask: Tensor, gamma: float = 1.0) -> Tensor:
-    """Per-token discounted return G_t = sum_{s >= t} gamma^(s-t) r_s over the real tokens (0 on padding)."""
+    """Per-token discounted return G_t = sum_{s >= t} gamma^(s-t) r_s over the masked tokens (0 elsewhere;
+    s runs over masked tokens only, so observation tokens between two turns neither add nor discount)."""
     token_rewards, mask = token_rewards.float(), mask.float()
     returns = torch.zeros_like(token_rewards)
     running = torch.zeros(token_rewards.shape[0], dtype=token_rewards.dtype, device=token_rewards.device)
     for t in reversed(range(token_rewards.shape[1])):
-        running = (token_rewards[:, t] + gamma * running) * mask[:, t]
-        returns[:, t] = running
+        m = mask[:, t]
+        # A masked position passes the return through (a tool's observation between turns), 0 after the end.
+        running = torch.where(m > 0, token_rewards[:, t] + gamma * running, running)
+        returns[:, t] = running * m
     return returns
 
 

@@ -80,22 +80,26 @@ def gae(
     for t in reversed(range(length)):
         delta = rewards[:, t] + gamma * next_value - values[:, t]
         adv = delta + gamma * lam * next_adv
-        # Padding positions carry nothing back to earlier tokens.
-        adv = adv * mask[:, t]
-        advantages[:, t] = adv
-        next_value = values[:, t] * mask[:, t]
-        next_adv = adv
+        m = mask[:, t]
+        advantages[:, t] = adv * m
+        # Masked positions are skipped: padding after the end carries nothing back (the zeros it starts from),
+        # a tool's observation between two turns carries the later turn's value and advantage through to the
+        # earlier turn, as if the model's tokens were one sequence.
+        next_value = torch.where(m > 0, values[:, t], next_value)
+        next_adv = torch.where(m > 0, adv, next_adv)
     returns = (advantages + values) * mask
     return advantages, returns
 
 
 def token_rewards(final_rewards: Tensor, mask: Tensor, kl: Tensor | None = None, kl_coef: float = 0.0) -> Tensor:
     """Per-token PPO rewards: the sequence reward on the last real token, minus kl_coef x KL."""
-    # Responses are right-padded, so the last real token sits at length - 1.
+    # The last masked position (a multi-turn response has masked observation tokens inside it).
     lengths = mask.long().sum(dim=1)
+    positions = torch.arange(mask.shape[1], device=mask.device)
+    last = ((mask > 0).long() * (positions + 1)).max(dim=1).values - 1
     rewards = torch.zeros(mask.shape, dtype=torch.float32, device=mask.device)
     rows = torch.arange(mask.shape[0], device=mask.device)
-    rewards[rows, (lengths - 1).clamp(min=0)] = final_rewards.float() * (lengths > 0)
+    rewards[rows, last.clamp(min=0)] = final_rewards.float() * (lengths > 0)
     if kl is not None and kl_coef:
         rewards = rewards - kl_coef * kl * mask
     return rewards

@@ -15,7 +15,9 @@ class RolloutBatch:
     are the sampler's per-token logprobs as generated: the rollout/learner mismatch is reported from
     them, and spec.algorithm.isCap's importance weights need them;
     truncated (optional) marks the samples cut at the response length limit (DAPO's overlong
-    filtering leaves them out of the loss).
+    filtering leaves them out of the loss); response_mask (optional, multi-turn rollouts:
+    rlscale.trainer.tools) is 1 on the model's response tokens and 0 on tool and observation tokens,
+    which then carry no loss, KL, entropy or advantage.
     """
 
     prompt_ids: list[list[int]]
@@ -24,6 +26,7 @@ class RolloutBatch:
     samples_per_prompt: int
     rollout_logprobs: list[list[float]] | None = None
     truncated: list[bool] | None = None
+    response_mask: list[list[int]] | None = None
 
     def __post_init__(self):
         n = len(self.prompt_ids)
@@ -39,6 +42,9 @@ class RolloutBatch:
         if self.truncated is not None and len(self.truncated) != n:
             raise ValueError(f"RolloutBatch: {len(self.truncated)} truncated flags for {n} samples; "
                              "pass one per sample")
+        if self.response_mask is not None and [len(m) for m in self.response_mask] != [
+                len(r) for r in self.response_ids]:
+            raise ValueError("RolloutBatch: response_mask must have one 0/1 entry per response token of every sample")
         if any(len(r) == 0 for r in self.response_ids):
             raise ValueError("RolloutBatch: an empty response; every sample needs at least one token (EOS)")
 
@@ -47,11 +53,11 @@ class RolloutBatch:
         """From a dict of the fields (JSON-carried batches): prompt_ids, response_ids, rewards,
         samples_per_prompt and optional rollout_logprobs and truncated."""
         unknown = set(d) - {"prompt_ids", "response_ids", "rewards", "samples_per_prompt", "rollout_logprobs",
-                            "truncated"}
+                            "truncated", "response_mask"}
         if unknown or "samples_per_prompt" not in d:
             raise ValueError(f"RolloutBatch: unknown keys {sorted(unknown)} or no samples_per_prompt in the batch "
                              "dict; use the RolloutBatch field names")
-        logprobs, truncated = d.get("rollout_logprobs"), d.get("truncated")
+        logprobs, truncated, rmask = d.get("rollout_logprobs"), d.get("truncated"), d.get("response_mask")
         return cls(
             prompt_ids=[list(map(int, p)) for p in d["prompt_ids"]],
             response_ids=[list(map(int, r)) for r in d["response_ids"]],
@@ -59,10 +65,15 @@ class RolloutBatch:
             samples_per_prompt=int(d["samples_per_prompt"]),
             rollout_logprobs=[list(map(float, lp)) for lp in logprobs] if logprobs is not None else None,
             truncated=[bool(t) for t in truncated] if truncated is not None else None,
+            response_mask=[list(map(int, m)) for m in rmask] if rmask is not None else None,
         )
 
     def __len__(self) -> int:
         return len(self.prompt_ids)
+
+    def model_tokens(self, i: int) -> int:
+        """Sample i's response tokens that the model generated (all of them without a response_mask)."""
+        return len(self.response_ids[i]) if self.response_mask is None else int(sum(self.response_mask[i]))
 
     @property
     def num_tokens(self) -> int:
@@ -196,6 +207,8 @@ def pack(batch: RolloutBatch, indices: list[int], advantages: torch.Tensor, devi
         logit_index[b] = torch.clamp(torch.arange(resp_len) + len(p) - 1, max=len(p) + len(r) - 2)
         response[b, : len(r)] = torch.tensor(r)
         mask[b, : len(r)] = weight[b]
+        if batch.response_mask is not None:  # tool and observation tokens: no loss, KL, entropy or advantage
+            mask[b, : len(r)] *= torch.tensor(batch.response_mask[i], dtype=torch.float32)
         if rollout_lp is not None:
             lp = batch.rollout_logprobs[i]
             rollout_lp[b, : len(lp)] = torch.tensor(lp, dtype=torch.float32)

@@ -16,6 +16,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+from rlscale.trainer.tools.task import MODEL as TOOLS_MODEL
+from rlscale.trainer.tools.task import TINY_TOOLS
+
 # Bump when the recipe changes so stale caches are rebuilt rather than reused.
 RECIPE_VERSION = 2
 TINY_ARITH = {
@@ -45,6 +48,8 @@ SMOLLM2_135M = {
     "version": 1,
 }
 BUILTIN_MODELS = {"builtin:tiny-arith": TINY_ARITH, "builtin:smollm2-135m-instruct": SMOLLM2_135M}
+# builtin:tiny-tools, the model of builtin:tool-arithmetic (multi-turn with a calculator): trainer/tools/task.py.
+BUILTIN_MODELS[TOOLS_MODEL] = TINY_TOOLS
 
 # The warm start's output, as the recipe built it, ships in the package (trainer/weights/<name>-v<N>/):
 # installing it takes a second instead of the recipe's 7 minutes, and every machine starts from the
@@ -175,6 +180,11 @@ def ensure_builtin_model(name: str, cache_dir: str | Path | None = None, progres
                 info = install_shipped(tmp, shipped)
             elif "gguf" in recipe:
                 info = from_gguf(tmp, recipe["gguf"])
+            elif recipe.get("kind") == "tools":
+                from rlscale.trainer.tools.task import warm_start as tools_warm_start
+
+                info = tools_warm_start(tmp, recipe, progress=progress)
+                info["sha256"] = sha256_file(tmp / "model.safetensors")
             else:
                 info = warm_start(tmp, recipe, progress=progress)
                 info["sha256"] = sha256_file(tmp / "model.safetensors")

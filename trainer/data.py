@@ -18,7 +18,7 @@ import numpy as np
 
 from rlscale.spec import FieldError, SpecError
 from rlscale.trainer.rewards import Reward, RewardError, parse_expression, resolve_reward, score
-from rlscale.trainer.tasks import ArithmeticTask, Problem
+from rlscale.trainer.tasks import ArithmeticTask, Problem, load_task
 
 log = logging.getLogger("rlscale.data")
 
@@ -249,8 +249,8 @@ def read_rows(task, needs_answer: bool = True) -> tuple[list[Row], list[Row]]:
 
 
 def builtin_rows(task) -> tuple[list[Row], list[Row]]:
-    """builtin:arithmetic as rows (its own fixed split)."""
-    t = ArithmeticTask(difficulty=task.difficulty, seed=0)
+    """A builtin task as rows (its own fixed split)."""
+    t = load_task(task.name or ArithmeticTask.name, difficulty=task.difficulty, seed=0)
     to_rows = lambda ps: [Row(i, p.prompt, None, p.answer, {}) for i, p in enumerate(ps, start=1)]  # noqa: E731
     held = t.eval[: task.eval_size] if task.eval_size is not None else t.eval
     return to_rows(t.train), to_rows(held)
@@ -402,6 +402,8 @@ def check_workload(spec) -> list[FieldError]:
             reward = resolve_reward(t.reward, format_pattern=t.format_pattern, timeout_s=t.reward_timeout)
         except ValueError as exc:
             return [_as_field_error(exc, "spec.task.reward", t.reward)]
+        if bad := check_plugins(t):  # the tools' and the environment's module:names import
+            return bad
     if dataset_on_cluster(spec):
         return []
     try:
@@ -414,6 +416,21 @@ def check_workload(spec) -> list[FieldError]:
             try_reward(local, rows)
     except SpecError as exc:
         return list(exc.errors)
+    return []
+
+
+def check_plugins(task) -> list[FieldError]:
+    """task.tools' plug-in functions and task.environment's class, imported as the tool workers and the driver
+    will (rlscale.trainer.tools.environments.import_object)."""
+    from rlscale.trainer.tools.environments import import_object
+
+    named = [(f"spec.task.tools[{i}].function", x.function) for i, x in enumerate(task.tools or []) if x.function]
+    named += [("spec.task.environment", task.environment)] if task.environment else []
+    for path, value in named:
+        try:
+            import_object(value, path)
+        except ValueError as exc:
+            return [_as_field_error(exc, path, value)]
     return []
 
 

@@ -40,6 +40,7 @@ from rlscale.trainer.ports import Learner, Rollout
 from rlscale.trainer.rewards import Reward, RewardError, resolve_reward, score, score_terms
 from rlscale.trainer.sinks import ClosesRewardPool, PrometheusSink, RunLog, Sink
 from rlscale.trainer.tasks import Problem, PromptIterator
+from rlscale.trainer.tools.loop import add_env_rewards, decode_samples, response_masks, tool_metrics
 from rlscale.trainer.trackers import tracker_sinks
 
 log = logging.getLogger("rlscale.driver")
@@ -140,6 +141,10 @@ class Driver:
                                 reward_model=t.reward_model)
         built = build_task(spec, tokenizer, model=spec.model.path)
         try_reward(reward, built.train)
+        if t.tools or t.environment:  # multi-turn: the rollout runs trajectories (rlscale.trainer.tools)
+            from rlscale.trainer.tools.setup import multi_turn
+
+            rollout = multi_turn(spec, rollout, tokenizer, [*built.train, *built.eval], prompt_tokens)
         run_dir = Path(cfg.report_dir or ".")  # in pods: report/ on the checkpoint volume
         trackers = tracker_sinks(spec, run_dir, cfg.run)  # a tracker that cannot run stops the run here
         # Before the start eval: a reward stuck in C is killed by its timeout only in a worker process.
@@ -268,7 +273,8 @@ class Driver:
         batch = RolloutBatch(prompt_ids=[ids for ids in r.prompt_ids for _ in range(n)],
                              response_ids=[s.token_ids for s in r.samples], rewards=r.rewards, samples_per_prompt=n,
                              rollout_logprobs=rollout_logprobs(r.samples),
-                             truncated=[s.finish_reason == "length" for s in r.samples])
+                             truncated=[s.finish_reason == "length" for s in r.samples],
+                             response_mask=response_masks(r.samples))
         stats = self.learner.step(batch, lr=st.learning_rate)
         t3 = time.perf_counter()
         skipped = bool(stats.get("skipped"))
@@ -309,9 +315,9 @@ class Driver:
         engine_s = None if None in (engine_before, engine_after) else max(0.0, engine_after - engine_before)
         t1r = time.perf_counter()  # the metrics reads stay out of every phase
         samples = [s for g in groups for s in g]
-        texts = self.tok.batch_decode([s.token_ids for s in samples], skip_special_tokens=True)
+        texts = decode_samples(self.tok, samples)
         finished = [s.finish_reason == "stop" for s in samples]
-        rewards = self._score(problems, n, texts, finished)
+        rewards = self._score(problems, n, texts, finished, samples)
         generated, extra_s = samples, 0.0  # every sample of the batch, and further rounds' generate seconds
         if self.refill is not None:
             first = Round(problems, prompt_ids, samples, texts, finished, rewards)
@@ -422,7 +428,7 @@ class Driver:
         if self._colocated():
             self.rollout.wake_up(["kv_cache"])
 
-    def _score(self, problems: list[Problem], n: int, texts: list[str], finished: list[bool]) -> list[float]:
+    def _score(self, problems: list[Problem], n: int, texts: list[str], finished: list[bool], samples=()) -> list:
         reward, t = self.task.reward, self.spec.task
         if reward.pool is None and reward.start_pool(t.reward_workers, t.reward_timeout_score):
             self.sinks.append(ClosesRewardPool(reward))  # worker processes, started once, end with the run
@@ -433,7 +439,7 @@ class Driver:
         except RewardError as exc:  # before any update with it; a restart would meet the same reward
             raise PermanentRunError(str(exc)) from exc
         reward.tally.add(scored)  # each term's mean in the step record
-        return scored.rewards
+        return add_env_rewards(scored.rewards, samples)
 
     def _record(self, r: Rollouts, batch: RolloutBatch, stats: dict, phases: dict[str, float], step_s: float,
                 skipped: bool, staleness: int) -> StepRecord:
@@ -467,7 +473,8 @@ class Driver:
             engine_generate_seconds=engine_s, train_compute_seconds=compute,
             overhead_seconds=None if compute is None or engine_s is None else max(0.0, step_s - compute - engine_s),
             target_metric=self.tracker.current, sample=shown, reward_terms=reward_terms,
-            reward_timeouts=reward_timeouts, staleness=staleness, stale_samples=st.stale_samples)
+            reward_timeouts=reward_timeouts, staleness=staleness, stale_samples=st.stale_samples,
+            tools=tool_metrics(samples))
 
     def _generating(self) -> int:
         """The replicas this step generates with: those running when it started (fewer than asked for
@@ -573,9 +580,9 @@ def evaluate_task(rollout: Rollout, tok, problems: list[Problem], reward: Reward
     ids = [prompt_tokens(tok, p) for p in problems]
     groups = rollout.generate(ids, 1, temperature=0.0, top_p=1.0, max_new_tokens=max_new_tokens, version=version)
     outs = [g[0] for g in groups]
-    texts = tok.batch_decode([o.token_ids for o in outs], skip_special_tokens=True)
-    rewards = score(reward, [p.prompt for p in problems], texts, [p.answer for p in problems],
-                    [o.finish_reason == "stop" for o in outs], [p.extra for p in problems])
+    texts = decode_samples(tok, outs)
+    rewards = add_env_rewards(score(reward, [p.prompt for p in problems], texts, [p.answer for p in problems],
+                                    [o.finish_reason == "stop" for o in outs], [p.extra for p in problems]), outs)
     n = max(1, len(problems))
     return {"eval/accuracy": sum(r >= 1.0 for r in rewards) / n, "eval/reward": float(sum(rewards)) / n}
 

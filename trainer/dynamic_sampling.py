@@ -26,6 +26,7 @@ from typing import Any
 import torch
 
 from rlscale.trainer.advantages import training_rewards
+from rlscale.trainer.tools.loop import decode_samples
 
 log = logging.getLogger("rlscale.driver")
 
@@ -130,9 +131,9 @@ def draw(driver: Any, encode: Callable[[Any, Any], list[int]], prompts: int, rou
                                      version=at.version)
     seconds = time.perf_counter() - t0
     samples = [s for g in groups for s in g]
-    texts = driver.tok.batch_decode([s.token_ids for s in samples], skip_special_tokens=True)
+    texts = decode_samples(driver.tok, samples)
     finished = [s.finish_reason == "stop" for s in samples]
-    rewards = driver._score(problems, n, texts, finished)
+    rewards = driver._score(problems, n, texts, finished, samples)
     return Round(problems, prompt_ids, samples, texts, finished, rewards), seconds
 
 

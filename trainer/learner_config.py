@@ -103,7 +103,9 @@ class LearnerConfig:
             kl_estimator=a.kl_estimator,
             entropy_coef=a.entropy_coef,
             loss_aggregation=a.resolved_loss_aggregation(),
-            max_response_length=spec.task.max_new_tokens,
+            # Multi-turn: a trajectory's tokens after the prompt (the model's and the observations').
+            max_response_length=(spec.task.max_trajectory_tokens or spec.model.max_length)
+            if (spec.task.max_turns or 1) > 1 else spec.task.max_new_tokens,
             gamma=a.gamma,
             lam=a.lambda_,
             value_coef=a.value_coef,

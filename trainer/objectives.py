@@ -104,7 +104,7 @@ class GroupBaseline(_TokenRatio):
         if self.name == "rloo":
             advantages = V.rloo_advantages(rewards, spp)
         elif self.name == "reinforce++-baseline":
-            lengths = torch.tensor([len(r) for r in batch.response_ids], dtype=torch.float64)
+            lengths = torch.tensor([batch.model_tokens(i) for i in range(len(batch))], dtype=torch.float64)
             advantages = V.reinforce_pp_baseline_advantages(rewards, spp, lengths * (kept & in_loss))
         else:
             advantages = A.grpo_advantages(rewards, spp, normalize_std=self.std_normalize)

@@ -36,6 +36,15 @@ class Sample:
     token_ids: list[int]
     logprobs: list[float] | None
     finish_reason: str
+    # A multi-turn trajectory's (rlscale.trainer.tools.loop.Trajectory): its loss mask and what it did.
+    mask: list[int] | None = None
+    text: str | None = None
+    turns: int | None = None
+    tool_calls: int = 0
+    tool_errors: int = 0
+    tool_seconds: float = 0.0
+    tool_wall: float = 0.0
+    env_reward: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -92,9 +101,14 @@ class Rollouts:
 
 
 def _sample_state(s: Any) -> dict:
-    return {"token_ids": [int(t) for t in s.token_ids],
-            "logprobs": None if s.logprobs is None else [float(x) for x in s.logprobs],
-            "finish_reason": str(s.finish_reason)}
+    out = {"token_ids": [int(t) for t in s.token_ids],
+           "logprobs": None if s.logprobs is None else [float(x) for x in s.logprobs],
+           "finish_reason": str(s.finish_reason)}
+    if getattr(s, "mask", None) is not None:  # a trajectory: what it trains on and what it did
+        out.update(mask=[int(m) for m in s.mask], text=s.text, turns=int(s.turns), tool_calls=int(s.tool_calls),
+                   tool_errors=int(s.tool_errors), tool_seconds=float(s.tool_seconds), tool_wall=float(s.tool_wall),
+                   env_reward=float(s.env_reward))
+    return out
 
 
 class Pipeline:

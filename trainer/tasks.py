@@ -70,6 +70,10 @@ class ArithmeticTask:
 
 def load_task(name: str, difficulty: int = 1, seed: int = 0) -> ArithmeticTask:
     """A builtin task by name (spec.task.name, spec.task.difficulty); dataset tasks: rlscale.trainer.data."""
+    from rlscale.trainer.tools.task import TASK, ToolArithmeticTask
+
+    if name == TASK:  # products that need the calculator (multi-turn; trainer/tools/task.py)
+        return ToolArithmeticTask(seed=seed)
     if name != ArithmeticTask.name:
         raise ValueError(f"spec.task.name: {name!r} is not a builtin task; use 'builtin:arithmetic', "
                          "or set task.dataset to a file of prompts and answers")

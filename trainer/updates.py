@@ -77,7 +77,7 @@ class Updates:
                          loss=None, grad_norm=None, noise_scale=self.noise.value, optimizer_steps=0)
             return stats
 
-        total_tokens = sum(len(batch.response_ids[i]) for i in kept)
+        total_tokens = sum(batch.model_tokens(i) for i in kept)
         minis = self._mini_batches(batch, groups, advantages, rewards, in_loss)
         self.objective.prepare([mb for m in minis for mb in m.packed], self._logprobs,
                                self._critic_values if self.critic is not None else None,
@@ -167,7 +167,7 @@ class Updates:
             packed = [pack(batch, idx, advantages, self.device, rewards=rewards, in_loss=in_loss)
                       for idx in plan.chunks]
             samples = [i for g in part for i in g]
-            tokens = sum(len(batch.response_ids[i]) for i in samples)
+            tokens = sum(batch.model_tokens(i) for i in samples)
             out.append(MiniBatch(plan, packed, Norm(tokens / self.world_size, len(samples) / self.world_size)))
         return out
 

@@ -19,7 +19,7 @@ CAMEL_FIELDS = {"prompts": "prompts", "samplesPerPrompt": "samples_per_prompt", 
                 "learnerReplicas": "learner_replicas", "promptTokens": "prompt_tokens",
                 "responseTokens": "response_tokens", "tokensPerSample": "tokens_per_sample",
                 "noiseScale": "noise_scale", "evalSeconds": "eval_s", "steps": "steps",
-                "stalenessPenalty": "staleness_penalty"}
+                "stalenessPenalty": "staleness_penalty", "turns": "turns", "toolSeconds": "tool_seconds"}
 
 
 @dataclass(frozen=True)
@@ -46,6 +46,9 @@ class Calibration:
     # (rollout, learner) cores the phases ran on, when `rlscale run` split a cpu host's cores to generate
     # ahead; None: every core (calibrate() puts split phases back on every core).
     cores: tuple[int, int] | None = None
+    # Multi-turn runs: model turns per trajectory and wall seconds in tools per step (StepRecord.tools).
+    turns: float | None = None
+    tool_seconds: float | None = None
 
     @property
     def has_phases(self) -> bool:
@@ -125,6 +128,8 @@ class Calibration:
             eval_s=median_present(_num(r.eval_seconds) for r in evals[-window:]),
             steps=len(same),
             cores=cores_of(same[-1].cores),
+            turns=median_present(_get(r.tools, "turns") for r in same),
+            tool_seconds=median_present(_get(r.tools, "wall_seconds") for r in same),
         )
 
 

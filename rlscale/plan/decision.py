@@ -300,6 +300,10 @@ def system_model(spec: Any, calibration: Calibration | None = None, host_cores: 
         group_size=spec.batch.samples_per_prompt,
         micro_batch_tokens=getattr(spec.batch, "micro_batch_tokens", None),
         host_cores=host_cores if profile.shared_host else 0,
+        # A trajectory's turns: measured, else task.maxTurns (an upper bound: a trajectory may answer sooner).
+        turns=float(cal_turns if calibration is not None and (cal_turns := calibration.turns) else
+                    getattr(spec.task, "max_turns", None) or 1),
+        tool_seconds=float(calibration.tool_seconds or 0.0) if calibration is not None else 0.0,
     )
 
 
@@ -567,6 +571,8 @@ def _notes(spec: Any, model: SystemModel, cal: Calibration, win: Candidate, n_no
         notes.append(activations)
     if model.profile.shared_host:
         notes.append("cpu: rollout and learner replicas share one machine's cores, so more replicas add no throughput")
+    if model.turns > 1:
+        notes.append(model.turns_note(bool(cal.turns), bool(cal.tool_seconds)))
     if getattr(spec.task, "reward_model", None) is not None:
         notes.append(spec.task.reward_model.plan_note())
     return tuple(notes)

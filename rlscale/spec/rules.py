@@ -35,6 +35,7 @@ from rlscale.spec.models import (
 from rlscale.spec.rule_base import Rule, _cel_list, _err
 from rlscale.spec.syntax import DNS_SUBDOMAIN_MAX, DNS_SUBDOMAIN_RE, MAX_RESOURCE_NAMES, full
 from rlscale.spec.task_rules import task_rules
+from rlscale.spec.tool_rules import tool_rules
 
 
 def _rule_grpo_group(s: RLRunSpec):
@@ -568,6 +569,7 @@ RULES: list[Rule] = [
          "task.pluginVolume needs a plug-in (module:function) in task.reward", _rule_plugin_volume),
     *algorithm_rules(),
     *task_rules(),
+    *tool_rules(),
     *_volume_rules(),
     *_pod_rules("rollout"),
     *_pod_rules("learner"),

@@ -1,0 +1,193 @@
+"""Trajectories turn by turn against the rollout replicas: generate, parse, call the tools (or step the
+environment), append the observation, continue, with every unfinished trajectory of the batch in one
+generate call per turn so the engines stay batched.
+
+`MultiTurnRollout` wraps the run's rollout (rlscale.rollout.serve.RolloutClient, or a test's fake) behind the
+same port (rlscale.trainer.ports.Rollout): the driver's step, DAPO's dynamic sampling and the held-out eval
+call `generate` as for single-turn prompts and get trajectories back, each with its tokens (the model's and
+the observations'), a mask (1 on the model's tokens: only they train; rlscale.trainer.batching.pack), the
+sampler's logprobs (0.0 on observation tokens), and what it did: turns, tool calls, tool errors, seconds in
+tools, the weights version of its last turn. A turn is one generate call that ends at EOS (the model's
+end of turn) or at the turn's token limit; the next waits for every trajectory's observation, so a turn
+takes as long as its slowest tool call (bounded by the tools' timeouts).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+from rlscale.trainer.tools.environments import PluginEnvironments, ToolEnvironment, Turn
+
+log = logging.getLogger("rlscale.tools")
+_TURN_SEED = 1_000_003  # each turn's seeds apart from the last's
+
+
+@dataclass
+class Trajectory:
+    """One sample of a multi-turn rollout (it has what the driver reads of a rollout.engine.Sample)."""
+
+    token_ids: list[int] = field(default_factory=list)  # every token after the prompt
+    logprobs: list[float] = field(default_factory=list)
+    finish_reason: str = "stop"  # "length": cut by the turn's tokens, the trajectory's budget or maxTurns
+    mask: list[int] = field(default_factory=list)  # 1: the model's token; 0: an observation's
+    text: str = ""  # the last model turn's text: what task.reward scores
+    turns: int = 0
+    tool_calls: int = 0
+    tool_errors: int = 0
+    tool_seconds: float = 0.0  # summed over its calls
+    tool_wall: float = 0.0  # its share of the wall seconds its turns waited for tools (the planner's figure)
+    env_reward: float = 0.0
+    weights_version: int = 0
+    done: bool = False
+
+    def add(self, tokens: Sequence[int], logprobs: Sequence[float] | None, model: bool) -> None:
+        self.token_ids += list(tokens)
+        self.mask += [1 if model else 0] * len(tokens)
+        self.logprobs += list(logprobs) if logprobs is not None else [0.0] * len(tokens)
+
+
+class MultiTurnRollout:
+    """The rollout port, multi-turn (see the module docstring); everything else is the inner rollout's."""
+
+    def __init__(self, inner: Any, tokenizer: Any, *, max_turns: int, max_tokens: int, max_length: int,
+                 tools: ToolEnvironment | None = None, environment: Callable[[], Any] | None = None,
+                 environment_name: str = "", rows: Mapping[tuple, Mapping] | None = None):
+        object.__setattr__(self, "inner", inner)
+        self.tok, self.max_turns, self.max_tokens, self.max_length = tokenizer, max_turns, max_tokens, max_length
+        self.tools, self.environment, self.environment_name = tools, environment, environment_name
+        self.rows = rows or {}
+
+    def __getattr__(self, name: str) -> Any:  # publish_weights, scale, sleep, serving, ...
+        return getattr(self.inner, name)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name == "on_behind":  # the driver's catch-up hook belongs to the client that calls it
+            setattr(self.inner, name, value)
+        else:
+            object.__setattr__(self, name, value)
+
+    def generate(self, prompt_token_ids: Sequence[Sequence[int]], samples_per_prompt: int, *, temperature: float,
+                 top_p: float, max_new_tokens: int, seed: int | None = None, version: int = 0) -> list[list[Any]]:
+        prompts = [list(map(int, p)) for p in prompt_token_ids for _ in range(samples_per_prompt)]
+        trajs = [Trajectory() for _ in prompts]
+        envs = PluginEnvironments(self.environment, self.environment_name) if self.environment else None
+        if envs is not None:
+            for i, p in enumerate(prompts):
+                self._observe(trajs[i], p, envs.reset(i, self.rows.get(tuple(p), {"prompt_ids": p})))
+        for turn in range(self.max_turns):
+            active = [i for i, t in enumerate(trajs) if not t.done]
+            if not active:
+                break
+            texts = self._turn(prompts, trajs, active, turn, temperature=temperature, top_p=top_p,
+                               max_new_tokens=max_new_tokens, seed=seed, version=version)
+            going = [i for i in active if not trajs[i].done]
+            t0 = time.perf_counter()
+            answers = (envs.step_many(going, [texts[i] for i in going]) if envs is not None
+                       else self.tools.step_many([texts[i] for i in going]) if self.tools is not None
+                       else [Turn("", done=True) for _ in going])
+            wall = (time.perf_counter() - t0) / max(1, len(going))
+            for i, got in zip(going, answers, strict=True):
+                t = trajs[i]
+                t.text, t.env_reward = texts[i], t.env_reward + got.reward
+                t.tool_calls += got.calls
+                t.tool_errors += got.errors
+                t.tool_seconds += got.tool_seconds
+                t.tool_wall += wall
+                if got.done:
+                    t.done = True
+                elif turn == self.max_turns - 1:  # a call left unanswered: maxTurns cut it
+                    t.done, t.finish_reason = True, "length"
+                else:
+                    self._observe(t, prompts[i], got.observation)
+        if envs is not None:
+            envs.close()
+        return [trajs[k:k + samples_per_prompt] for k in range(0, len(trajs), samples_per_prompt)]
+
+    def _turn(self, prompts: list[list[int]], trajs: list[Trajectory], active: list[int], turn: int, *,
+              temperature: float, top_p: float, max_new_tokens: int, seed: int | None, version: int) -> dict[int, str]:
+        """One generate call per distinct token limit (most share one) for the active trajectories, in parallel;
+        their turns appended; returns each one's text of the turn."""
+        by_limit: dict[int, list[int]] = {}
+        for i in active:
+            used = len(prompts[i]) + len(trajs[i].token_ids)
+            limit = min(max_new_tokens, self.max_tokens - len(trajs[i].token_ids), self.max_length - used)
+            if limit <= 0:  # no room for another turn
+                trajs[i].done, trajs[i].finish_reason = True, "length"
+            else:
+                by_limit.setdefault(limit, []).append(i)
+
+        def run(limit: int, idx: list[int]):
+            s = None if seed is None else seed + turn * _TURN_SEED + min(idx)
+            return self.inner.generate([prompts[i] + trajs[i].token_ids for i in idx], 1, temperature=temperature,
+                                       top_p=top_p, max_new_tokens=limit, seed=s, version=version)
+
+        texts: dict[int, str] = {}
+        with ThreadPoolExecutor(max(1, len(by_limit))) as pool:
+            outs = list(pool.map(lambda kv: run(*kv), by_limit.items()))
+        for idx, groups in zip(by_limit.values(), outs, strict=True):
+            for i, group in zip(idx, groups, strict=True):
+                s, t = group[0], trajs[i]
+                t.add(s.token_ids, s.logprobs, model=True)
+                t.turns += 1
+                t.weights_version = int(getattr(s, "weights_version", version))
+                texts[i] = self.tok.decode(s.token_ids, skip_special_tokens=True)
+                if s.finish_reason == "length":  # cut inside the turn: no call is made from half a turn
+                    t.done, t.finish_reason, t.text = True, "length", texts[i]
+        return texts
+
+    def _observe(self, t: Trajectory, prompt: list[int], text: str) -> None:
+        """Append an observation's tokens; a trajectory without room for it and a next turn ends, cut."""
+        if not text:
+            return
+        ids = self.tok(text, add_special_tokens=False).input_ids
+        room = min(self.max_tokens - len(t.token_ids), self.max_length - len(prompt) - len(t.token_ids))
+        if len(ids) >= room:
+            t.done, t.finish_reason = True, "length"
+            return
+        t.add(ids, None, model=False)
+
+    def close(self) -> None:
+        if self.tools is not None:
+            self.tools.pool.close()
+
+
+def decode_samples(tok: Any, samples: Sequence[Any]) -> list[str]:
+    """What the reward scores of each sample: a trajectory's last model turn, else the decoded response."""
+    if samples and all(isinstance(getattr(s, "text", None), str) for s in samples):
+        return [s.text for s in samples]
+    return tok.batch_decode([s.token_ids for s in samples], skip_special_tokens=True)
+
+
+def add_env_rewards(rewards: Sequence[float], samples: Sequence[Any]) -> list[float]:
+    """task.reward's scores plus each sample's rewards from its environment's steps (a plug-in environment's)."""
+    if not samples:
+        return list(rewards)
+    return [r + float(getattr(s, "env_reward", 0.0) or 0.0) for r, s in zip(rewards, samples, strict=True)]
+
+
+def response_masks(samples: Sequence[Any]) -> list[list[int]] | None:
+    """The samples' loss masks when any is multi-turn, else None (every response token is the model's)."""
+    if not any(getattr(s, "mask", None) is not None for s in samples):
+        return None
+    return [list(s.mask) if getattr(s, "mask", None) is not None else [1] * len(s.token_ids) for s in samples]
+
+
+def tool_metrics(samples: Sequence[Any]) -> dict[str, float]:
+    """A step's tool figures (StepRecord.tools): per trajectory means of turns and tool calls, and totals of
+    calls, errors, seconds in tools (summed over calls; wall_seconds: what the turns waited for them) and
+    trajectories cut (by tokens or maxTurns); {} for single-turn samples."""
+    trajs = [s for s in samples if getattr(s, "turns", None) is not None]
+    if not trajs:
+        return {}
+    n = len(trajs)
+    calls = sum(t.tool_calls for t in trajs)
+    return {"turns": sum(t.turns for t in trajs) / n, "calls_per_trajectory": calls / n, "calls": float(calls),
+            "errors": float(sum(t.tool_errors for t in trajs)), "seconds": sum(t.tool_seconds for t in trajs),
+            "wall_seconds": sum(t.tool_wall for t in trajs),
+            "truncated": float(sum(t.finish_reason == "length" for t in trajs)),
+            "with_calls": sum(t.tool_calls > 0 for t in trajs) / n}

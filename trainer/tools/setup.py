@@ -1,0 +1,50 @@
+"""A run's multi-turn rollout from its spec (spec.task.tools / environment / maxTurns / maxTrajectoryTokens)."""
+
+from __future__ import annotations
+
+import atexit
+import logging
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from rlscale.trainer.tools.environments import ToolEnvironment, import_object
+from rlscale.trainer.tools.loop import MultiTurnRollout
+from rlscale.trainer.tools.sandbox import ToolDef, ToolPool
+
+log = logging.getLogger("rlscale.tools")
+
+
+def tool_defs(spec: Any) -> list[ToolDef]:
+    return [ToolDef(t.name, builtin=t.builtin, function=t.function, timeout_s=t.timeout_seconds,
+                    max_output_chars=t.max_output_chars) for t in spec.task.tools or []]
+
+
+def multi_turn(spec: Any, rollout: Any, tokenizer: Any, problems: Sequence[Any],
+               encode: Callable[[Any, Any], list[int]]) -> MultiTurnRollout:
+    """The run's rollout behind MultiTurnRollout: the tools' worker pool (its first worker started here, so a
+    plug-in tool that does not import stops the run before anything trains), or the environment class."""
+    t = spec.task
+    tools = env = None
+    if t.tools:
+        from rlscale.trainer.reward_pool import default_workers
+
+        pool = ToolPool(tool_defs(spec), workers=t.tool_workers or default_workers(), memory_mb=t.tool_memory_mb)
+        atexit.register(pool.close)
+        first = pool.tools[next(iter(pool.tools))]
+        pool.call(first.name, {})  # starts a worker: its tools import, or the run stops naming them
+        isolation = pool.take_stats().isolation
+        log.info("tools %s in %d sandboxed workers (network cut by %s)", ", ".join(pool.tools), pool.size,
+                 " and ".join(sorted(isolation)) or "?")
+        if "netns" not in isolation:
+            log.warning("tool workers could not enter a network namespace of their own (user namespaces are "
+                        "disabled here): only the Python audit hook keeps sockets out (docs/tools.md)")
+        tools = ToolEnvironment(pool, tokenizer)
+    else:
+        env = import_object(t.environment, "spec.task.environment")
+    # An environment's reset(row) gets the problem's fields, found by the prompt's tokens (the rollout port's key).
+    rows = {tuple(encode(tokenizer, p)): {"prompt": p.prompt, "answer": p.answer, **dict(p.extra)}
+            for p in problems} if env is not None else {}
+    max_tokens = t.max_trajectory_tokens or spec.model.max_length
+    return MultiTurnRollout(rollout, tokenizer, max_turns=t.max_turns, max_tokens=max_tokens,
+                            max_length=spec.model.max_length, tools=tools, environment=env,
+                            environment_name=t.environment or "", rows=rows)
