@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from rlscale.plan import PROFILES, make_plan
+from rlscale.plan import PROFILES, Calibration, make_plan
 from rlscale.plan.decision import system_model
 from rlscale.spec import load_rlrun
 from tests.conftest import EXAMPLES
@@ -79,6 +79,14 @@ def test_the_plan_chooses_the_staleness_that_measured_faster():
     t = {c.staleness: c.predicted.time_to_target_seconds for c in plan.candidates if c.prompts == plan.prompts}
     assert t[1] / t[0] == pytest.approx(geo, abs=0.06)
     assert plan.staleness == (1 if geo < 1 else 0)
+    # pinned one step ahead (`rlscale run --staleness 1`) it keeps the measured batch, and so does the re-planner
+    # calibrated on one-step-ahead phases (on a core each: docs/examples/quickstart-staleness-sweep/sweep.md,
+    # Phases, staleness 1), so the seeds compared the overlap alone
+    assert make_plan(quickstart(max_staleness=1), host_cores=2, staleness=1).prompts == measured["prompts"]
+    ahead = Calibration(prompts=32, samples_per_prompt=8, generate_s=0.3684, reward_s=0.0031, train_s=0.5785,
+                        sync_s=0.058, cores=(1, 1))
+    replanned = make_plan(quickstart(max_staleness=1), ahead, host_cores=2)
+    assert (replanned.prompts, replanned.staleness) == (measured["prompts"], 1)
 
 
 def test_a_one_mini_batch_step_recomputes_no_old_policy():
