@@ -16,7 +16,7 @@ from rlscale.progress import fmt_duration
 UNKNOWN = "unknown until calibrated"
 # What turns a placeholder into a measurement, in the words a reader can act on.
 HOW_TO_KNOW = ("samples to target not measured for this model, task and target: set spec.target.expectedSamples "
-               "from an earlier run (summary.md's samples to target), or `rlscale sweep` it")
+               "to an earlier run's (its summary.md) at optimizer.referenceBatch")
 
 
 def samples_known(plan: dict[str, Any] | None) -> bool:
