@@ -19,6 +19,7 @@ for the runs ahead (K > 0), which train on samples a version old.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import statistics
 import sys
 import tempfile
@@ -105,12 +106,16 @@ def main(argv=None) -> int:
     ap.add_argument("--prompts", type=int, default=None,
                     help="batch.prompts of every run (default: each run's plan chooses, and may choose another "
                     "batch at K > 0: the comparison is then of the plans, not of the overlap alone)")
+    ap.add_argument("--keep", type=Path, default=None,
+                    help="write the runs (specs, logs, runs/NAME/metrics.jsonl) here instead of a temporary folder")
     a = ap.parse_args(argv)
     ks = sorted({0, *(int(x) for x in a.staleness.split(","))})
     seeds = [int(x) for x in a.seeds.split(",")]
     res: dict[tuple[int, int], dict] = {}
     sync_late: list[dict] = []  # the synchronous runs' second halves: what the calibrated planner reads
-    with tempfile.TemporaryDirectory(prefix="rlscale-staleness-") as d:
+    work = contextlib.nullcontext(str(a.keep)) if a.keep else tempfile.TemporaryDirectory(prefix="rlscale-staleness-")
+    with work as d:
+        Path(d).mkdir(parents=True, exist_ok=True)
         plan = planned(Path(d), "bench-plan", _change(max(ks), None, a.prompts))
         for seed in seeds:  # seed by seed, the K values side by side: a drift in the machine hits them alike
             for k in ks:

@@ -18,7 +18,8 @@ RECONCILE_SECONDS = Histogram(f"{P}reconcile_seconds", "Time of one RLRun reconc
 PLANNED_BATCH = Gauge(f"{P}planned_batch_samples", "Planned samples per step (prompts x samplesPerPrompt).",
                       ["namespace", "run"])
 REPLICAS = Gauge(f"{P}replicas", "Replicas by role, desired and ready.", ["namespace", "run", "role", "state"])
-PREDICTED_TTT = Gauge(f"{P}predicted_time_to_target_seconds", "The plan's predicted time-to-target.",
+PREDICTED_TTT = Gauge(f"{P}predicted_time_to_target_seconds", "The plan's predicted time-to-target (absent while its "
+                      "samples-to-target is a placeholder, not a measurement).",
                       ["namespace", "run"])
 LEADER = Gauge(f"{P}leader", "1 while this replica holds the leader Lease and reconciles, 0 while it stands by.")
 REPLANS = Counter(f"{P}replans", "Re-plans that switched a run's configuration, by trigger (replan).", ["trigger"])
@@ -66,6 +67,15 @@ def record_status(namespace: str, run: str, status: dict[str, Any] | None) -> No
     if _seen.get((namespace, run)) != (current, step):
         _seen[(namespace, run)] = (current, step)
         RUN_PROGRESS_TIME.labels(namespace, run).set(time.time())
+
+
+def record_predicted_time(namespace: str, run: str, seconds: float | None) -> None:
+    """The plan's predicted time-to-target; None (it rests on a placeholder samples-to-target,
+    rlscale/plan/headline.py) removes the series rather than publish a made-up time."""
+    if seconds is None:
+        _remove(PREDICTED_TTT, namespace, run)
+    else:
+        PREDICTED_TTT.labels(namespace, run).set(seconds)
 
 
 def forget(namespace: str, run: str) -> None:

@@ -570,7 +570,8 @@ def _server_message(exc: ApiException) -> str:
 
 def _record_metrics(namespace: str, name: str, plan: Plan, status: dict[str, Any]) -> None:
     M.PLANNED_BATCH.labels(namespace, name).set(plan.batch)
-    M.PREDICTED_TTT.labels(namespace, name).set(plan.predicted.time_to_target_seconds)
+    M.record_predicted_time(namespace, name, plan.predicted.time_to_target_seconds
+                            if plan.samples_to_target_known else None)
     for role, r in (status.get("replicas") or {}).items():
         M.REPLICAS.labels(namespace, name, role, "desired").set(int(r.get("desired") or 0))
         M.REPLICAS.labels(namespace, name, role, "ready").set(int(r.get("ready") or 0))

@@ -9,6 +9,7 @@ import json
 from typing import Any
 
 from rlscale.plan.calibration import Calibration
+from rlscale.plan.headline import known_samples_to_target
 from rlscale.progress import fmt_duration  # one formatter for the CLI, the runner and status
 from rlscale.progress_report import ProgressReport, export_words
 
@@ -151,8 +152,7 @@ def parse_progress(raw: str | None) -> tuple[dict[str, Any] | None, str | None]:
     return report.to_wire(), None
 
 
-def progress_status(progress: dict[str, Any], plan: dict[str, Any], target_value: float,
-                    max_samples: int) -> dict[str, Any]:
+def progress_status(progress: dict[str, Any], plan: dict[str, Any], target_value: float) -> dict[str, Any]:
     """status.progress: what the learner reported plus an ETA from the planned samples-to-target."""
     out = dict(progress)
     sps = float(progress.get("samplesPerSecond") or 0)
@@ -162,12 +162,13 @@ def progress_status(progress: dict[str, Any], plan: dict[str, Any], target_value
         if out.get("timeToTargetSeconds") is not None:
             out["timeToTarget"] = fmt_duration(float(out["timeToTargetSeconds"]))
         return out
-    predicted = plan.get("predicted") or {}
-    # Planned samples-to-target = predicted time x predicted rate; fall back to the sample budget.
-    stt = predicted.get("samplesToTarget")
-    if stt is None and predicted.get("timeToTargetSeconds") and predicted.get("samplesPerSecond"):
-        stt = float(predicted["timeToTargetSeconds"]) * float(predicted["samplesPerSecond"])
-    stt = float(stt or max_samples)
+    # The ETA counts down the plan's samples-to-target only where that was measured: a placeholder's
+    # (rlscale/plan/headline.py) would publish a made-up time, so the status says unknown instead.
+    stt = known_samples_to_target(plan)
+    if stt is None:
+        out.pop("etaSeconds", None)
+        out["timeToTarget"] = "unknown"
+        return out
     samples = float(progress.get("samples") or 0)
     if sps > 0:
         out["etaSeconds"] = round(max(stt - samples, 0.0) / sps, 1)
@@ -456,7 +457,7 @@ def _fold_report(st: dict[str, Any], o: Observed, conds: list[dict[str, Any]] | 
     target = o.spec.target
     # A failure report may carry no figures: the last step's stay.
     merged = {**(st.get("progress") or {}), **rep} if rep.get("failed") else rep
-    st["progress"] = progress_status(merged, st.get("plan") or {}, target.value, o.spec.budget.max_samples)
+    st["progress"] = progress_status(merged, st.get("plan") or {}, target.value)
     if rep.get("targetReached"):
         conds = set_condition(conds, C.COND_TARGET_REACHED, True, "TargetReached",
                               f"{target.metric} reached {rep.get('targetMetric')} (target {target.value})", gen, now)

@@ -158,11 +158,13 @@ def plan(file: Path = FileArg, as_json: bool = typer.Option(False, "--json", hel
     out.print(_plan_table(rlrun, d))
     cands = d.get("candidates") or []
     if cands:
-        out.print(_candidates_table(cands[:12]))
+        out.print(_candidates_table(cands[:12], d))
 
 
 def _plan_table(rlrun, d: dict) -> Table:
     """The chosen plan, with the notes that say which of its numbers are assumed, not measured."""
+    from rlscale.plan.headline import time_to_target_text
+
     pred, opt = d["predicted"], rlrun.spec.optimizer
     t = Table(title=f"Plan for RLRun {rlrun.name}", show_header=False, title_justify="left")
     t.add_column(style="bold")
@@ -178,7 +180,7 @@ def _plan_table(rlrun, d: dict) -> Table:
     t.add_row("staleness", _staleness_text(d, rlrun.spec))
     t.add_row("throughput", f"{pred['samplesPerSecond']:.1f} samples/s")
     t.add_row("step time", fmt_duration(pred["stepSeconds"]))
-    t.add_row("time to target", fmt_duration(pred["timeToTargetSeconds"]))
+    t.add_row("time to target", time_to_target_text(d))
     t.add_row("why", str(d["reason"]))
     for i, note in enumerate(d.get("notes") or []):
         t.add_row("notes" if i == 0 else "", note)
@@ -214,12 +216,18 @@ def _staleness_text(d: dict, spec) -> str:
     return f"{k} ({what}; maxStaleness {top})"
 
 
-def _candidates_table(cands: list[dict]) -> Table:
+def _candidates_table(cands: list[dict], plan: dict) -> Table:
+    """The candidates compared; E and T as ratios to the chosen plan's where E is the placeholder."""
+    from rlscale.plan.headline import relative, samples_known
+
     coloc = any(row.get("placement") == "colocated" for row in cands)
     lag = any(row.get("staleness") for row in cands)
+    known, chosen = samples_known(plan), plan["predicted"]
     c = Table(title="Candidates, best first (P prompts, N samples per step, E samples to target, T time to target"
               + ("; K staleness" if lag else "")
-              + ("; roll*: colocated, the engines on the learner GPUs" if coloc else "") + ")", title_justify="left")
+              + ("; roll*: colocated, the engines on the learner GPUs" if coloc else "")
+              + ("" if known else "; E and T relative to the chosen plan's: samples to target not measured") + ")",
+              title_justify="left")
     for col in ("P", "N", *(("K",) if lag else ()), "lr", "roll", "learn", "smp/s", "step", "E (samples)", "T"):
         c.add_column(col, justify="right", no_wrap=True)
     for row in cands:
@@ -228,8 +236,10 @@ def _candidates_table(cands: list[dict]) -> Table:
         k = (str(row.get("staleness") or 0),) if lag else ()
         c.add_row(str(row["prompts"]), str(row["prompts"] * row["samplesPerPrompt"]), *k, fmt_lr(row["learningRate"]),
                   roll, str(row["learnerReplicas"]), f"{pr['samplesPerSecond']:.1f}",
-                  fmt_duration(pr["stepSeconds"]), f"{pr.get('samplesToTarget', 0) / 1000:,.0f}k",
-                  fmt_duration(pr["timeToTargetSeconds"]))
+                  fmt_duration(pr["stepSeconds"]),
+                  *((f"{pr.get('samplesToTarget', 0) / 1000:,.0f}k", fmt_duration(pr["timeToTargetSeconds"]))
+                    if known else (relative(pr.get("samplesToTarget", 0), chosen.get("samplesToTarget", 0)),
+                                   relative(pr["timeToTargetSeconds"], chosen["timeToTargetSeconds"]))))
     return c
 
 

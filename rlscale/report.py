@@ -200,22 +200,27 @@ def start_vs_measured(plan: dict[str, Any] | None, reached: StepRecord | None, s
                       sps: float | None) -> list[str]:
     """Markdown rows: what the plan made before the first step predicted (step time, throughput, samples- and
     time-to-target) beside what the run measured, with measured/planned."""
+    from rlscale.plan.headline import known_samples_to_target, known_time_to_target
+
     pred = (plan or {}).get("predicted") or {}
+    # A placeholder's samples- and time-to-target were never a prediction (rlscale/plan/headline.py): no ratio.
     rows = [("step time (s)", pred.get("stepSeconds"), step_s, "{:.3f}"),
             ("throughput (samples/s)", pred.get("samplesPerSecond"), sps, "{:.1f}"),
-            ("samples to target", pred.get("samplesToTarget"), reached.samples_to_target if reached else None,
+            ("samples to target", known_samples_to_target(plan), reached.samples_to_target if reached else None,
              "{:,.0f}"),
-            ("time to target (s)", pred.get("timeToTargetSeconds"),
+            ("time to target (s)", known_time_to_target(plan),
              reached.time_to_target_seconds if reached else None, "{:.0f}")]
     if not any(_num(p) for _, p, _, _ in rows):
         return []
+    unknown = "not predicted (a placeholder)" if pred.get("samplesToTarget") is not None else "-"
     how = "calibrated" if (plan or {}).get("calibrated") else "uncalibrated: the accelerator profile's"
     out = ["", f"## The plan at start vs measured ({how} prediction)", "",
            "| | planned at start | measured | measured/planned |", "|---|---:|---:|---:|"]
     for label, p, m, fmt in rows:
         p, m = _num(p), _num(m)
         ratio = f"{m / p:.2f}" if p and m is not None else "-"
-        out.append(f"| {label} | {fmt.format(p) if p else '-'} | {fmt.format(m) if m is not None else '-'} | "
+        shown = fmt.format(p) if p else (unknown if "target" in label else "-")
+        out.append(f"| {label} | {shown} | {fmt.format(m) if m is not None else '-'} | "
                    f"{ratio} |")
     return out
 

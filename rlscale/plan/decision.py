@@ -27,6 +27,7 @@ from rlscale.plan.samples import (
     noise_curve,
     reference_samples,
     run_key,
+    samples_note,
     scaled_lr,
 )
 from rlscale.plan.shapes import model_shape_for
@@ -166,6 +167,8 @@ class Plan:
     calibrated: bool = False
     gpus: int = 0
     samples_to_target_ref: float = 0.0  # E_ref at the reference batch
+    # E_ref measured (samples.py, target.expectedSamples), not the placeholder: else no time shown (headline.py)
+    samples_to_target_known: bool = False
     notes: tuple[str, ...] = field(default_factory=tuple)
     # Where the engines run and how weights reach them (placement.py); plans written before these
     # existed load as the disaggregated broadcast they described.
@@ -226,6 +229,7 @@ class Plan:
                "learnerReplicas": self.learner_replicas, "gpus": self.gpus,
                "predicted": self.predicted.to_dict(), "reason": self.reason, "noiseScale": self.noise_scale,
                "samplesToTargetAtReference": self.samples_to_target_ref,
+               "samplesToTargetKnown": self.samples_to_target_known,
                "calibrated": self.calibrated, "notes": list(self.notes), "placement": self.placement,
                "weightSync": self.weight_sync, "rolloutMemoryUtilization": self.rollout_memory_utilization,
                "tensorParallel": self.tensor_parallel, "ranksPerPod": self.ranks_per_pod,
@@ -245,6 +249,7 @@ class Plan:
                    candidates=[Candidate.from_dict(c) for c in d.get("candidates") or []],
                    noise_scale=float(d.get("noiseScale") or 0.0), calibrated=bool(d.get("calibrated")),
                    gpus=int(d.get("gpus") or 0), samples_to_target_ref=float(d.get("samplesToTargetAtReference") or 0),
+                   samples_to_target_known=bool(d.get("samplesToTargetKnown")),
                    notes=tuple(d.get("notes") or ()), placement=str(d.get("placement") or "disaggregated"),
                    weight_sync=str(d.get("weightSync") or "broadcast"),
                    rollout_memory_utilization=float(d.get("rolloutMemoryUtilization") or 0.9),
@@ -288,6 +293,7 @@ def system_model(spec: Any, calibration: Calibration | None = None, host_cores: 
         shape=model_shape_for(spec.model), profile=profile, dtype=dtype,
         prompt_tokens=prompt, response_tokens=response, max_new_tokens=spec.task.max_new_tokens,
         algorithm=spec.algorithm.name, reference_model=spec.algorithm.kl_coef > 0,
+        mini_batches=spec.algorithm.mini_batches,
         # The learner fills a micro-batch with whole prompt groups (trainer/batching.py).
         zero_stage=spec.learner.zero_stage,
         micro_batch=spec.batch.micro_batch // spec.batch.samples_per_prompt * spec.batch.samples_per_prompt
@@ -439,7 +445,8 @@ def make_plan(spec: Any, calibration: Calibration | None = None, placement: str 
         prompts=win.prompts, samples_per_prompt=win.samples_per_prompt, learning_rate=win.learning_rate,
         rollout_replicas=win.rollout_replicas, learner_replicas=win.learner_replicas, predicted=win.predicted,
         reason=reason, candidates=shown, noise_scale=n_noise, calibrated=cal.calibrated, gpus=win.gpus,
-        samples_to_target_ref=e_ref, notes=_notes(spec, model, cal, win, n_noise, noise_from, e_ref, e_known),
+        samples_to_target_ref=e_ref, samples_to_target_known=e_known,
+        notes=_notes(spec, model, cal, win, n_noise, noise_from, e_ref, e_known),
         placement=win.placement, weight_sync=model.weight_sync,
         rollout_memory_utilization=model.rollout_utilization, tensor_parallel=model.rollout_gpus,
         ranks_per_pod=ranks_per_pod(spec), staleness=win.staleness, learner_topology=zero_reason(model, win),
@@ -557,9 +564,8 @@ def _notes(spec: Any, model: SystemModel, cal: Calibration, win: Candidate, n_no
     if noise_from == "default":
         notes.append(f"noise scale N_noise = {DEFAULT_NOISE_MULTIPLE:g} x referenceBatch = {n_noise:g} "
                      "(default, not measured)")
-    if not e_known:
-        notes.append(f"samples to target at the reference batch: {e_ref:,.0f} is a placeholder; "
-                     "only ratios decide the plan")
+    if said := samples_note(run_key(spec), e_ref, e_known, bool(getattr(spec.target, "expected_samples", None))):
+        notes.append(said)
     if win.predicted.samples_to_target > spec.budget.max_samples:
         notes.append(f"predicted samples to target {win.predicted.samples_to_target:,.0f} exceed budget.maxSamples "
                      f"({spec.budget.max_samples:,}): the run may stop first")

@@ -122,6 +122,7 @@ class SystemModel:
     max_new_tokens: int
     algorithm: str = "grpo"
     reference_model: bool = False  # klCoef > 0: one more forward pass per token
+    mini_batches: int = 1  # algorithm.miniBatches: optimiser steps per pass over the batch
     zero_stage: int = 1
     micro_batch: int = 32
     rollout_gpus: int = 1  # GPUs per rollout replica (tensor parallel)
@@ -210,7 +211,9 @@ class SystemModel:
 
     def logprob_passes(self) -> int:
         """Forward-only passes over the batch besides training's: the old-policy recompute, the reference."""
-        return 1 + (1 if self.reference_model else 0)
+        # pi_old of the first mini-batch comes from its own forward in the update (trainer/updates.py
+        # _old_logprobs): only the other mini-batches are recomputed, so one mini-batch recomputes nothing.
+        return (1 if self.mini_batches > 1 else 0) + (1 if self.reference_model else 0)
 
     def train_flops_per_token(self) -> float:
         """6P for forward+backward, 2P per extra logprob pass (old-policy recompute, reference); PPO adds a critic."""

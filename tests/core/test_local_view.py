@@ -154,7 +154,7 @@ def test_the_summary_sets_the_plan_at_start_beside_the_measurement(tmp_path):
     before the first step is what a reader can hold the run to."""
     run_dir = tmp_path / "r"
     run_dir.mkdir()
-    first = {"atStep": 0, "prompts": 32, "samplesPerPrompt": 8, "calibrated": False,
+    first = {"atStep": 0, "prompts": 32, "samplesPerPrompt": 8, "calibrated": False, "samplesToTargetKnown": True,
              "predicted": {"stepSeconds": 0.5, "samplesPerSecond": 512.0, "samplesToTarget": 4096.0,
                            "timeToTargetSeconds": 8.0}}
     later = {**first, "atStep": 4, "calibrated": True, "why": "measured",
@@ -167,6 +167,23 @@ def test_the_summary_sets_the_plan_at_start_beside_the_measurement(tmp_path):
     assert "| throughput (samples/s) | 512.0 | 365.0 | 0.71 |" in summary
     assert "| samples to target | 4,096 | 2,048 | 0.50 |" in summary  # reached at step 8: 8 x 256
     assert "| time to target (s) | 8 | 6 | 0.70 |" in summary  # 0.7 s x 8 steps = 5.6 s
+
+
+def test_the_summary_holds_no_run_to_a_placeholder_samples_to_target(tmp_path):
+    """A plan whose samples-to-target is the placeholder (a spec nobody measured) predicted the step, not the
+    samples or the time to target: the summary shows the step's ratio and no ratio for those."""
+    run_dir = tmp_path / "r"
+    run_dir.mkdir()
+    first = {"atStep": 0, "prompts": 32, "samplesPerPrompt": 8, "calibrated": False, "samplesToTargetKnown": False,
+             "predicted": {"stepSeconds": 0.5, "samplesPerSecond": 512.0, "samplesToTarget": 100_000.0,
+                           "timeToTargetSeconds": 195.0}}
+    (run_dir / "plan.json").write_text(json.dumps({"plans": [first]}))
+    write_run(run_dir, records(8, reached_at=8))
+    summary = (run_dir / "summary.md").read_text()
+    assert "| step time (s) | 0.500 | 0.700 | 1.40 |" in summary
+    assert "| samples to target | not predicted (a placeholder) | 2,048 | - |" in summary
+    assert "| time to target (s) | not predicted (a placeholder) | 6 | - |" in summary
+    assert "100,000" not in summary and "| 195 |" not in summary
 
 
 def test_the_report_follows_the_completion_length(tmp_path):

@@ -360,7 +360,8 @@ def test_the_drivers_last_report_ends_the_run_and_frees_every_workload(kube, ope
 
 
 def test_operator_metrics_and_its_rbac_is_exactly_what_the_chart_ships(kube, operator, ns):
-    kube.apply(example_run("metered"), ns)
+    # target.expectedSamples: a measured samples-to-target, without which no predicted time is published
+    kube.apply(example_run("metered", target={"expectedSamples": 400_000}), ns)
     wait_running(kube, "metered", ns)
     text = wait_for("run metrics", lambda: (t := operator.metrics()) and 'run="metered"' in t and t)
     assert re.search(r"^rlscale_operator_reconciles_total\{result=\"ok\"\} [1-9]", text, re.M)

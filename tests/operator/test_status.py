@@ -7,8 +7,9 @@ from rlscale.operator import faults as F
 from rlscale.operator import status as S
 
 PLAN = {"prompts": 16, "samplesPerPrompt": 8, "learningRate": 1e-5, "rolloutReplicas": 2,
-        "learnerReplicas": 1, "predicted": {"samplesPerSecond": 100.0, "stepSeconds": 1.28,
-                                            "timeToTargetSeconds": 600.0}, "reason": "why", "candidates": [1, 2]}
+        "learnerReplicas": 1, "predicted": {"samplesPerSecond": 100.0, "stepSeconds": 1.28, "samplesToTarget": 60000.0,
+                                            "timeToTargetSeconds": 600.0}, "reason": "why", "candidates": [1, 2],
+        "samplesToTargetKnown": True}
 
 
 def test_transition_time_moves_only_when_status_flips():
@@ -62,10 +63,22 @@ def test_progress_parse_rejects_garbage_with_the_field_named():
 
 
 def test_eta_from_planned_samples_to_target():
-    # planned samples-to-target = 600 s x 100 samples/s = 60000; 30000 done at 50/s -> 600 s left
-    out = S.progress_status({"samples": 30000, "samplesPerSecond": 50.0}, PLAN, 0.8, 200000)
+    # planned samples-to-target 60000 (measured: samplesToTargetKnown); 30000 done at 50/s -> 600 s left
+    out = S.progress_status({"samples": 30000, "samplesPerSecond": 50.0}, PLAN, 0.8)
     assert out["etaSeconds"] == 600.0 and out["timeToTarget"] == "eta 10m00s"
-    done = S.progress_status({"targetReached": True, "elapsedSeconds": 252}, PLAN, 0.8, 200000)
+    done = S.progress_status({"targetReached": True, "elapsedSeconds": 252}, PLAN, 0.8)
+    assert done["timeToTarget"] == "4m12s" and done["etaSeconds"] == 0
+
+
+def test_no_eta_counts_down_a_placeholder_samples_to_target():
+    """A plan whose samples-to-target is the placeholder (never measured for the spec) gives no ETA: the status
+    says unknown, and drops an ETA an earlier status carried; the time once the target is reached stays."""
+    guess = {**PLAN, "samplesToTargetKnown": False}
+    out = S.progress_status({"samples": 30000, "samplesPerSecond": 50.0, "etaSeconds": 12.0}, guess, 0.8)
+    assert "etaSeconds" not in out and out["timeToTarget"] == "unknown"
+    old = {k: v for k, v in PLAN.items() if k != "samplesToTargetKnown"}  # written before the key: not known
+    assert S.progress_status({"samples": 1, "samplesPerSecond": 50.0}, old, 0.8)["timeToTarget"] == "unknown"
+    done = S.progress_status({"targetReached": True, "elapsedSeconds": 252}, guess, 0.8)
     assert done["timeToTarget"] == "4m12s" and done["etaSeconds"] == 0
 
 

@@ -143,7 +143,8 @@ def test_gradient_checkpointing_shrinks_learner_activations():
     ckpt = system_model(gpu_spec("Qwen/Qwen2.5-7B-Instruct", 8, learner={"zeroStage": 3,
                                                                         "gradientCheckpointing": True}))
     assert ckpt.activation_bytes_per_token() < plain.activation_bytes_per_token() / 3
-    assert ckpt.train_flops_per_token() == pytest.approx(plain.train_flops_per_token() * 10 / 8)
+    # one mini-batch: 6P, and checkpointing's forward once more: 8P
+    assert ckpt.train_flops_per_token() == pytest.approx(plain.train_flops_per_token() * 8 / 6)
     note = plain.activation_note(8)
     assert note is not None and "set batch.microBatchTokens to at most" in note
     fit = int(note.split("at most ")[1].split(" ")[0].replace(",", ""))
@@ -172,8 +173,8 @@ def test_quickstart_plan_is_unchanged():
     assert p.rollout_memory_utilization == 0.8  # the cpu profile's, as before
     w = system_model(quickstart()).weight_bytes
     assert p.predicted.sync == pytest.approx(w / 2e9 + 0.05)  # the sync term as before
-    # 257.7 before generation waited for the batch's longest response rather than the mean one
-    assert p.predicted.samples_per_second == pytest.approx(252.0, abs=0.1)
+    # 252.0 before the cpu profile was fitted to the measured phases (test_plan_cpu_fit.py holds it to them)
+    assert p.predicted.samples_per_second == pytest.approx(363.6, abs=0.1)
 
 
 def test_quickstart_colocated_runs_one_engine_per_learner_process():

@@ -126,7 +126,7 @@ def test_train_seconds_scale_with_tokens_and_learners():
     m = _system(GPU_7B)
     p = accelerator_profile("H100")
     tokens = 512 * (256 + 512)
-    compute = (6 + 2) * QWEN7B_PARAMS * tokens / (989e12 * p.train_mfu * 8)
+    compute = 6 * QWEN7B_PARAMS * tokens / (989e12 * p.train_mfu * 8)  # one mini-batch: no pi_old recompute
     t = m.train_seconds(512, 8)
     # the rest: optimizer, micro-batch overhead and the all-reduce, which crosses the network between the
     # eight 1-GPU pods: 2 x 7/8 x W / 25 GB/s
@@ -144,10 +144,13 @@ def test_reference_model_and_ppo_add_passes():
     grpo = _system(GPU_7B)
     kl = _system({**GPU_7B, "algorithm": {"klCoef": 0.05}})
     ppo = _system({**GPU_7B, "algorithm": {"name": "ppo"}})
+    minis = _system({**GPU_7B, "algorithm": {"miniBatches": 2}})
     p = QWEN7B_PARAMS
-    assert grpo.train_flops_per_token() == 8 * p
-    assert kl.train_flops_per_token() == 10 * p
-    assert ppo.train_flops_per_token() == 16 * p
+    # one mini-batch: pi_old comes from the update's own forward (trainer/updates.py), so 6P forward + backward
+    assert grpo.train_flops_per_token() == 6 * p
+    assert minis.train_flops_per_token() == 8 * p  # two: the second mini-batch's pi_old recomputed before
+    assert kl.train_flops_per_token() == 8 * p  # the reference's forward
+    assert ppo.train_flops_per_token() == 14 * p  # the critic's training and its value pass
 
 
 def test_sync_is_bytes_over_link_plus_latency():
