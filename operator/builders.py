@@ -253,7 +253,11 @@ def build_learner_statefulset(run: RunRef, spec: RLRunSpec, plan: Plan, images: 
     }
     if claims:
         sts["spec"]["volumeClaimTemplates"] = claims
-        sts["spec"]["persistentVolumeClaimRetentionPolicy"] = {"whenScaled": "Retain", "whenDeleted": "Delete"}
+        # The ranks' checkpoints outlive the RLRun unless it says otherwise (spec.checkpoint.claimRetention):
+        # Retain leaves the claims no owner, so deleting the run (by mistake too) keeps them, and a run of
+        # the same name resumes from them. The StatefulSet controller labels them with the run's selector.
+        sts["spec"]["persistentVolumeClaimRetentionPolicy"] = {"whenScaled": "Retain",
+                                                               "whenDeleted": spec.checkpoint.claim_retention}
     return sts
 
 

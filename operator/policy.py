@@ -28,12 +28,15 @@ class Policy:
     node_label_keys: tuple[str, ...] = ()  # nodeSelector keys, node affinity keys, pod affinity topology keys
     secret_names: tuple[str, ...] = ()  # Secrets a run's volumes, env and pull secrets may name
     claim_names: tuple[str, ...] = ()  # PersistentVolumeClaims a run's volumes may name
+    # spec.scheduling.blockEvictions: PodDisruptionBudgets that allow no voluntary eviction of a training run
+    allow_blocking_evictions: bool = False
 
 
 CHART_VALUES = {"image_prefixes": "policy.imagePrefixes", "runtime_class_names": "policy.runtimeClassNames",
                 "priority_class_names": "policy.priorityClassNames", "scheduler_names": "policy.schedulerNames",
                 "toleration_keys": "policy.tolerationKeys", "node_label_keys": "policy.nodeLabelKeys",
-                "secret_names": "policy.secretNames", "claim_names": "policy.claimNames"}
+                "secret_names": "policy.secretNames", "claim_names": "policy.claimNames",
+                "allow_blocking_evictions": "policy.allowBlockingEvictions"}
 
 
 def on_path_boundary(image: str, prefix: str) -> bool:
@@ -170,6 +173,11 @@ def refusal(spec: RLRunSpec, images: list[tuple[str, str]], policy: Policy) -> s
             return _refusal(_WHAT[key], field, value, getattr(policy, key), key)
     if msg := _placement(spec, policy):
         return msg
+    if spec.scheduling.block_evictions and not policy.allow_blocking_evictions:
+        return ("spec.scheduling.blockEvictions is true, which this cluster does not allow (it would keep node "
+                "drains waiting on the run): leave it false (one eviction at a time, the ranks resume from the last "
+                "checkpoint), or ask the cluster admin to set the rlscale chart value "
+                + CHART_VALUES["allow_blocking_evictions"])
     for key, refs in (("secret_names", secrets(spec)), ("claim_names", claims(spec))):
         for field, name in refs:
             if name not in getattr(policy, key):

@@ -45,6 +45,7 @@ ENV_NODE_LABEL_KEYS = "RLSCALE_NODE_LABEL_KEYS"
 ENV_SECRET_NAMES = "RLSCALE_SECRET_NAMES"
 ENV_CLAIM_NAMES = "RLSCALE_CLAIM_NAMES"
 ENV_REQUIRE_POD_SECURITY = "RLSCALE_REQUIRE_POD_SECURITY"
+ENV_ALLOW_BLOCKING_EVICTIONS = "RLSCALE_ALLOW_BLOCKING_EVICTIONS"  # true/false
 POLICY_ENV = {"image_prefixes": ENV_IMAGE_PREFIXES, "runtime_class_names": ENV_RUNTIME_CLASSES,
               "priority_class_names": ENV_PRIORITY_CLASSES, "scheduler_names": ENV_SCHEDULERS,
               "toleration_keys": ENV_TOLERATION_KEYS, "node_label_keys": ENV_NODE_LABEL_KEYS,
@@ -52,7 +53,7 @@ POLICY_ENV = {"image_prefixes": ENV_IMAGE_PREFIXES, "runtime_class_names": ENV_R
 ENV_NAMES = (ENV_TRAINER_IMAGE, ENV_ROLLOUT_IMAGE, ENV_CHECKPOINT_STORAGE, ENV_NETWORK_POLICY, ENV_METRICS_FROM,
              ENV_PROGRESS_INTERVAL, ENV_LOG_LEVEL, ENV_KOPF_LOG_LEVEL, ENV_BIND, ENV_HEALTH, ENV_WORKERS,
              ENV_STEP_DELAY, ENV_KUBECONFIG, *POLICY_ENV.values(), ENV_REQUIRE_POD_SECURITY, ENV_LEASE, ENV_IDENTITY,
-             ENV_LEASE_SECONDS)
+             ENV_LEASE_SECONDS, ENV_ALLOW_BLOCKING_EVICTIONS)
 
 
 def _flag(text: str) -> bool:
@@ -108,7 +109,8 @@ class OperatorSettings:
                    workers=int(env.get(ENV_WORKERS) or d.workers),
                    step_delay=float(env.get(ENV_STEP_DELAY) or d.step_delay),
                    kubeconfig=env.get(ENV_KUBECONFIG) or None,
-                   policy=Policy(**{k: _names(env.get(name, "")) for k, name in POLICY_ENV.items()}),
+                   policy=Policy(**{k: _names(env.get(name, "")) for k, name in POLICY_ENV.items()},
+                                 allow_blocking_evictions=_flag(env.get(ENV_ALLOW_BLOCKING_EVICTIONS, "false"))),
                    require_pod_security=_flag(env.get(ENV_REQUIRE_POD_SECURITY, "true")),
                    lease=env.get(ENV_LEASE, ""), identity=env.get(ENV_IDENTITY) or d.identity,
                    lease_seconds=float(env.get(ENV_LEASE_SECONDS) or d.lease_seconds))

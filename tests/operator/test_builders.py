@@ -244,10 +244,14 @@ def test_child_names_fit_dns_labels_and_stay_unique(run):
     assert B.names(run) == n  # stable
 
 
-def test_checkpoint_storage_uses_claims_that_survive_scale_to_zero():
+def test_checkpoint_storage_uses_claims_that_survive_scale_to_zero_and_the_runs_deletion():
     sts = B.build_learner_statefulset(RUN, spec(), PLAN, B.Images(checkpoint_storage="50Gi"))
     assert sts["spec"]["volumeClaimTemplates"][0]["spec"]["resources"]["requests"]["storage"] == "50Gi"
-    assert sts["spec"]["persistentVolumeClaimRetentionPolicy"]["whenScaled"] == "Retain"
+    # Retained on delete by default: no owner reference, so the garbage collector leaves them.
+    assert sts["spec"]["persistentVolumeClaimRetentionPolicy"] == {"whenScaled": "Retain", "whenDeleted": "Retain"}
+    gone = B.build_learner_statefulset(RUN, spec(checkpoint={"claimRetention": "Delete"}), PLAN,
+                                       B.Images(checkpoint_storage="50Gi"))
+    assert gone["spec"]["persistentVolumeClaimRetentionPolicy"]["whenDeleted"] == "Delete"
     plain = B.build_learner_statefulset(RUN, spec(), PLAN, B.Images())
     assert "volumeClaimTemplates" not in plain["spec"]
     assert {"name": "checkpoints", "emptyDir": {}} in plain["spec"]["template"]["spec"]["volumes"]
@@ -508,7 +512,7 @@ def _budgets(kids):
     return {m["metadata"]["labels"][C.LABEL_ROLE]: m for m in kids if m["kind"] == "PodDisruptionBudget"}
 
 
-def test_disruption_budgets_keep_a_training_run_whole_and_open_once_it_is_not_training():
+def test_disruption_budgets_allow_one_eviction_a_role_while_training_and_open_once_it_is_not():
     kids = B.build_children(RUN, spec(), PLAN)
     budgets = _budgets(kids)
     assert set(budgets) == {C.ROLE_RAY_HEAD, C.ROLE_ROLLOUT, C.ROLE_LEARNER}
@@ -525,9 +529,13 @@ def test_disruption_budgets_keep_a_training_run_whole_and_open_once_it_is_not_tr
             assert (sel.items() <= pod_labels.items()) == (other == role), (role, other)
         # Pods that are not Ready (a rank waiting to rejoin, a crash loop) may always be evicted.
         assert pdb["spec"]["unhealthyPodEvictionPolicy"] == "AlwaysAllow"
-    # Training: no voluntary eviction of the head or a rank (each restarts every rank); rollout
-    # pods one at a time.
+    # Training: one eviction at a time per role, never a budget of none (a learner rank's or the head's
+    # is one gang restart from the last checkpoint); blockEvictions, where the admin allows it, keeps
+    # the head and the ranks.
     assert {r: b["spec"]["maxUnavailable"] for r, b in budgets.items()} == {
+        C.ROLE_RAY_HEAD: 1, C.ROLE_LEARNER: 1, C.ROLE_ROLLOUT: 1}
+    strict = _budgets(B.build_children(RUN, spec(scheduling={"blockEvictions": True}), PLAN))
+    assert {r: b["spec"]["maxUnavailable"] for r, b in strict.items()} == {
         C.ROLE_RAY_HEAD: 0, C.ROLE_LEARNER: 0, C.ROLE_ROLLOUT: 1}
     # Suspended (the admin's way to drain a node) or ended: every pod may go.
     for kids in (B.build_children(RUN, spec(suspend=True), PLAN), B.build_children(RUN, spec(), PLAN, finished=True)):

@@ -556,6 +556,17 @@ def test_a_run_outside_the_admins_allowlists_gets_nothing(fake, settings, spec_o
     assert cond(fake, C.COND_FAILED)["status"] == "False" and workload(fake, C.ROLE_LEARNER) is not None
 
 
+def test_a_run_blocking_evictions_needs_the_admins_leave(fake):
+    create(fake, scheduling={"blockEvictions": True})
+    Controller(fake, SETTINGS).reconcile(NS, RUN, "create")
+    failed = cond(fake, C.COND_FAILED)
+    assert failed["reason"] == "NotAllowed" and "spec.scheduling.blockEvictions" in failed["message"]
+    assert "policy.allowBlockingEvictions" in failed["message"] and children_of(fake) == []
+    Controller(fake, settings_with(allow_blocking_evictions=True)).reconcile(NS, RUN, "resume")
+    pdb = fake.get("policy/v1", "PodDisruptionBudget", NS, B.names(RUN)[C.ROLE_LEARNER])
+    assert cond(fake, C.COND_FAILED)["status"] == "False" and pdb["spec"]["maxUnavailable"] == 0
+
+
 def test_a_keyless_toleration_is_refused_whatever_the_admin_allows(fake):
     ctl = Controller(fake, settings_with(toleration_keys=("nvidia.com/gpu",)))
     create(fake, learner={"pod": {"tolerations": [{"operator": "Exists"}]}})
