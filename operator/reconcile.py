@@ -29,6 +29,7 @@ from . import policy as P
 from . import queueing as Q
 from . import scaling as SC
 from . import status as S
+from .egress import ApiServerEndpoints
 from .finite import finite_only, nonfinite
 from .kube import KubeAPI, NamespaceTerminating, get_rlrun
 from .observed import ApiObserver, Observed, Observer
@@ -80,6 +81,7 @@ class Controller:
         # in a thread pool, and two passes at once would apply children from two different reads.
         self._passes: dict[tuple[str, str], threading.Lock] = {}
         self._passes_lock = threading.Lock()
+        self._api_server = ApiServerEndpoints(api, lambda: self.clock())  # the runs' egress
 
     def _pass_lock(self, namespace: str, name: str) -> threading.Lock:
         with self._passes_lock:
@@ -201,7 +203,10 @@ class Controller:
     def _images(self, o: Observed) -> None:
         """The default images the run keeps (status.images) over the operator's current ones, so an
         upgrade with new run images leaves it be; a retried run takes the current ones."""
-        o.images = B.run_images(self.settings.children, None if o.retried else o.status.get(S.IMAGES_STATUS))
+        images = B.run_images(self.settings.children, None if o.retried else o.status.get(S.IMAGES_STATUS))
+        o.images = dataclasses.replace(images, api_server=self._api_server()) if images.egress != "open" else images
+
+
 
     def _report(self, o: Observed) -> None:
         """The driver's progress report; whether the run has ended (before, by the report, by its

@@ -19,6 +19,9 @@ ENV_CHECKPOINT_STORAGE = "RLSCALE_CHECKPOINT_STORAGE"
 # (comma-separated names) whose pods may scrape the runs' metrics port.
 ENV_NETWORK_POLICY = "RLSCALE_NETWORK_POLICY"
 ENV_METRICS_FROM = "RLSCALE_METRICS_FROM"
+# The chart's networkPolicy.egress (restricted or open) and networkPolicy.egressCIDRs (comma-separated).
+ENV_EGRESS = "RLSCALE_NETWORK_EGRESS"
+ENV_EGRESS_CIDRS = "RLSCALE_EGRESS_CIDRS"
 ENV_PROGRESS_INTERVAL = "RLSCALE_PROGRESS_INTERVAL"
 ENV_LOG_LEVEL = "RLSCALE_LOG_LEVEL"
 ENV_KOPF_LOG_LEVEL = "RLSCALE_KOPF_LOG_LEVEL"
@@ -53,7 +56,7 @@ POLICY_ENV = {"image_prefixes": ENV_IMAGE_PREFIXES, "runtime_class_names": ENV_R
 ENV_NAMES = (ENV_TRAINER_IMAGE, ENV_ROLLOUT_IMAGE, ENV_CHECKPOINT_STORAGE, ENV_NETWORK_POLICY, ENV_METRICS_FROM,
              ENV_PROGRESS_INTERVAL, ENV_LOG_LEVEL, ENV_KOPF_LOG_LEVEL, ENV_BIND, ENV_HEALTH, ENV_WORKERS,
              ENV_STEP_DELAY, ENV_KUBECONFIG, *POLICY_ENV.values(), ENV_REQUIRE_POD_SECURITY, ENV_LEASE, ENV_IDENTITY,
-             ENV_LEASE_SECONDS, ENV_ALLOW_BLOCKING_EVICTIONS)
+             ENV_LEASE_SECONDS, ENV_ALLOW_BLOCKING_EVICTIONS, ENV_EGRESS, ENV_EGRESS_CIDRS)
 
 
 def _flag(text: str) -> bool:
@@ -100,7 +103,9 @@ class OperatorSettings:
             rollout=env.get(ENV_ROLLOUT_IMAGE, d.children.rollout),
             checkpoint_storage=env.get(ENV_CHECKPOINT_STORAGE, d.children.checkpoint_storage),
             network_policy=_flag(env.get(ENV_NETWORK_POLICY, "true")),
-            metrics_from=_names(env.get(ENV_METRICS_FROM, ",".join(d.children.metrics_from))))
+            metrics_from=_names(env.get(ENV_METRICS_FROM, ",".join(d.children.metrics_from))),
+            egress="open" if env.get(ENV_EGRESS, "").strip().lower() == "open" else "restricted",
+            egress_cidrs=_names(env.get(ENV_EGRESS_CIDRS, "")))
         return cls(children=children,
                    progress_interval=float(env.get(ENV_PROGRESS_INTERVAL) or d.progress_interval),
                    log_level=env.get(ENV_LOG_LEVEL) or d.log_level,

@@ -333,6 +333,40 @@ def test_network_policy_admits_the_runs_own_pods_and_metrics_from_monitoring_onl
     assert env.network_policy is False and env.metrics_from == ("prom", "grafana")
 
 
+def _egress(images, **over):
+    (np,) = [m for m in B.build_children(RUN, spec(**over), PLAN, images) if m["kind"] == "NetworkPolicy"]
+    return np["spec"]
+
+
+def test_egress_is_the_runs_own_needs_unless_the_admin_opens_it():
+    from rlscale.operator.egress import endpoints
+
+    slice_ = {"endpoints": [{"addresses": ["10.0.0.5"]}, {"addresses": ["fd00::5"]}],
+              "ports": [{"name": "https", "port": 6443}]}
+    api = endpoints(slice_)
+    assert api == (("10.0.0.5", 6443), ("fd00::5", 6443)) and endpoints(None) == ()
+    sp = _egress(B.Images(api_server=api, egress_cidrs=("192.0.2.0/24",)))
+    assert sp["policyTypes"] == ["Ingress", "Egress"]
+    own, dns, *api_rules, extra = sp["egress"]
+    assert own == {"to": [{"podSelector": {"matchLabels": {C.LABEL_RUN: "grpo-7b"}}}]}
+    assert dns == {"ports": [{"port": 53, "protocol": "UDP"}, {"port": 53, "protocol": "TCP"}]}
+    assert api_rules == [{"to": [{"ipBlock": {"cidr": "10.0.0.5/32"}}], "ports": [{"port": 6443, "protocol": "TCP"}]},
+                         {"to": [{"ipBlock": {"cidr": "fd00::5/128"}}], "ports": [{"port": 6443, "protocol": "TCP"}]}]
+    assert extra == {"to": [{"ipBlock": {"cidr": "192.0.2.0/24"}}]}
+    # Nothing else reaches out: no rule without a destination but DNS's port 53.
+    assert all("to" in r or r == dns for r in sp["egress"])
+    # The API server's endpoints unknown: its usual ports anywhere; a model download: HTTPS anywhere.
+    unknown = _egress(B.Images())["egress"]
+    assert {"ports": [{"port": 443, "protocol": "TCP"}, {"port": 6443, "protocol": "TCP"}]} in unknown
+    download = _egress(B.Images(api_server=api), model={"path": "builtin:tiny-arith", "download": True})["egress"]
+    assert {"ports": [{"port": 443, "protocol": "TCP"}]} in download
+    opened = _egress(B.Images(egress="open"))
+    assert opened["policyTypes"] == ["Ingress"] and "egress" not in opened
+    env = OS.OperatorSettings.from_env({OS.ENV_EGRESS: "open", OS.ENV_EGRESS_CIDRS: "192.0.2.0/24"}).children
+    assert (env.egress, env.egress_cidrs) == ("open", ("192.0.2.0/24",))
+    assert OS.OperatorSettings.from_env({}).children.egress == "restricted"
+
+
 def test_pod_overrides_reach_their_role_and_cannot_displace_the_operators_own():
     s = spec(
         scheduling={"queueName": "team-a-gpus", "schedulerName": "volcano", "priorityClassName": "batch"},
