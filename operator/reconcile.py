@@ -234,7 +234,7 @@ class Controller:
             return
         st = self.settings
         assert o.images is not None
-        msg = P.refusal(o.spec, G.images(o.spec, o.images), st.policy)
+        msg = P.refusal(o.spec, G.images(o.spec, o.images), st.policy, G.labels_reader(self.api, o.namespace))
         if msg:
             o.refusal = (G.NOT_ALLOWED, msg)
 

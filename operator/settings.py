@@ -49,6 +49,8 @@ ENV_SECRET_NAMES = "RLSCALE_SECRET_NAMES"
 ENV_CLAIM_NAMES = "RLSCALE_CLAIM_NAMES"
 ENV_REQUIRE_POD_SECURITY = "RLSCALE_REQUIRE_POD_SECURITY"
 ENV_ALLOW_BLOCKING_EVICTIONS = "RLSCALE_ALLOW_BLOCKING_EVICTIONS"  # true/false
+ENV_SECRET_LABEL = "RLSCALE_SECRET_LABEL"  # key=value or key: Secrets allowed by label
+ENV_CLAIM_LABEL = "RLSCALE_CLAIM_LABEL"  # the same for PersistentVolumeClaims
 POLICY_ENV = {"image_prefixes": ENV_IMAGE_PREFIXES, "runtime_class_names": ENV_RUNTIME_CLASSES,
               "priority_class_names": ENV_PRIORITY_CLASSES, "scheduler_names": ENV_SCHEDULERS,
               "toleration_keys": ENV_TOLERATION_KEYS, "node_label_keys": ENV_NODE_LABEL_KEYS,
@@ -56,7 +58,8 @@ POLICY_ENV = {"image_prefixes": ENV_IMAGE_PREFIXES, "runtime_class_names": ENV_R
 ENV_NAMES = (ENV_TRAINER_IMAGE, ENV_ROLLOUT_IMAGE, ENV_CHECKPOINT_STORAGE, ENV_NETWORK_POLICY, ENV_METRICS_FROM,
              ENV_PROGRESS_INTERVAL, ENV_LOG_LEVEL, ENV_KOPF_LOG_LEVEL, ENV_BIND, ENV_HEALTH, ENV_WORKERS,
              ENV_STEP_DELAY, ENV_KUBECONFIG, *POLICY_ENV.values(), ENV_REQUIRE_POD_SECURITY, ENV_LEASE, ENV_IDENTITY,
-             ENV_LEASE_SECONDS, ENV_ALLOW_BLOCKING_EVICTIONS, ENV_EGRESS, ENV_EGRESS_CIDRS)
+             ENV_LEASE_SECONDS, ENV_ALLOW_BLOCKING_EVICTIONS, ENV_EGRESS, ENV_EGRESS_CIDRS,
+             ENV_SECRET_LABEL, ENV_CLAIM_LABEL)
 
 
 def _flag(text: str) -> bool:
@@ -115,7 +118,9 @@ class OperatorSettings:
                    step_delay=float(env.get(ENV_STEP_DELAY) or d.step_delay),
                    kubeconfig=env.get(ENV_KUBECONFIG) or None,
                    policy=Policy(**{k: _names(env.get(name, "")) for k, name in POLICY_ENV.items()},
-                                 allow_blocking_evictions=_flag(env.get(ENV_ALLOW_BLOCKING_EVICTIONS, "false"))),
+                                 allow_blocking_evictions=_flag(env.get(ENV_ALLOW_BLOCKING_EVICTIONS, "false")),
+                                 secret_label=env.get(ENV_SECRET_LABEL, "").strip(),
+                                 claim_label=env.get(ENV_CLAIM_LABEL, "").strip()),
                    require_pod_security=_flag(env.get(ENV_REQUIRE_POD_SECURITY, "true")),
                    lease=env.get(ENV_LEASE, ""), identity=env.get(ENV_IDENTITY) or d.identity,
                    lease_seconds=float(env.get(ENV_LEASE_SECONDS) or d.lease_seconds))

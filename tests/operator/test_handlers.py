@@ -101,13 +101,15 @@ def test_policy_settings_come_from_the_environment():
                                       OS.ENV_TOLERATION_KEYS: "nvidia.com/gpu", OS.ENV_NODE_LABEL_KEYS: "pool,zone",
                                       OS.ENV_SCHEDULERS: "volcano", OS.ENV_SECRET_NAMES: "hf-token",
                                       OS.ENV_CLAIM_NAMES: "models", OS.ENV_REQUIRE_POD_SECURITY: "false",
-                                      OS.ENV_ALLOW_BLOCKING_EVICTIONS: "true"})
+                                      OS.ENV_ALLOW_BLOCKING_EVICTIONS: "true", OS.ENV_CLAIM_LABEL: " team=a "})
     p = s.policy
     assert p.image_prefixes == ("reg.example/ml/", "ghcr.io/rlscale/")
     assert (p.runtime_class_names, p.priority_class_names, s.require_pod_security) == (("nvidia",), (), False)
     assert (p.toleration_keys, p.node_label_keys, p.scheduler_names) == (("nvidia.com/gpu",), ("pool", "zone"),
                                                                         ("volcano",))
     assert (p.secret_names, p.claim_names, p.allow_blocking_evictions) == (("hf-token",), ("models",), True)
+    assert (p.claim_label, p.secret_label) == ("team=a", "")
     # Unset: nothing allowed, and the namespace must enforce Pod Security.
     d = OS.OperatorSettings.from_env({})
-    assert d.policy == Policy() and all(v in ((), False) for v in vars(d.policy).values()) and d.require_pod_security
+    assert d.policy == Policy() and all(v in ((), False, "") for v in vars(d.policy).values())
+    assert d.require_pod_security

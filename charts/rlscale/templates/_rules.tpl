@@ -32,6 +32,18 @@
 - apiGroups: [""]
   resources: [secrets]
   verbs: [create]
+{{- if .Values.policy.secretLabel }}
+# policy.secretLabel: the Secrets a run names are read for their labels.
+- apiGroups: [""]
+  resources: [secrets]
+  verbs: [get]
+{{- end }}
+{{- if .Values.policy.claimLabel }}
+# policy.claimLabel: the claims a run names are read for their labels.
+- apiGroups: [""]
+  resources: [persistentvolumeclaims]
+  verbs: [get]
+{{- end }}
 - apiGroups: [networking.k8s.io]
   resources: [networkpolicies]
   verbs: [get, list, watch, create, patch]
