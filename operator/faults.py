@@ -38,7 +38,9 @@ from . import constants as C
 # and is shorter than the crash-loop back-off soon gets (a crash-looping pod counts every restart
 # anyway).
 WINDOW_SECONDS = 180
-DISRUPTED_KEEP = 64  # uids remembered of the disrupted pods counted (a pod is seen in several passes)
+# The uids of the last DISRUPTED_KEEP disrupted pods counted are kept: a pod is seen in several passes (a
+# kubelet-evicted rollout pod stays, phase Failed, until the pod GC), and must count once.
+DISRUPTED_KEEP = 256
 # DisruptionTarget reasons (set by the API server, the scheduler, the taint manager, the pod GC and the kubelet).
 DISRUPTIONS = {"EvictionByEvictionAPI": "evicted", "PreemptionByScheduler": "preempted",
                "DeletionByTaintManager": "deleted by the taint manager (its node lost or tainted)",
