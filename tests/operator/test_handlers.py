@@ -22,10 +22,12 @@ class Recorder:
 
     def __init__(self) -> None:
         self.passes: list[tuple[str, str, str]] = []
+        self.gone: list[list[dict]] = []  # the deleted pods each pass was handed
         self.api = FakeKube()  # no RLRun in it: a deleted pod's run is not stopping
 
-    def reconcile(self, namespace, name, trigger, **_):
+    def reconcile(self, namespace, name, trigger, gone=(), **_):
         self.passes.append((namespace, name, trigger))
+        self.gone.append(list(gone))
 
 
 def registered(settings: OS.OperatorSettings) -> kopf.OperatorRegistry:
@@ -71,7 +73,14 @@ def test_a_pod_event_runs_a_pass_only_when_the_pods_health_moved():
     assert rec.passes == [("ns", "r", "pod")] * 2
     event(pod(0), "DELETED")  # a healthy pod going changes nothing; a failing one may clear Degraded
     event(pod(1, "CrashLoopBackOff"), "DELETED")
-    assert rec.passes == [("ns", "r", "pod")] * 3
+    assert rec.passes == [("ns", "r", "pod")] * 3 and rec.gone[-1] == []
+    # An evicted pod's going is a fault the pass counts, though no pass may have seen it evicted.
+    evicted = pod(0)
+    evicted["status"]["conditions"] = [{"type": "DisruptionTarget", "status": "True",
+                                        "reason": "EvictionByEvictionAPI"}]
+    event(evicted, "MODIFIED")
+    event(evicted, "DELETED")
+    assert rec.passes == [("ns", "r", "pod")] * 5 and rec.gone[-2:] == [[], [evicted]]
 
 
 def test_the_index_keeps_what_a_pass_reads_by_run():
