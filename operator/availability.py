@@ -33,11 +33,16 @@ PROBE_PERIOD_S = 5
 PROBE_TIMEOUT_S = 3
 PROBE_FAILURES = 3
 
-# Voluntary evictions allowed per role while the run trains. The Ray head and the learner ranks
-# allow none: evicting any of them restarts every rank from the last checkpoint (a learner rank's
-# loss is a gang restart; the head's loss makes rank 0 rejoin a new Ray cluster). Rollout pods are
-# replaceable one at a time: Serve re-places a lost replica on the Deployment's new pod.
-MAX_UNAVAILABLE = {C.ROLE_RAY_HEAD: 0, C.ROLE_LEARNER: 0, C.ROLE_ROLLOUT: 1}
+# Voluntary evictions allowed per role while the run trains: one pod at a time, never none by default
+# (a budget of none lets any tenant block every drain, and Kyverno's common pdb-maxunavailable policy
+# refuses it, so no run could start). Evicting the Ray head or a learner rank restarts every rank from
+# the last checkpoint (a learner rank's loss is a gang restart; the head's makes rank 0 rejoin a new Ray
+# cluster): one such gang eviction at a time, counted against spec.failurePolicy.backoffLimit
+# (operator/faults.py). Rollout pods are replaceable one at a time: Serve re-places a lost replica on
+# the Deployment's new pod. spec.scheduling.blockEvictions (where the admin's policy allows it) keeps
+# the head and the ranks from any voluntary eviction while the run trains.
+MAX_UNAVAILABLE = {C.ROLE_RAY_HEAD: 1, C.ROLE_LEARNER: 1, C.ROLE_ROLLOUT: 1}
+BLOCKING = {C.ROLE_RAY_HEAD: 0, C.ROLE_LEARNER: 0, C.ROLE_ROLLOUT: 1}
 # While a run is suspended or has ended nothing is lost by an eviction (the head stays up while
 # suspended): the budgets then allow every pod to go, so a drain never waits on a run that is not
 # training.
@@ -58,16 +63,18 @@ def build_disruption_budgets(run: RunRef, spec: RLRunSpec, finished: bool = Fals
     """One PodDisruptionBudget per role, named like its workload. Pods that are not Ready may
     always be evicted (unhealthyPodEvictionPolicy AlwaysAllow): a rank waiting to rejoin, a
     crash-looping pod or a replica still loading holds no training state a drain could break, so a
-    broken run never blocks a drain. To drain a node under a training run, suspend the run first
-    (spec.suspend: true): rank 0 checkpoints, the workloads scale down and the budgets open."""
+    broken run never blocks a drain. A drain evicts one learner rank at a time: the ranks restart
+    together from the last checkpoint. To drain without that, suspend the run first (spec.suspend:
+    true): rank 0 checkpoints, the workloads scale down and the budgets open."""
     training = not (finished or spec.suspend)
+    budget = BLOCKING if spec.scheduling.block_evictions else MAX_UNAVAILABLE
     out = []
     for role in (C.ROLE_RAY_HEAD, C.ROLE_ROLLOUT, C.ROLE_LEARNER):
         out.append({
             "apiVersion": "policy/v1", "kind": "PodDisruptionBudget",
             "metadata": object_meta(run, names(run.name)[role], role),
             "spec": {"selector": {"matchLabels": {C.LABEL_RUN: run.name, C.LABEL_ROLE: role}},
-                     "maxUnavailable": MAX_UNAVAILABLE[role] if training else ANY,
+                     "maxUnavailable": budget[role] if training else ANY,
                      "unhealthyPodEvictionPolicy": "AlwaysAllow"},
         })
     return out

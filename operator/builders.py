@@ -18,6 +18,7 @@ from rlscale.spec import RLRunSpec
 
 from . import constants as C
 from .availability import build_disruption_budgets
+from .egress import egress_rules
 from .learner_pods import COLOCATED_ROLLOUT_METRICS_PORT, colocated, learner_pod
 from .learner_pods import learner_grace_seconds as learner_grace_seconds  # re-exported
 from .naming import RunRef, labels, names, object_meta
@@ -42,6 +43,11 @@ class Images:
     # A NetworkPolicy per run, and the namespaces whose pods may scrape its metrics port.
     network_policy: bool = True
     metrics_from: tuple[str, ...] = ("monitoring",)
+    # Egress of the run's pods (operator/egress.py): "restricted" (the run's own needs and egress_cidrs) or
+    # "open"; api_server: the API server's (address, port) endpoints, found by the controller.
+    egress: str = "restricted"
+    egress_cidrs: tuple[str, ...] = ()
+    api_server: tuple[tuple[str, int], ...] = ()
 
 
 def run_images(defaults: Images, record: Mapping[str, Any] | None) -> Images:
@@ -138,20 +144,25 @@ def new_ray_token() -> str:
 
 
 def build_network_policy(run: RunRef, metrics_from: tuple[str, ...],
-                         metrics_ports: tuple[int, ...] = (C.METRICS_PORT,)) -> dict[str, Any]:
+                         metrics_ports: tuple[int, ...] = (C.METRICS_PORT,), images: Images | None = None,
+                         download: bool = False) -> dict[str, Any]:
     """Ingress to the run's pods: any port from the run's own pods (Ray and the ranks use
-    many), the metrics ports from the monitoring namespaces; nothing else. Egress is left open
-    (the API server, DNS, and the hub where model.download is set)."""
+    many), the metrics ports from the monitoring namespaces; nothing else. Egress: the run's own
+    needs only (operator/egress.py), unless the chart's networkPolicy.egress is open."""
+    images = images or Images()
     own = {"podSelector": {"matchLabels": {C.LABEL_RUN: run.name}}}
     rules: list[dict[str, Any]] = [{"from": [own]}]
     if metrics_from:
         rules.append({"from": [{"namespaceSelector": {"matchExpressions": [
             {"key": "kubernetes.io/metadata.name", "operator": "In", "values": sorted(metrics_from)}]}}],
             "ports": [{"port": p, "protocol": "TCP"} for p in metrics_ports]})
+    spec: dict[str, Any] = {"podSelector": {"matchLabels": {C.LABEL_RUN: run.name}}, "policyTypes": ["Ingress"],
+                            "ingress": rules}
+    if images.egress != "open":
+        spec["policyTypes"].append("Egress")
+        spec["egress"] = egress_rules(own, images.api_server, images.egress_cidrs, download)
     return {"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
-            "metadata": object_meta(run, names(run.name)[C.ROLE_NETWORK], C.ROLE_NETWORK),
-            "spec": {"podSelector": {"matchLabels": {C.LABEL_RUN: run.name}},
-                     "policyTypes": ["Ingress"], "ingress": rules}}
+            "metadata": object_meta(run, names(run.name)[C.ROLE_NETWORK], C.ROLE_NETWORK), "spec": spec}
 
 
 def build_ray_head(run: RunRef, spec: RLRunSpec, images: Images, finished: bool = False,
@@ -253,7 +264,11 @@ def build_learner_statefulset(run: RunRef, spec: RLRunSpec, plan: Plan, images: 
     }
     if claims:
         sts["spec"]["volumeClaimTemplates"] = claims
-        sts["spec"]["persistentVolumeClaimRetentionPolicy"] = {"whenScaled": "Retain", "whenDeleted": "Delete"}
+        # The ranks' checkpoints outlive the RLRun unless it says otherwise (spec.checkpoint.claimRetention):
+        # Retain leaves the claims no owner, so deleting the run (by mistake too) keeps them, and a run of
+        # the same name resumes from them. The StatefulSet controller labels them with the run's selector.
+        sts["spec"]["persistentVolumeClaimRetentionPolicy"] = {"whenScaled": "Retain",
+                                                               "whenDeleted": spec.checkpoint.claim_retention}
     return sts
 
 
@@ -312,7 +327,8 @@ def build_children(run: RunRef, spec: RLRunSpec, plan: Plan, images: Images | No
     return [
         build_configmap(run, spec, plan),
         *build_runner_account(run),
-        *([build_network_policy(run, images.metrics_from, scrape)] if images.network_policy else []),
+        *([build_network_policy(run, images.metrics_from, scrape, images, spec.model.download)]
+          if images.network_policy else []),
         build_ray_head_service(run),
         build_learner_service(run),
         build_metrics_service(run, co),

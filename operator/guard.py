@@ -5,7 +5,11 @@ message (None: allowed); operator/reconcile.py turns it into the run's Failed co
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Callable
 from typing import Any
+
+from kubernetes.client.exceptions import ApiException
 
 from rlscale.spec import RLRunSpec
 
@@ -55,3 +59,20 @@ def collision_message(kind: str, namespace: str, name: str, run: str) -> str:
     return (f"{kind} {namespace}/{name} already exists and does not belong to this RLRun; the operator leaves it "
             f"alone and creates nothing for the run. Delete that {kind} if it is not needed, or create the run "
             f"under another name than {run!r} (its children are named {run}-<role>)")
+
+
+def labels_reader(api: Any, namespace: str) -> Callable[[str, str], dict[str, str] | None]:
+    """Reads the labels of a Secret or claim in the run's namespace, for the policy's secretLabel and
+    claimLabel (operator/policy.py); None when it is absent or the operator may not read it (the chart
+    grants `get` on Secrets or claims only where policy.secretLabel or claimLabel is set)."""
+    def read(kind: str, name: str) -> dict[str, str] | None:
+        try:
+            obj = api.get("v1", kind, namespace, name)
+        except ApiException as exc:
+            if exc.status != 403:
+                raise
+            logging.getLogger("rlscale.operator").warning("%s %s/%s: the operator may not read it (%s)", kind,
+                                                          namespace, name, exc.reason)
+            return None
+        return None if obj is None else dict((obj.get("metadata") or {}).get("labels") or {})
+    return read

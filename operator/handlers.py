@@ -12,6 +12,7 @@ from kubernetes.client.exceptions import ApiException
 
 from . import builders as B
 from . import constants as C
+from . import faults as F
 from . import guard as G
 from . import metrics as M
 from . import status as S
@@ -167,32 +168,37 @@ class Handlers:
 
     def pod_event(self, type: str | None, body: Any, labels: Any, namespace: str, memo: Any, **kw: Any) -> None:
         """A pod of a run changed: Degraded while any pod of the run is failing (crash loop, image
-        pull, no node fits), Failed once a role's restarts pass spec.failurePolicy.backoffLimit."""
+        pull, no node fits), Failed once its faults (restarts, disruptions) pass
+        spec.failurePolicy.backoffLimit or a pod waits past its start deadline."""
         run = labels.get(C.LABEL_RUN)
         if not run:
             return
         pod = plain(body)
         if type == "DELETED":
+            # An evicted or preempted pod counts against the budget, though no pass may have seen it before
+            # it went (kopf's batching can leave only this event): the pass takes it from here.
+            gone = [pod] if F.disruption(pod) else []
             if labels.get(C.LABEL_ROLE) in B.QUEUED_ROLES:
                 # A stopping run moves on once its pods are gone: the rollout replicas follow the last
                 # learner, and a run Kueue evicted gives its reservation back.
                 sp = (get_rlrun(self.controller.api, namespace, run) or {}).get("spec") or {}
                 if sp.get("suspend") or (sp.get("scheduling") or {}).get("queueName"):
-                    self.repair(namespace, run, "drain", kw)
+                    self.repair(namespace, run, "drain", kw, gone)
                     return
             # A healthy pod's going changes no condition; a failing one's may clear Degraded.
             if S.pod_signature(pod) != S.HEALTHY_POD:
-                self.repair(namespace, run, "pod", kw)
+                self.repair(namespace, run, "pod", kw, gone)
             return
-        # The pod's memo holds what of it bears on health when last seen: an event that leaves that as
-        # it was (a healthy pod becoming ready, say) needs no pass.
+        # The pod's memo holds what of it bears on health when last seen: an event that leaves that as it
+        # was (a healthy pod becoming ready, say) needs no pass.
         signature = S.pod_signature(pod)
         if memo.get("health", S.HEALTHY_POD) == signature:
             return
         memo["health"] = signature
         self.repair(namespace, run, "pod", kw)
 
-    def repair(self, namespace: str, run: str, trigger: str, kw: dict[str, Any]) -> None:
+    def repair(self, namespace: str, run: str, trigger: str, kw: dict[str, Any],
+               gone: list[dict[str, Any]] | tuple = ()) -> None:
         """A pass over the run for a change of one of its children (none when the run itself is going).
         A refusal needs no raising here: the Invalid condition says it."""
-        self.controller.reconcile(namespace, run, trigger, observer=_observer(kw))
+        self.controller.reconcile(namespace, run, trigger, observer=_observer(kw), gone=gone)

@@ -22,6 +22,8 @@ _PLURALS = {("v1", "ConfigMap"): "configmaps", ("v1", "Service"): "services", ("
             ("rbac.authorization.k8s.io/v1", "RoleBinding"): "rolebindings",
             ("apps/v1", "Deployment"): "deployments", ("apps/v1", "StatefulSet"): "statefulsets",
             ("coordination.k8s.io/v1", "Lease"): "leases",
+            ("discovery.k8s.io/v1", "EndpointSlice"): "endpointslices",
+            ("v1", "PersistentVolumeClaim"): "persistentvolumeclaims",
             (C.KUEUE_API, "Workload"): "workloads", (C.POD_GROUP_API, "PodGroup"): "podgroups"}
 
 class NamespaceTerminating(ApiException):

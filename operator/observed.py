@@ -35,6 +35,10 @@ class Observed:
     images: B.Images | None = None  # the defaults its children are built from (status.images, else settings)
     finished: bool = False  # the run has ended (before or in this pass): its workloads go to zero
     faults: dict[str, Any] | None = None  # status.faults after this pass (operator/faults.py); None: not yet
+    gone: list[dict[str, Any]] = field(default_factory=list)  # pods deleted since, disrupted (the pod handler's)
+    waiting: dict[str, Any] | None = None  # status.waiting after this pass (operator/deadlines.py); None: not yet
+    start_time: str | None = None  # status.startTime after this pass
+    ended: tuple[str, str] | None = None  # (reason, message): a deadline this pass found past
     plan: Plan | None = None  # what the children are built from
     planned: str | None = None  # why the plan is new in this pass (a trigger, or "replan"); None: kept
     replan: ReplanState | None = None  # the re-planner's gate after this pass (None: unchanged)
@@ -121,7 +125,7 @@ def index_entry(body: Mapping[str, Any], spec_keys: tuple[str, ...] = ()) -> dic
     run = labels.get(C.LABEL_RUN)
     if not run:
         return None
-    kept = {k: plain(meta[k]) for k in ("name", "namespace", "generation", "annotations", "deletionTimestamp")
+    kept = {k: plain(meta[k]) for k in ("name", "namespace", "uid", "generation", "annotations", "deletionTimestamp")
             if meta.get(k) is not None}
     spec = body.get("spec") or {}
     out = {"metadata": {**kept, "labels": labels}, "status": plain(body.get("status") or {}),

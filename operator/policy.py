@@ -7,7 +7,7 @@ registry."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,12 +28,30 @@ class Policy:
     node_label_keys: tuple[str, ...] = ()  # nodeSelector keys, node affinity keys, pod affinity topology keys
     secret_names: tuple[str, ...] = ()  # Secrets a run's volumes, env and pull secrets may name
     claim_names: tuple[str, ...] = ()  # PersistentVolumeClaims a run's volumes may name
+    # spec.scheduling.blockEvictions: PodDisruptionBudgets that allow no voluntary eviction of a training run
+    allow_blocking_evictions: bool = False
+    # Secrets and claims allowed by a label besides by name: "key=value", or "key" (any value); "" none.
+    secret_label: str = ""
+    claim_label: str = ""
 
 
 CHART_VALUES = {"image_prefixes": "policy.imagePrefixes", "runtime_class_names": "policy.runtimeClassNames",
                 "priority_class_names": "policy.priorityClassNames", "scheduler_names": "policy.schedulerNames",
                 "toleration_keys": "policy.tolerationKeys", "node_label_keys": "policy.nodeLabelKeys",
-                "secret_names": "policy.secretNames", "claim_names": "policy.claimNames"}
+                "secret_names": "policy.secretNames", "claim_names": "policy.claimNames",
+                "allow_blocking_evictions": "policy.allowBlockingEvictions", "secret_label": "policy.secretLabel",
+                "claim_label": "policy.claimLabel"}
+# An object's labels, by (kind, name) in the run's namespace; None when it cannot be read (absent).
+Labels = Callable[[str, str], "dict[str, str] | None"]
+_LABEL_OF = {"secret_names": ("secret_label", "Secret"), "claim_names": ("claim_label", "PersistentVolumeClaim")}
+
+
+def label_matches(selector: str, labels: dict[str, str] | None) -> bool:
+    """Whether `labels` carry the admin's label: "key=value", or "key" with any value."""
+    if not selector or labels is None:
+        return False
+    key, eq, value = selector.partition("=")
+    return key.strip() in labels and (not eq or labels[key.strip()] == value.strip())
 
 
 def on_path_boundary(image: str, prefix: str) -> bool:
@@ -159,9 +177,11 @@ _WHAT = {"priority_class_names": "PriorityClass", "scheduler_names": "scheduler"
          "RuntimeClass", "secret_names": "Secret", "claim_names": "PersistentVolumeClaim"}
 
 
-def refusal(spec: RLRunSpec, images: list[tuple[str, str]], policy: Policy) -> str | None:
+def refusal(spec: RLRunSpec, images: list[tuple[str, str]], policy: Policy,
+            labels: Labels | None = None) -> str | None:
     """The first thing of the run the policy does not allow, or None. `images`: (field, image) of every
-    container (operator/guard.py images())."""
+    container (operator/guard.py images()). `labels`: reads a Secret's or claim's labels, for those the
+    policy allows by label (secretLabel, claimLabel) rather than by name."""
     for field, image in images:
         if not any(on_path_boundary(image, p) for p in policy.image_prefixes):
             return _refusal("image prefix", field, image, policy.image_prefixes, "image_prefixes")
@@ -170,8 +190,21 @@ def refusal(spec: RLRunSpec, images: list[tuple[str, str]], policy: Policy) -> s
             return _refusal(_WHAT[key], field, value, getattr(policy, key), key)
     if msg := _placement(spec, policy):
         return msg
+    if spec.scheduling.block_evictions and not policy.allow_blocking_evictions:
+        return ("spec.scheduling.blockEvictions is true, which this cluster does not allow (it would keep node "
+                "drains waiting on the run): leave it false (one eviction at a time, the ranks resume from the last "
+                "checkpoint), or ask the cluster admin to set the rlscale chart value "
+                + CHART_VALUES["allow_blocking_evictions"])
     for key, refs in (("secret_names", secrets(spec)), ("claim_names", claims(spec))):
+        label_key, kind = _LABEL_OF[key]
+        selector = getattr(policy, label_key)
         for field, name in refs:
-            if name not in getattr(policy, key):
-                return _refusal(_WHAT[key], field, name, getattr(policy, key), key)
+            if name in getattr(policy, key):
+                continue
+            if selector and labels is not None and label_matches(selector, labels(kind, name)):
+                continue
+            msg = _refusal(_WHAT[key], field, name, getattr(policy, key), key)
+            if selector:
+                msg += f", or label the {kind} {selector} ({CHART_VALUES[label_key]})"
+            return msg
     return None

@@ -29,6 +29,7 @@ from . import policy as P
 from . import queueing as Q
 from . import scaling as SC
 from . import status as S
+from .egress import ApiServerEndpoints
 from .finite import finite_only, nonfinite
 from .kube import KubeAPI, NamespaceTerminating, get_rlrun
 from .observed import ApiObserver, Observed, Observer
@@ -80,6 +81,7 @@ class Controller:
         # in a thread pool, and two passes at once would apply children from two different reads.
         self._passes: dict[tuple[str, str], threading.Lock] = {}
         self._passes_lock = threading.Lock()
+        self._api_server = ApiServerEndpoints(api, lambda: self.clock())  # the runs' egress
 
     def _pass_lock(self, namespace: str, name: str) -> threading.Lock:
         with self._passes_lock:
@@ -97,11 +99,13 @@ class Controller:
 
     def reconcile(self, namespace: str, name: str, trigger: str, *, body: dict[str, Any] | None = None,
                   observer: Observer | None = None,
-                  memo: MutableMapping[str, Any] | None = None) -> Observed | None:
+                  memo: MutableMapping[str, Any] | None = None,
+                  gone: list[dict[str, Any]] | tuple = ()) -> Observed | None:
         """One pass; returns it, or None when the run is gone or going. `body`: the RLRun as the
         caller already has it (kopf's), read afresh otherwise. `memo`: the RLRun's kopf memo, when the
-        caller is one of its handlers. A step's error is raised once status has taken in what the pass
-        observed.
+        caller is one of its handlers. `gone`: pods of the run deleted since, disrupted (their
+        DELETED event: the watch's indexes no longer hold them). A step's error is raised once status
+        has taken in what the pass observed.
 
         A status write that meets a newer RLRun (409) is made again on it: the status alone computed
         anew when what the steps decided from does not differ (another pass wrote readiness, say),
@@ -111,12 +115,13 @@ class Controller:
             lock.acquire()
             body = None  # read before the other pass wrote: stale
         try:
-            return self._reconcile(namespace, name, trigger, body, observer, memo)
+            return self._reconcile(namespace, name, trigger, body, observer, memo, list(gone))
         finally:
             lock.release()
 
     def _reconcile(self, namespace: str, name: str, trigger: str, body: dict[str, Any] | None,
-                   observer: Observer | None, memo: MutableMapping[str, Any] | None) -> Observed | None:
+                   observer: Observer | None, memo: MutableMapping[str, Any] | None,
+                   gone: list[dict[str, Any]]) -> Observed | None:
         t0 = time.monotonic()
         observer = observer or ApiObserver(self.api)
         o: Observed | None = None
@@ -128,7 +133,7 @@ class Controller:
                 if o is not None and _decided_from(o.rlrun) == _decided_from(rlrun):
                     o = dataclasses.replace(o, rlrun=rlrun)
                 else:
-                    o = self.run_pass(rlrun, trigger, observer, memo)
+                    o = self.run_pass(rlrun, trigger, observer, memo, gone)
                 try:
                     new = self._write(o)
                 except ApiException as exc:
@@ -156,11 +161,11 @@ class Controller:
             M.RECONCILE_SECONDS.observe(time.monotonic() - t0)
 
     def run_pass(self, rlrun: dict[str, Any], trigger: str, observer: Observer,
-                 memo: MutableMapping[str, Any] | None = None) -> Observed:
+                 memo: MutableMapping[str, Any] | None = None, gone: list[dict[str, Any]] | None = None) -> Observed:
         """The chain of steps over one RLRun; each fills in the Observed, a refusal ends it."""
         meta = rlrun["metadata"]
         o = Observed(rlrun=rlrun, trigger=trigger, pods=observer.pods(meta["namespace"], meta["name"]),
-                     workloads=observer.workloads(meta["namespace"], meta["name"]))
+                     workloads=observer.workloads(meta["namespace"], meta["name"]), gone=list(gone or []))
         steps = (self._spec, self._retry, self._images, self._report, self._policy, self._plan, self._replan,
                  self._decide_apply, self._guard, lambda o: self._token(o, memo), self._queue, self._children)
         try:
@@ -198,11 +203,14 @@ class Controller:
     def _images(self, o: Observed) -> None:
         """The default images the run keeps (status.images) over the operator's current ones, so an
         upgrade with new run images leaves it be; a retried run takes the current ones."""
-        o.images = B.run_images(self.settings.children, None if o.retried else o.status.get(S.IMAGES_STATUS))
+        images = B.run_images(self.settings.children, None if o.retried else o.status.get(S.IMAGES_STATUS))
+        o.images = dataclasses.replace(images, api_server=self._api_server()) if images.egress != "open" else images
+
+
 
     def _report(self, o: Observed) -> None:
-        """The driver's progress report; whether the run has ended (before, by the report, or by its
-        faults past the backoff limit: operator/faults.py)."""
+        """The driver's progress report; whether the run has ended (before, by the report, by its
+        faults past the backoff limit: operator/faults.py, or past a deadline: operator/deadlines.py)."""
         assert o.spec is not None
         raw = (o.rlrun["metadata"].get("annotations") or {}).get(C.ANNOTATION_PROGRESS)
         report, err = S.parse_progress(raw)
@@ -211,11 +219,13 @@ class Controller:
         ended_before = S.finished(o.status) and not o.retried
         # A failure report from before the run ended changes nothing.
         o.report = None if report and ended_before and report.get("failed") else report
-        if not ended_before:  # the failure budget, moved on once in the pass (status.faults)
-            o.faults = S.faults_after(o, S.now_iso())
+        if not ended_before:  # the failure budget and the deadlines, moved on once in the pass
+            now = S.now_iso()
+            o.faults = S.faults_after(o, now)
+            o.waiting, o.start_time, o.ended = S.deadlines_after(o, now)
         o.finished = (ended_before or (o.report or {}).get("outcome") in C.OUTCOME_PHASES
                       or (not S.is_true(o.status.get("conditions"), C.COND_INVALID)
-                          and F.exceeded(o.faults, o.spec.failure_policy.backoff_limit)))
+                          and (F.exceeded(o.faults, o.spec.failure_policy.backoff_limit) or o.ended is not None)))
 
     def _policy(self, o: Observed) -> None:
         """The cluster admin's allowlists (chart values `policy.*`): a run outside them gets nothing."""
@@ -224,7 +234,7 @@ class Controller:
             return
         st = self.settings
         assert o.images is not None
-        msg = P.refusal(o.spec, G.images(o.spec, o.images), st.policy)
+        msg = P.refusal(o.spec, G.images(o.spec, o.images), st.policy, G.labels_reader(self.api, o.namespace))
         if msg:
             o.refusal = (G.NOT_ALLOWED, msg)
 
@@ -516,10 +526,16 @@ class Controller:
             log.warning("%s/%s degraded: %s", o.namespace, o.name, degraded["message"])
             self._event(o.rlrun, "Warning", degraded["reason"], degraded["message"])
         failed, was = S.condition(after, C.COND_FAILED) or {}, S.condition(before, C.COND_FAILED) or {}
-        if (failed.get("status") == "True" and failed.get("reason") == "BackoffLimitExceeded"
+        if (failed.get("status") == "True" and failed.get("reason") in S.POD_FAILURES
                 and not S.is_true(before, C.COND_FAILED)):
             log.warning("%s/%s failed: %s", o.namespace, o.name, failed["message"])
-            self._event(o.rlrun, "Warning", "BackoffLimitExceeded", failed["message"])
+            self._event(o.rlrun, "Warning", failed["reason"], failed["message"])
+        elif (o.faults and o.faults.get("lastCause") and F.count(o.faults) > F.count(o.status.get("faults"))
+              and o.spec is not None):
+            # A pod ended from outside, counted under the limit (no Degraded says it: the pod is gone).
+            msg = F.counted(o.faults, o.spec.failure_policy.backoff_limit)
+            log.warning("%s/%s: %s", o.namespace, o.name, msg)
+            self._event(o.rlrun, "Warning", "FaultCounted", msg)
         # One Event per distinct refusal, not per pass that meets it again.
         if S.refused_by_cluster(after) and (was.get("status"), was.get("reason"), was.get("message")) != \
                 ("True", failed["reason"], failed["message"]):

@@ -19,6 +19,9 @@ ENV_CHECKPOINT_STORAGE = "RLSCALE_CHECKPOINT_STORAGE"
 # (comma-separated names) whose pods may scrape the runs' metrics port.
 ENV_NETWORK_POLICY = "RLSCALE_NETWORK_POLICY"
 ENV_METRICS_FROM = "RLSCALE_METRICS_FROM"
+# The chart's networkPolicy.egress (restricted or open) and networkPolicy.egressCIDRs (comma-separated).
+ENV_EGRESS = "RLSCALE_NETWORK_EGRESS"
+ENV_EGRESS_CIDRS = "RLSCALE_EGRESS_CIDRS"
 ENV_PROGRESS_INTERVAL = "RLSCALE_PROGRESS_INTERVAL"
 ENV_LOG_LEVEL = "RLSCALE_LOG_LEVEL"
 ENV_KOPF_LOG_LEVEL = "RLSCALE_KOPF_LOG_LEVEL"
@@ -45,6 +48,9 @@ ENV_NODE_LABEL_KEYS = "RLSCALE_NODE_LABEL_KEYS"
 ENV_SECRET_NAMES = "RLSCALE_SECRET_NAMES"
 ENV_CLAIM_NAMES = "RLSCALE_CLAIM_NAMES"
 ENV_REQUIRE_POD_SECURITY = "RLSCALE_REQUIRE_POD_SECURITY"
+ENV_ALLOW_BLOCKING_EVICTIONS = "RLSCALE_ALLOW_BLOCKING_EVICTIONS"  # true/false
+ENV_SECRET_LABEL = "RLSCALE_SECRET_LABEL"  # key=value or key: Secrets allowed by label
+ENV_CLAIM_LABEL = "RLSCALE_CLAIM_LABEL"  # the same for PersistentVolumeClaims
 POLICY_ENV = {"image_prefixes": ENV_IMAGE_PREFIXES, "runtime_class_names": ENV_RUNTIME_CLASSES,
               "priority_class_names": ENV_PRIORITY_CLASSES, "scheduler_names": ENV_SCHEDULERS,
               "toleration_keys": ENV_TOLERATION_KEYS, "node_label_keys": ENV_NODE_LABEL_KEYS,
@@ -52,7 +58,8 @@ POLICY_ENV = {"image_prefixes": ENV_IMAGE_PREFIXES, "runtime_class_names": ENV_R
 ENV_NAMES = (ENV_TRAINER_IMAGE, ENV_ROLLOUT_IMAGE, ENV_CHECKPOINT_STORAGE, ENV_NETWORK_POLICY, ENV_METRICS_FROM,
              ENV_PROGRESS_INTERVAL, ENV_LOG_LEVEL, ENV_KOPF_LOG_LEVEL, ENV_BIND, ENV_HEALTH, ENV_WORKERS,
              ENV_STEP_DELAY, ENV_KUBECONFIG, *POLICY_ENV.values(), ENV_REQUIRE_POD_SECURITY, ENV_LEASE, ENV_IDENTITY,
-             ENV_LEASE_SECONDS)
+             ENV_LEASE_SECONDS, ENV_ALLOW_BLOCKING_EVICTIONS, ENV_EGRESS, ENV_EGRESS_CIDRS,
+             ENV_SECRET_LABEL, ENV_CLAIM_LABEL)
 
 
 def _flag(text: str) -> bool:
@@ -99,7 +106,9 @@ class OperatorSettings:
             rollout=env.get(ENV_ROLLOUT_IMAGE, d.children.rollout),
             checkpoint_storage=env.get(ENV_CHECKPOINT_STORAGE, d.children.checkpoint_storage),
             network_policy=_flag(env.get(ENV_NETWORK_POLICY, "true")),
-            metrics_from=_names(env.get(ENV_METRICS_FROM, ",".join(d.children.metrics_from))))
+            metrics_from=_names(env.get(ENV_METRICS_FROM, ",".join(d.children.metrics_from))),
+            egress="open" if env.get(ENV_EGRESS, "").strip().lower() == "open" else "restricted",
+            egress_cidrs=_names(env.get(ENV_EGRESS_CIDRS, "")))
         return cls(children=children,
                    progress_interval=float(env.get(ENV_PROGRESS_INTERVAL) or d.progress_interval),
                    log_level=env.get(ENV_LOG_LEVEL) or d.log_level,
@@ -108,7 +117,10 @@ class OperatorSettings:
                    workers=int(env.get(ENV_WORKERS) or d.workers),
                    step_delay=float(env.get(ENV_STEP_DELAY) or d.step_delay),
                    kubeconfig=env.get(ENV_KUBECONFIG) or None,
-                   policy=Policy(**{k: _names(env.get(name, "")) for k, name in POLICY_ENV.items()}),
+                   policy=Policy(**{k: _names(env.get(name, "")) for k, name in POLICY_ENV.items()},
+                                 allow_blocking_evictions=_flag(env.get(ENV_ALLOW_BLOCKING_EVICTIONS, "false")),
+                                 secret_label=env.get(ENV_SECRET_LABEL, "").strip(),
+                                 claim_label=env.get(ENV_CLAIM_LABEL, "").strip()),
                    require_pod_security=_flag(env.get(ENV_REQUIRE_POD_SECURITY, "true")),
                    lease=env.get(ENV_LEASE, ""), identity=env.get(ENV_IDENTITY) or d.identity,
                    lease_seconds=float(env.get(ENV_LEASE_SECONDS) or d.lease_seconds))

@@ -15,6 +15,7 @@ from rlscale.progress_report import ProgressReport, export_words
 
 from . import builders as B
 from . import constants as C
+from . import deadlines as D
 from . import faults as F
 from .guard import CLUSTER_REFUSALS
 from .observed import Observed
@@ -195,8 +196,10 @@ def pod_problems(pod: dict[str, Any]) -> list[dict[str, Any]]:
     meta, st = pod.get("metadata") or {}, pod.get("status") or {}
     name, role = meta.get("name", "?"), (meta.get("labels") or {}).get(C.LABEL_ROLE, "?")
     out: list[dict[str, Any]] = []
-    if meta.get("deletionTimestamp"):
-        return []  # going away on purpose (a scale-down, suspend, the end of the run)
+    if meta.get("deletionTimestamp") or st.get("phase") == "Failed":
+        # Going away on purpose (a scale-down, suspend, the end of the run), or ended by its node (an
+        # eviction): the failure budget counts that (faults.disruption), its workload replaces it.
+        return []
     for cs in _container_statuses(st):
         waiting = (cs.get("state") or {}).get("waiting") or {}
         last = (cs.get("lastState") or {}).get("terminated") or {}
@@ -265,10 +268,12 @@ def last_exit(pods: list[dict[str, Any]], role: str) -> str:
 def pod_signature(pod: dict[str, Any]) -> str:
     """What of one pod bears on the run's health: its problems and restarts. A pod event that leaves
     this as it was changes no condition (the pod's handler skips the pass)."""
-    return json.dumps([pod_problems(pod), sum(restarts_by_role([pod]).values())], sort_keys=True)
+    return json.dumps([pod_problems(pod), sum(restarts_by_role([pod]).values()), F.disruption(pod)], sort_keys=True)
 
 
-HEALTHY_POD = json.dumps([[], 0])
+HEALTHY_POD = json.dumps([[], 0, None])
+# Failed reasons that the run's pods or its deadline set: each ends the run (and posts an Event).
+POD_FAILURES = ("BackoffLimitExceeded", *D.REASONS)
 
 
 def waiting_for_capacity(problems: list[dict[str, Any]], serving: tuple[int, int] | None) -> str | None:
@@ -372,6 +377,7 @@ def compute_status(o: Observed, now: str | None = None) -> dict[str, Any]:
             st.pop("faults", None)
         conds = health_conditions(conds, o.pods, o.spec.failure_policy.backoff_limit, gen, now, driver_error,
                                   faults, _serving(o))
+        conds = _fold_deadlines(st, o, conds, gen, now)
     conds = _fold_readiness(st, o, conds, gen, now)
     if conds:
         st["conditions"] = conds
@@ -410,7 +416,36 @@ def faults_after(o: Observed, now: str) -> dict[str, Any]:
     if o.retried:
         prev = {k: prev[k] for k in ("restarts", "uids") if k in prev}
     step = F.current_step(o.report, o.status.get("progress"))
-    return F.advance(prev, o.pods, step, o.spec.checkpoint.every, now)
+    return F.advance(prev, o.pods, step, o.spec.checkpoint.every, now, gone=o.gone)
+
+
+def deadlines_after(o: Observed, now: str) -> tuple[dict[str, Any], str | None, tuple[str, str] | None]:
+    """status.waiting and status.startTime moved on by this pass, and the deadline found past (reason,
+    message), if any (operator/deadlines.py). A run waiting for Kueue's admission has not started."""
+    assert o.spec is not None
+    conds = o.status.get("conditions")
+    queued = bool(o.spec.scheduling.queue_name) and not is_true(conds, C.COND_ADMITTED)
+    serving = (o.report or {}).get("rolloutServing")
+    exempt = (C.ROLE_ROLLOUT,) if isinstance(serving, int) and serving > 0 else ()
+    waiting = D.waiting_after(None if o.retried else o.status.get("waiting"), o.pods, now, exempt)
+    start = D.start_time(o.status.get("startTime"), now, o.spec.suspend or queued, o.retried)
+    ended = (D.deadline_past(start, now, o.spec.active_deadline_seconds)
+             or D.stuck_past(waiting, o.pods, now, o.spec.failure_policy.pod_start_timeout_seconds))
+    return waiting, start, ended
+
+
+def _fold_deadlines(st: dict[str, Any], o: Observed, conds: list[dict[str, Any]] | None, gen: int,
+                    now: str) -> list[dict[str, Any]] | None:
+    """status.waiting and status.startTime, and Failed once a deadline is past (unless the run already failed)."""
+    waiting, start, ended = (o.waiting, o.start_time, o.ended) if o.waiting is not None else deadlines_after(o, now)
+    for key, value in (("waiting", waiting), ("startTime", start)):
+        if value:
+            st[key] = value
+        else:
+            st.pop(key, None)
+    if ended is not None and not is_true(conds, C.COND_FAILED):
+        conds = set_condition(conds, C.COND_FAILED, True, ended[0], ended[1] + "; workloads scaled to zero", gen, now)
+    return conds
 
 
 def _fold_plan(st: dict[str, Any], o: Observed, conds: list[dict[str, Any]] | None, gen: int,

@@ -2,8 +2,10 @@
 
 Layout: DIR/step-00000050/{policy/, critic/, run_state.json} and DIR/latest naming the
 newest complete one. A checkpoint is written to DIR/.tmp-step-N, flushed to disk (every
-file and directory fsynced), and renamed only when every rank has finished, so a crash at
-any point leaves the last complete one in place:
+file and directory fsynced), and renamed only when every rank has finished; its completion
+marker, run_state.json, is written into it last, after the rename, so a crash at any point
+leaves the last complete one in place, also where a directory rename is not atomic (a
+FUSE-mounted object store renames file by file):
 
 - `latest` is a hint: when it is missing or names an incomplete directory, the newest
   complete `step-*` (one with its run_state.json) is used;
@@ -106,8 +108,9 @@ def write_atomic(path: Path, text: str) -> None:
 
 
 def finish(tmp: Path, final: Path, state: dict, keep: int) -> Path:
-    """The owner, after every rank wrote its shards: run state, flush, rename, point `latest`, prune."""
-    write_atomic(tmp / STATE_FILE, json.dumps(state, indent=1, sort_keys=True))
+    """The owner, after every rank wrote its shards: flush, rename, the run state (the marker), point
+    `latest`, prune."""
+    (tmp / STATE_FILE).unlink(missing_ok=True)  # the marker comes last, never through the rename
     fsync_tree(tmp)
     base = final.parent
     old = base / f".old-{final.name}"
@@ -118,6 +121,7 @@ def finish(tmp: Path, final: Path, state: dict, keep: int) -> Path:
         os.rename(final, old)
     os.rename(tmp, final)
     _fsync(base)
+    write_atomic(final / STATE_FILE, json.dumps(state, indent=1, sort_keys=True))
     write_atomic(base / LATEST, final.name + "\n")
     shutil.rmtree(old, ignore_errors=True)
     steps = complete_steps(base)

@@ -105,6 +105,13 @@ def _rule_checkpoint_path(s: RLRunSpec):
                     "use a directory of its own such as /checkpoints")
 
 
+def _rule_keep(s: RLRunSpec):
+    if s.checkpoint.volume is None and s.checkpoint.keep < 2:
+        return _err("checkpoint.keep", s.checkpoint.keep, "is under 2 while each learner rank writes its own "
+                    "volume (checkpoint.volume unset): a rank stopped while it writes would leave the ranks no "
+                    "checkpoint in common", "keep 2 or more, or name a shared checkpoint.volume")
+
+
 def env_bytes(s: RLRunSpec, role: str) -> int:
     """Characters of a role's extra env: every name and literal value, counted as CEL's size() counts them
     (code points; at most 4 bytes each in the ConfigMap, so both roles stay well under its 1 MiB)."""
@@ -144,6 +151,9 @@ def input_rules() -> list[Rule]:
              f"{_cel_not_under('self.checkpoint.path', _CHECKPOINT_TAKEN)}",
              "checkpoint.path must be absolute, in normal form, and not at or under "
              + ", ".join(_CHECKPOINT_TAKEN), _rule_checkpoint_path),
+        Rule("checkpoint.keep", "has(self.checkpoint.volume) || self.checkpoint.keep >= 2",
+             "checkpoint.keep must be at least 2 unless checkpoint.volume is set (each rank writes its own)",
+             _rule_keep),
     ]
     for role in ("rollout", "learner"):
         env = f"self.{role}.pod.env"

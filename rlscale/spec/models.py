@@ -556,7 +556,13 @@ class CheckpointSpec(_Model):
                                         "volume source (e.g. {persistentVolumeClaim: {claimName: ckpt}}), mounted at "
                                         "path on every learner rank (ReadWriteMany when there are several). Unset: one "
                                         "claim per rank of the chart's checkpointStorage, or emptyDir.")
-    keep: PosInt = Field(2, description="How many checkpoints to keep.")
+    keep: PosInt = Field(2, description="How many checkpoints to keep; at least 2 unless volume is set (each rank "
+                         "writes its own claim, and a rank stopped while it writes must still find the checkpoint "
+                         "before, which every other rank kept too).")
+    claim_retention: Literal["Retain", "Delete"] = Field(
+        "Retain", description="Kubernetes, per-rank claims (volume unset, the chart's checkpointStorage set): Retain "
+        "keeps them when the RLRun is deleted (an RLRun of the same name resumes from them; `kubectl delete pvc -l "
+        "rlscale.dev/run=NAME` frees them); Delete deletes them with it.")
 
 
 class SchedulingSpec(_Model):
@@ -572,6 +578,11 @@ class SchedulingSpec(_Model):
     pod_group: bool = Field(False, description="Gang scheduling with the Coscheduling plugin (scheduler-plugins): a "
                             "scheduling.x-k8s.io PodGroup of all the run's pods, minMember their planned count, so the "
                             "scheduler places all of them or none; set schedulerName to the scheduler that runs it.")
+    block_evictions: bool = Field(False, description="While the run trains, its PodDisruptionBudgets allow no "
+                                  "voluntary eviction of the Ray head or a learner rank (a node drain waits until the "
+                                  "run ends or is suspended); the admin's policy must allow it "
+                                  "(policy.allowBlockingEvictions). false: one eviction at a time per role (a "
+                                  "learner's is one gang restart from the last checkpoint).")
 
 
 class ExportSpec(_Model):
@@ -591,7 +602,14 @@ class FailurePolicySpec(_Model):
     backoff_limit: int = Field(4, ge=0, le=100, description="Faults of the run's pods after which the run is Failed "
                                "and its workloads go to zero. Container restarts of different pods within 180 s "
                                "are one fault (a gang restart, a Ray head loss); each restart of a crash-looping "
-                               "pod is one. Forgiven after checkpoint.every steps without a fault.")
+                               "pod is one; so is a pod ended from outside (evicted, preempted, its node lost). "
+                               "Forgiven after checkpoint.every steps without a fault.")
+    pod_start_timeout_seconds: int = Field(600, ge=0, le=X.POD_START_TIMEOUT_MAX, description="A pod of the run "
+                                           "waiting this long in a state that does not clear by itself (ErrImagePull, "
+                                           "ImagePullBackOff, InvalidImageName, CreateContainerConfigError, "
+                                           "CreateContainerError, or Unschedulable: no node fits it) ends the run as "
+                                           "Failed, that state its reason. 0: pods wait for ever. Rollout pods no node "
+                                           "fits wait for ever while the driver trains with fewer replicas.")
 
 
 class RLRunSpec(_Model):
@@ -618,6 +636,10 @@ class RLRunSpec(_Model):
     scheduling: SchedulingSpec = Field(default_factory=SchedulingSpec, description=SchedulingSpec.__doc__)
     failure_policy: FailurePolicySpec = Field(default_factory=FailurePolicySpec, description=FailurePolicySpec.__doc__)
     suspend: bool = Field(False, description="Scale rollout and learners to zero, keeping config and checkpoints.")
+    active_deadline_seconds: int | None = Field(None, ge=1, le=X.ACTIVE_DEADLINE_MAX, description="Kubernetes: a "
+                                                "run active longer (since it started, was resumed or retried) is "
+                                                "Failed (reason DeadlineExceeded) and its workloads go to zero, as "
+                                                "a Job's activeDeadlineSeconds.")
     seed: int = Field(0, ge=0, description="Seed of the prompt order and the sampling (task.seed keeps the held-out "
                       "split): repeat a run with other seeds to see its spread. `rlscale run --seed` overrides it.")
 

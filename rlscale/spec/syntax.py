@@ -63,6 +63,9 @@ MAX_RESOURCE_NAMES = 8
 # Planning hints: past these the planner's sums leave float range or mean nothing.
 EXPECTED_SAMPLES_MAX = 1.0e15
 NOISE_SCALE_MAX = 1.0e15
+# Deadlines in seconds: a week for a pod to start, ten years for a run (past both a number means nothing).
+POD_START_TIMEOUT_MAX = 7 * 24 * 3600
+ACTIVE_DEADLINE_MAX = 10 * 365 * 24 * 3600
 
 
 def full(pattern: str, text: str) -> bool:

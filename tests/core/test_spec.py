@@ -148,6 +148,7 @@ CROSS_FIELD = [
      "a pull secret of your own"),
     ({"learner": {"pod": {"imagePullSecrets": ["other-ray-token"]}}}, "spec.learner.pod.imagePullSecrets",
      "a pull secret of your own"),
+    ({"checkpoint": {"keep": 1}}, "spec.checkpoint.keep", "name a shared checkpoint.volume"),
 ]
 
 

@@ -42,14 +42,16 @@ def kube(cluster) -> Kube:
 
 @pytest.fixture(scope="session")
 def operator_kubeconfig(cluster, kube, tmp_path_factory) -> Path:
-    """Install the chart's ServiceAccount and RBAC as rendered, and return a kubeconfig that
-    authenticates as that account: the operator gets exactly the rights it ships with."""
+    """Install the chart's ServiceAccount, RBAC and admission policies as rendered, and return a kubeconfig
+    that authenticates as that account: the operator gets exactly the rights it ships with."""
     helm = cp.bin_dir() / "helm"
     assert helm.exists(), f"{helm} missing: run `make k8s`"
     kube.apply({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": OPERATOR_NS}})
     rbac = [o for o in chart_objects(helm) if o["kind"] in
-            ("ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding")]
-    assert {o["kind"] for o in rbac} >= {"ServiceAccount", "ClusterRole", "ClusterRoleBinding"}
+            ("ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding",
+             "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding")]
+    assert {o["kind"] for o in rbac} >= {"ServiceAccount", "ClusterRole", "ClusterRoleBinding",
+                                         "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"}
     kube.apply({"apiVersion": "v1", "kind": "List", "items": rbac})
     token = kube.run("create", "token", OPERATOR_SA, "-n", OPERATOR_NS, "--duration=6h").stdout.strip()
     path = tmp_path_factory.mktemp("operator") / "operator.kubeconfig"

@@ -53,6 +53,9 @@ REFUSED = [
      f"learner.pod.env names and values must hold at most {ENV_TOTAL_MAX} characters"),
     ({"task": {"reward": "exact-match\n"}}, "task.reward must be exact-match, math, format"),
     (_pod("learner", imagePullSecrets=["other-ray-token"]), "learner.pod.imagePullSecrets must name no Secret"),
+    ({"checkpoint": {"keep": 1}}, "checkpoint.keep must be at least 2 unless checkpoint.volume is set"),
+    ({"activeDeadlineSeconds": 0}, "spec.activeDeadlineSeconds"),
+    ({"failurePolicy": {"podStartTimeoutSeconds": -1}}, "spec.failurePolicy.podStartTimeoutSeconds"),
 ]
 
 
@@ -73,6 +76,7 @@ WELL_FORMED = [
     _mount("/data/cache", subPath="models/qwen", readOnly=True),
     _mount("/tmpdata"),
     {"checkpoint": {"path": "/mnt/ckpt"}},
+    {"checkpoint": {"keep": 1, "volume": {"persistentVolumeClaim": {"claimName": "ckpt"}}}},
     _pod("learner", env=[{"name": f"V{i}", "value": "x" * 20000} for i in range(3)]),
     {"hardware": {"accelerator": "H100", "memoryBandwidth": 3.35e12, "peakFlops": 9.89e14, "memory": 8.0e10}},
 ]

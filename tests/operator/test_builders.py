@@ -244,10 +244,14 @@ def test_child_names_fit_dns_labels_and_stay_unique(run):
     assert B.names(run) == n  # stable
 
 
-def test_checkpoint_storage_uses_claims_that_survive_scale_to_zero():
+def test_checkpoint_storage_uses_claims_that_survive_scale_to_zero_and_the_runs_deletion():
     sts = B.build_learner_statefulset(RUN, spec(), PLAN, B.Images(checkpoint_storage="50Gi"))
     assert sts["spec"]["volumeClaimTemplates"][0]["spec"]["resources"]["requests"]["storage"] == "50Gi"
-    assert sts["spec"]["persistentVolumeClaimRetentionPolicy"]["whenScaled"] == "Retain"
+    # Retained on delete by default: no owner reference, so the garbage collector leaves them.
+    assert sts["spec"]["persistentVolumeClaimRetentionPolicy"] == {"whenScaled": "Retain", "whenDeleted": "Retain"}
+    gone = B.build_learner_statefulset(RUN, spec(checkpoint={"claimRetention": "Delete"}), PLAN,
+                                       B.Images(checkpoint_storage="50Gi"))
+    assert gone["spec"]["persistentVolumeClaimRetentionPolicy"]["whenDeleted"] == "Delete"
     plain = B.build_learner_statefulset(RUN, spec(), PLAN, B.Images())
     assert "volumeClaimTemplates" not in plain["spec"]
     assert {"name": "checkpoints", "emptyDir": {}} in plain["spec"]["template"]["spec"]["volumes"]
@@ -327,6 +331,40 @@ def test_network_policy_admits_the_runs_own_pods_and_metrics_from_monitoring_onl
                 if m["kind"] == "NetworkPolicy"]
     env = OS.OperatorSettings.from_env({OS.ENV_NETWORK_POLICY: "false", OS.ENV_METRICS_FROM: "prom, grafana"}).children
     assert env.network_policy is False and env.metrics_from == ("prom", "grafana")
+
+
+def _egress(images, **over):
+    (np,) = [m for m in B.build_children(RUN, spec(**over), PLAN, images) if m["kind"] == "NetworkPolicy"]
+    return np["spec"]
+
+
+def test_egress_is_the_runs_own_needs_unless_the_admin_opens_it():
+    from rlscale.operator.egress import endpoints
+
+    slice_ = {"endpoints": [{"addresses": ["10.0.0.5"]}, {"addresses": ["fd00::5"]}],
+              "ports": [{"name": "https", "port": 6443}]}
+    api = endpoints(slice_)
+    assert api == (("10.0.0.5", 6443), ("fd00::5", 6443)) and endpoints(None) == ()
+    sp = _egress(B.Images(api_server=api, egress_cidrs=("192.0.2.0/24",)))
+    assert sp["policyTypes"] == ["Ingress", "Egress"]
+    own, dns, *api_rules, extra = sp["egress"]
+    assert own == {"to": [{"podSelector": {"matchLabels": {C.LABEL_RUN: "grpo-7b"}}}]}
+    assert dns == {"ports": [{"port": 53, "protocol": "UDP"}, {"port": 53, "protocol": "TCP"}]}
+    assert api_rules == [{"to": [{"ipBlock": {"cidr": "10.0.0.5/32"}}], "ports": [{"port": 6443, "protocol": "TCP"}]},
+                         {"to": [{"ipBlock": {"cidr": "fd00::5/128"}}], "ports": [{"port": 6443, "protocol": "TCP"}]}]
+    assert extra == {"to": [{"ipBlock": {"cidr": "192.0.2.0/24"}}]}
+    # Nothing else reaches out: no rule without a destination but DNS's port 53.
+    assert all("to" in r or r == dns for r in sp["egress"])
+    # The API server's endpoints unknown: its usual ports anywhere; a model download: HTTPS anywhere.
+    unknown = _egress(B.Images())["egress"]
+    assert {"ports": [{"port": 443, "protocol": "TCP"}, {"port": 6443, "protocol": "TCP"}]} in unknown
+    download = _egress(B.Images(api_server=api), model={"path": "builtin:tiny-arith", "download": True})["egress"]
+    assert {"ports": [{"port": 443, "protocol": "TCP"}]} in download
+    opened = _egress(B.Images(egress="open"))
+    assert opened["policyTypes"] == ["Ingress"] and "egress" not in opened
+    env = OS.OperatorSettings.from_env({OS.ENV_EGRESS: "open", OS.ENV_EGRESS_CIDRS: "192.0.2.0/24"}).children
+    assert (env.egress, env.egress_cidrs) == ("open", ("192.0.2.0/24",))
+    assert OS.OperatorSettings.from_env({}).children.egress == "restricted"
 
 
 def test_pod_overrides_reach_their_role_and_cannot_displace_the_operators_own():
@@ -508,7 +546,7 @@ def _budgets(kids):
     return {m["metadata"]["labels"][C.LABEL_ROLE]: m for m in kids if m["kind"] == "PodDisruptionBudget"}
 
 
-def test_disruption_budgets_keep_a_training_run_whole_and_open_once_it_is_not_training():
+def test_disruption_budgets_allow_one_eviction_a_role_while_training_and_open_once_it_is_not():
     kids = B.build_children(RUN, spec(), PLAN)
     budgets = _budgets(kids)
     assert set(budgets) == {C.ROLE_RAY_HEAD, C.ROLE_ROLLOUT, C.ROLE_LEARNER}
@@ -525,9 +563,13 @@ def test_disruption_budgets_keep_a_training_run_whole_and_open_once_it_is_not_tr
             assert (sel.items() <= pod_labels.items()) == (other == role), (role, other)
         # Pods that are not Ready (a rank waiting to rejoin, a crash loop) may always be evicted.
         assert pdb["spec"]["unhealthyPodEvictionPolicy"] == "AlwaysAllow"
-    # Training: no voluntary eviction of the head or a rank (each restarts every rank); rollout
-    # pods one at a time.
+    # Training: one eviction at a time per role, never a budget of none (a learner rank's or the head's
+    # is one gang restart from the last checkpoint); blockEvictions, where the admin allows it, keeps
+    # the head and the ranks.
     assert {r: b["spec"]["maxUnavailable"] for r, b in budgets.items()} == {
+        C.ROLE_RAY_HEAD: 1, C.ROLE_LEARNER: 1, C.ROLE_ROLLOUT: 1}
+    strict = _budgets(B.build_children(RUN, spec(scheduling={"blockEvictions": True}), PLAN))
+    assert {r: b["spec"]["maxUnavailable"] for r, b in strict.items()} == {
         C.ROLE_RAY_HEAD: 0, C.ROLE_LEARNER: 0, C.ROLE_ROLLOUT: 1}
     # Suspended (the admin's way to drain a node) or ended: every pod may go.
     for kids in (B.build_children(RUN, spec(suspend=True), PLAN), B.build_children(RUN, spec(), PLAN, finished=True)):

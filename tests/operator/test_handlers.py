@@ -22,10 +22,12 @@ class Recorder:
 
     def __init__(self) -> None:
         self.passes: list[tuple[str, str, str]] = []
+        self.gone: list[list[dict]] = []  # the deleted pods each pass was handed
         self.api = FakeKube()  # no RLRun in it: a deleted pod's run is not stopping
 
-    def reconcile(self, namespace, name, trigger, **_):
+    def reconcile(self, namespace, name, trigger, gone=(), **_):
         self.passes.append((namespace, name, trigger))
+        self.gone.append(list(gone))
 
 
 def registered(settings: OS.OperatorSettings) -> kopf.OperatorRegistry:
@@ -71,7 +73,14 @@ def test_a_pod_event_runs_a_pass_only_when_the_pods_health_moved():
     assert rec.passes == [("ns", "r", "pod")] * 2
     event(pod(0), "DELETED")  # a healthy pod going changes nothing; a failing one may clear Degraded
     event(pod(1, "CrashLoopBackOff"), "DELETED")
-    assert rec.passes == [("ns", "r", "pod")] * 3
+    assert rec.passes == [("ns", "r", "pod")] * 3 and rec.gone[-1] == []
+    # An evicted pod's going is a fault the pass counts, though no pass may have seen it evicted.
+    evicted = pod(0)
+    evicted["status"]["conditions"] = [{"type": "DisruptionTarget", "status": "True",
+                                        "reason": "EvictionByEvictionAPI"}]
+    event(evicted, "MODIFIED")
+    event(evicted, "DELETED")
+    assert rec.passes == [("ns", "r", "pod")] * 5 and rec.gone[-2:] == [[], [evicted]]
 
 
 def test_the_index_keeps_what_a_pass_reads_by_run():
@@ -100,13 +109,16 @@ def test_policy_settings_come_from_the_environment():
                                       OS.ENV_RUNTIME_CLASSES: "nvidia", OS.ENV_PRIORITY_CLASSES: "",
                                       OS.ENV_TOLERATION_KEYS: "nvidia.com/gpu", OS.ENV_NODE_LABEL_KEYS: "pool,zone",
                                       OS.ENV_SCHEDULERS: "volcano", OS.ENV_SECRET_NAMES: "hf-token",
-                                      OS.ENV_CLAIM_NAMES: "models", OS.ENV_REQUIRE_POD_SECURITY: "false"})
+                                      OS.ENV_CLAIM_NAMES: "models", OS.ENV_REQUIRE_POD_SECURITY: "false",
+                                      OS.ENV_ALLOW_BLOCKING_EVICTIONS: "true", OS.ENV_CLAIM_LABEL: " team=a "})
     p = s.policy
     assert p.image_prefixes == ("reg.example/ml/", "ghcr.io/rlscale/")
     assert (p.runtime_class_names, p.priority_class_names, s.require_pod_security) == (("nvidia",), (), False)
     assert (p.toleration_keys, p.node_label_keys, p.scheduler_names) == (("nvidia.com/gpu",), ("pool", "zone"),
                                                                         ("volcano",))
-    assert (p.secret_names, p.claim_names) == (("hf-token",), ("models",))
+    assert (p.secret_names, p.claim_names, p.allow_blocking_evictions) == (("hf-token",), ("models",), True)
+    assert (p.claim_label, p.secret_label) == ("team=a", "")
     # Unset: nothing allowed, and the namespace must enforce Pod Security.
     d = OS.OperatorSettings.from_env({})
-    assert d.policy == Policy() and all(v == () for v in vars(d.policy).values()) and d.require_pod_security
+    assert d.policy == Policy() and all(v in ((), False, "") for v in vars(d.policy).values())
+    assert d.require_pod_security

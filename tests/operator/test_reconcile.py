@@ -16,6 +16,7 @@ from prometheus_client import REGISTRY
 
 from rlscale.operator import builders as B
 from rlscale.operator import constants as C
+from rlscale.operator import policy as P
 from rlscale.operator import scaling as SC
 from rlscale.operator.kube import RLRUN_API
 from rlscale.operator.planning import plan_for
@@ -554,6 +555,44 @@ def test_a_run_outside_the_admins_allowlists_gets_nothing(fake, settings, spec_o
     widened = {key: (*settings.get(key, getattr(SETTINGS.policy, key)), allow)}
     Controller(fake, settings_with(**{**settings, **widened})).reconcile(NS, RUN, "resume")
     assert cond(fake, C.COND_FAILED)["status"] == "False" and workload(fake, C.ROLE_LEARNER) is not None
+
+
+def test_a_run_blocking_evictions_needs_the_admins_leave(fake):
+    create(fake, scheduling={"blockEvictions": True})
+    Controller(fake, SETTINGS).reconcile(NS, RUN, "create")
+    failed = cond(fake, C.COND_FAILED)
+    assert failed["reason"] == "NotAllowed" and "spec.scheduling.blockEvictions" in failed["message"]
+    assert "policy.allowBlockingEvictions" in failed["message"] and children_of(fake) == []
+    Controller(fake, settings_with(allow_blocking_evictions=True)).reconcile(NS, RUN, "resume")
+    pdb = fake.get("policy/v1", "PodDisruptionBudget", NS, B.names(RUN)[C.ROLE_LEARNER])
+    assert cond(fake, C.COND_FAILED)["status"] == "False" and pdb["spec"]["maxUnavailable"] == 0
+
+
+def test_secrets_and_claims_may_be_allowed_by_label(fake):
+    over = {"learner": {"pod": {"volumes": [{"name": "d", "persistentVolumeClaim": {"claimName": "team-data"}}],
+                                "env": [{"name": "T", "valueFrom": {"secretKeyRef": {"name": "hub", "key": "t"}}}]}}}
+    ctl = Controller(fake, settings_with(claim_label="rlscale.dev/allowed=true", secret_label="rlscale.dev/allowed"))
+    create(fake, **over)
+    ctl.reconcile(NS, RUN, "create")
+    failed = cond(fake, C.COND_FAILED)
+    assert failed["reason"] == "NotAllowed" and "secretKeyRef.name is 'hub'" in failed["message"]
+    assert "or label the Secret rlscale.dev/allowed (policy.secretLabel)" in failed["message"]
+    # The Secret labelled (any value): the claim is next; labelled with another value than the admin's, refused.
+    fake.create({"apiVersion": "v1", "kind": "Secret",
+                 "metadata": {"name": "hub", "namespace": NS, "labels": {"rlscale.dev/allowed": "any"}}})
+    fake.create({"apiVersion": "v1", "kind": "PersistentVolumeClaim",
+                 "metadata": {"name": "team-data", "namespace": NS, "labels": {"rlscale.dev/allowed": "no"}}})
+    ctl.reconcile(NS, RUN, "resume")
+    failed = cond(fake, C.COND_FAILED)
+    assert "'team-data'" in failed["message"]
+    assert "or label the PersistentVolumeClaim rlscale.dev/allowed=true (policy.claimLabel)" in failed["message"]
+    fake.patch("v1", "PersistentVolumeClaim", NS, "team-data",
+               {"metadata": {"labels": {"rlscale.dev/allowed": "true"}}})
+    ctl.reconcile(NS, RUN, "resume")
+    assert cond(fake, C.COND_FAILED)["status"] == "False" and workload(fake, C.ROLE_LEARNER) is not None
+    # Without the label settings, names only, whatever the labels.
+    labelled = {"rlscale.dev/allowed": "true"}
+    assert P.refusal(parse_spec(rlrun(fake)["spec"]), [], SETTINGS.policy, lambda kind, name: labelled)
 
 
 def test_a_keyless_toleration_is_refused_whatever_the_admin_allows(fake):

@@ -335,7 +335,7 @@ def test_a_progress_report_is_folded_into_status_unless_it_is_stale():
     prog = {"step": 40, "samples": 5120, "targetMetric": 0.49, "targetReached": True, "elapsedSeconds": 39.0,
             "samplesPerSecond": 130.0, "measurements": {"step": 40}}
     rl = {"metadata": {"generation": 3, "annotations": {C.ANNOTATION_PROGRESS: json.dumps(prog)}},
-          "status": {"plan": {"prompts": 16, "samplesPerPrompt": 8}}}
+          "status": {"plan": {"prompts": 16, "samplesPerPrompt": 8}, "startTime": "t0"}}
     st = S.compute_status(Observed(rl, "progress", [], {}, spec=spec, report=prog), now="t")
     assert st["progress"]["step"] == 40 and "measurements" not in st["progress"]  # the re-planner's input
     reached = {c["type"]: c for c in st["conditions"]}[C.COND_TARGET_REACHED]

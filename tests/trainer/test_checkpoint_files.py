@@ -81,6 +81,32 @@ def test_saving_a_step_again_never_leaves_latest_pointing_at_nothing(tmp_path, m
     assert ck.latest_checkpoint(tmp_path).name == "step-00000010"
 
 
+def test_the_marker_comes_last_so_a_rename_file_by_file_never_shows_a_half_step(tmp_path, monkeypatch):
+    save(tmp_path, 10)
+    real_rename = os.rename
+
+    def copying(src, dst):
+        # A FUSE-mounted object store renames a directory by copying its files one by one (here the
+        # marker's name first, were it there); killed after the first file.
+        if os.path.basename(src).startswith(".tmp-"):
+            first = sorted((p for p in src.rglob("*") if p.is_file()), key=lambda p: p.name != ck.STATE_FILE)[0]
+            (dst / first.relative_to(src)).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy(first, dst / first.relative_to(src))
+            raise KeyboardInterrupt("killed mid-rename")
+        real_rename(src, dst)
+
+    monkeypatch.setattr(ck.os, "rename", copying)
+    with pytest.raises(KeyboardInterrupt):
+        save(tmp_path, 20)
+    monkeypatch.setattr(ck.os, "rename", real_rename)
+    assert (tmp_path / "step-00000020").is_dir() and not (tmp_path / "step-00000020" / ck.STATE_FILE).exists()
+    assert [p.name for p in ck.complete_steps(tmp_path)] == ["step-00000010"]
+    assert ck.latest_checkpoint(tmp_path).name == "step-00000010"
+    # Saved again, step 20 is whole.
+    save(tmp_path, 20)
+    assert ck.read_state(tmp_path / "step-00000020")["run"]["step"] == 20
+
+
 def test_a_run_never_resumes_from_another_runs_checkpoints(tmp_path):
     path = save(tmp_path, 10, run_id="team-a/alpha")
     ck.check_identity(path, "team-a/alpha")

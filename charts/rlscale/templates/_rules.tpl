@@ -32,9 +32,27 @@
 - apiGroups: [""]
   resources: [secrets]
   verbs: [create]
+{{- if .Values.policy.secretLabel }}
+# policy.secretLabel: the Secrets a run names are read for their labels.
+- apiGroups: [""]
+  resources: [secrets]
+  verbs: [get]
+{{- end }}
+{{- if .Values.policy.claimLabel }}
+# policy.claimLabel: the claims a run names are read for their labels.
+- apiGroups: [""]
+  resources: [persistentvolumeclaims]
+  verbs: [get]
+{{- end }}
 - apiGroups: [networking.k8s.io]
   resources: [networkpolicies]
   verbs: [get, list, watch, create, patch]
+# The API server's endpoints (the EndpointSlice `kubernetes` in namespace default): the runs' egress
+# allows those and not every address on port 443 (operator/egress.py).
+- apiGroups: [discovery.k8s.io]
+  resources: [endpointslices]
+  resourceNames: [kubernetes]
+  verbs: [get]
 # Each run's PodDisruptionBudgets (one per role): voluntary evictions wait while the run trains.
 - apiGroups: [policy]
   resources: [poddisruptionbudgets]
