@@ -205,7 +205,9 @@ class TaskSpec(_Model):
     reward: str = Field("exact-match", min_length=1, max_length=256,
                         description="exact-match (answer extracted after ####, from \\boxed{}, else the last number), "
                         "math (math-verify: 1/2 equals 0.5), format (task.formatPattern), a plug-in module:function "
-                        "called as fn(prompt, completion, answer, extra) -> float, reward-model (task.rewardModel's "
+                        "called as fn(prompt, completion, answer, extra) -> float (or, TRL's reward_funcs convention, one with a "
+                        "completions parameter called once a batch as fn(prompts=..., completions=..., **columns) -> "
+                        "list[float]: docs/rewards.md), reward-model (task.rewardModel's "
                         "score), or a weighted sum such as 0.9*math + 0.1*format or 0.5*reward-model + "
                         "0.5*exact-match.")
     reward_model: RewardModelSpec | None = Field(None, description="The sequence-classification model that scores "
