@@ -328,6 +328,11 @@ class OptimizerSpec(_Model):
     eps: float = Field(1.0e-8, gt=0, description="Adam epsilon.")
     weight_decay: float = Field(0.0, ge=0, description="Decoupled weight decay.")
     warmup_steps: int = Field(0, ge=0, description="Linear warm-up steps.")
+    lr_schedule: Literal["constant", "linear", "cosine"] = Field(
+        "constant", description="The lr after warm-up, as a multiple of the planned lr: constant; linear or cosine "
+        "(TRL's lr_scheduler_type names) decay to 0 at optimizer.decaySteps learner steps.")
+    decay_steps: PosInt | None = Field(None, description="Learner steps (warm-up included) at which linear or cosine "
+                                       "reach 0. Unset: budget.maxSteps. Only with lrSchedule linear or cosine.")
     grad_clip: float = Field(1.0, ge=0, description="Global gradient-norm clip; 0 disables it.")
     noise_scale: float | None = Field(None, gt=0, le=X.NOISE_SCALE_MAX,
                                       description="Gradient noise scale B_noise in samples, if known; the "

@@ -53,6 +53,23 @@ def _rule_micro_batch_tokens(s: RLRunSpec):
                     f"use microBatchTokens >= {s.model.max_length}, or leave it unset")
 
 
+def _rule_decay_after_warmup(s: RLRunSpec):
+    o = s.optimizer
+    decay = o.decay_steps or s.budget.max_steps
+    if o.lr_schedule != "constant" and decay <= o.warmup_steps:
+        unset = "" if o.decay_steps else "(unset: budget.maxSteps) "
+        return _err("optimizer.decaySteps", decay, f"{unset}is not above optimizer.warmupSteps ({o.warmup_steps}): "
+                    f"lrSchedule {o.lr_schedule} would have nothing to decay",
+                    f"set decaySteps above {o.warmup_steps}, lower warmupSteps, or use lrSchedule constant")
+
+
+def _rule_decay_needs_schedule(s: RLRunSpec):
+    o = s.optimizer
+    if o.lr_schedule == "constant" and o.decay_steps is not None:
+        return _err("optimizer.decaySteps", o.decay_steps, "is set with lrSchedule constant, where nothing decays",
+                    "set optimizer.lrSchedule: linear or cosine, or drop decaySteps")
+
+
 def _rule_prompt_bounds(s: RLRunSpec):
     if s.batch.min_prompts > s.batch.max_prompts:
         return _err("batch.minPrompts", s.batch.min_prompts, f"is above batch.maxPrompts ({s.batch.max_prompts})",
@@ -545,6 +562,12 @@ RULES: list[Rule] = [
          "algorithm.clipRatioHigh must be >= algorithm.clipRatio", _rule_clip_high),
     Rule("optimizer.betas", "self.optimizer.betas.all(b, b >= 0.0 && b < 1.0)",
          "optimizer.betas must each lie in [0, 1)", _rule_betas),
+    Rule("optimizer.decaySteps", "self.optimizer.lrSchedule == 'constant' || (has(self.optimizer.decaySteps) ? "
+         "self.optimizer.decaySteps : self.budget.maxSteps) > self.optimizer.warmupSteps",
+         "optimizer.decaySteps (unset: budget.maxSteps) must exceed optimizer.warmupSteps with lrSchedule linear or "
+         "cosine", _rule_decay_after_warmup),
+    Rule("optimizer.decaySteps", "self.optimizer.lrSchedule != 'constant' || !has(self.optimizer.decaySteps)",
+         "optimizer.decaySteps needs lrSchedule linear or cosine", _rule_decay_needs_schedule),
     Rule("model.path", "self.hardware.accelerator == 'cpu' || has(self.model.path)",
          "model.path is required unless hardware.accelerator is cpu", _rule_model_named),
     Rule("model.path", "!has(self.model.path) || !self.model.path.startsWith('builtin:') || self.model.path in "

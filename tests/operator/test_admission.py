@@ -53,6 +53,10 @@ REFUSED = [
      f"learner.pod.env names and values must hold at most {ENV_TOTAL_MAX} characters"),
     ({"task": {"reward": "exact-match\n"}}, "task.reward must be exact-match, math, format"),
     (_pod("learner", imagePullSecrets=["other-ray-token"]), "learner.pod.imagePullSecrets must name no Secret"),
+    ({"optimizer": {"lrSchedule": "cosine", "warmupSteps": 10, "decaySteps": 10}},
+     "optimizer.decaySteps (unset: budget.maxSteps) must exceed optimizer.warmupSteps"),
+    ({"optimizer": {"decaySteps": 100}}, "optimizer.decaySteps needs lrSchedule linear or cosine"),
+    ({"rollout": {"topK": -2}}, "spec.rollout.topK"),
 ]
 
 
@@ -75,6 +79,8 @@ WELL_FORMED = [
     {"checkpoint": {"path": "/mnt/ckpt"}},
     _pod("learner", env=[{"name": f"V{i}", "value": "x" * 20000} for i in range(3)]),
     {"hardware": {"accelerator": "H100", "memoryBandwidth": 3.35e12, "peakFlops": 9.89e14, "memory": 8.0e10}},
+    {"optimizer": {"lrSchedule": "cosine", "warmupSteps": 10}, "rollout": {"topK": 50, "minP": 0.05,
+                                                                          "repetitionPenalty": 1.1}},
 ]
 
 

@@ -77,12 +77,12 @@ def loop(args: dict) -> None:
     while step < args["steps"]:
         problems = data.next_batch(args["prompts"])
         batch = rollout_batch(learner, tok, problems, args["samples_per_prompt"], step)
-        learner.step(batch)
+        stats = learner.step(batch)
         step += 1
         digest = sum(p.double().sum().item() for p in learner.engine.module.parameters())
         with open(record, "a") as f:
             f.write(json.dumps({"step": step, "prompts": [p.prompt for p in problems],
-                                "responses": batch.response_ids, "param_sum": digest}) + "\n")
+                                "responses": batch.response_ids, "param_sum": digest, "lr": stats["lr"]}) + "\n")
         if step % args["every"] == 0:
             learner.save_checkpoint(args["ckpt"], {"step": step, "data": data.state_dict()}, keep=2)
         if step == args.get("crash_after"):
