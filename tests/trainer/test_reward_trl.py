@@ -5,6 +5,7 @@ None (does not apply) adding 0 and left out of the term's mean; what they cannot
 from __future__ import annotations
 
 import os
+import sys
 import textwrap
 
 import pytest
@@ -15,12 +16,9 @@ from rlscale.trainer.rewards import RewardError, resolve_reward, score_terms
 TRL_REWARDS = textwrap.dedent("""
     import os, re, time
 
-    LOG = os.environ.get("TRL_REWARD_LOG")
-
-
     def _log(name, n):
-        if LOG:
-            with open(LOG, "a") as f:
+        if os.environ.get("TRL_REWARD_LOG"):
+            with open(os.environ["TRL_REWARD_LOG"], "a") as f:
                 f.write(f"{name} {n} {os.getpid()}\\n")
 
 
@@ -63,6 +61,7 @@ TRL_REWARDS = textwrap.dedent("""
 def trl_module(tmp_path, monkeypatch):
     (tmp_path / "trl_rewards.py").write_text(TRL_REWARDS)
     monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "trl_rewards", raising=False)  # this test's file, not another test's
     monkeypatch.setenv("RLSCALE_PLUGINS", str(tmp_path))  # the pool's workers find it as pods do
     log = tmp_path / "calls.log"
     monkeypatch.setenv("TRL_REWARD_LOG", str(log))
