@@ -79,3 +79,18 @@ def test_bad_schedules_name_the_field(optimizer, message):
 def test_the_rules_have_cel_twins():
     cel = [r.cel for r in RULES if r.path == "optimizer.decaySteps"]
     assert len(cel) == 2 and all("self.optimizer.lrSchedule" in c for c in cel)
+
+
+def test_validate_says_the_schedule_back(tmp_path):
+    import yaml
+
+    from tests.conftest import rlrun_dict
+    from tests.conftest import rlscale_cli as cli
+
+    spec = {"hardware": {"accelerator": "cpu"}, "budget": {"maxSteps": 300},
+            "optimizer": {"lrSchedule": "cosine", "warmupSteps": 10}}
+    (tmp_path / "s.yaml").write_text(yaml.safe_dump(rlrun_dict(spec)))
+    r = cli("validate", "s.yaml", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert ("lr schedule cosine: the planned lr after 10 warm-up steps, down to 0 at learner step 300 "
+            "(budget.maxSteps)") in " ".join(r.stdout.split())
