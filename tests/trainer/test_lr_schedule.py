@@ -94,3 +94,20 @@ def test_validate_says_the_schedule_back(tmp_path):
     assert r.returncode == 0, r.stderr
     assert ("lr schedule cosine: the planned lr after 10 warm-up steps, down to 0 at learner step 300 "
             "(budget.maxSteps)") in " ".join(r.stdout.split())
+
+
+def test_the_learner_sets_the_scheduled_lr_at_its_trained_step_count_on_policy_and_critic():
+    from types import SimpleNamespace
+
+    from rlscale.trainer.learner import Learner
+
+    def engine():
+        return SimpleNamespace(optimizer=SimpleNamespace(param_groups=[{"lr": 0.0}, {"lr": 0.0}]))
+
+    rank = SimpleNamespace(config=LearnerConfig("m", lr_schedule="cosine", warmup_steps=2, decay_steps=10),
+                           steps=6, engine=engine(), critic=engine())
+    Learner._set_lr(rank, 3e-5)  # the planner's lr for this batch is the peak
+    want = 3e-5 * lr_factor(6, "cosine", 2, 10)
+    assert 0 < want < 3e-5
+    for e in (rank.engine, rank.critic):
+        assert [g["lr"] for g in e.optimizer.param_groups] == pytest.approx([want, want])
