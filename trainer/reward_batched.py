@@ -104,13 +104,6 @@ def call(term: Any, rows: Sequence[tuple]) -> list[float | None]:
     return out
 
 
-def pool_terms(expression: str, format_pattern: str | None, indices: list[int]) -> list[Any]:
-    """In a worker: the batched terms at `indices`, resolved as the driver resolved them."""
-    from rlscale.trainer.rewards import resolve_reward
-
-    return [resolve_reward(expression, format_pattern=format_pattern).terms[i] for i in indices]
-
-
 def pool_call(terms: list[Any], rows: Sequence[tuple]) -> tuple[str, Any]:
     """In a worker: ("ok", [the terms' values a row]), ("bad", why) or ("error", what raised)."""
     try:

@@ -256,7 +256,7 @@ class Reward:
             log.info("reward %r: %s scored by %d worker processes", self.expression,
                      ", ".join(self.terms[i].name for i in unsafe), self.pool.size)
         if batched:  # one call a batch: one worker
-            self.batch_pool = RewardPool(reward_batched.pool_terms, reward_batched.pool_call,
+            self.batch_pool = RewardPool(_pool_terms, reward_batched.pool_call,
                                          (self.expression, self.format_pattern, batched), 1, self.timeout_s)
             log.info("reward %r: %s (TRL-style, a call a batch) scored by a worker process", self.expression,
                      ", ".join(self.terms[i].name for i in batched))
@@ -442,7 +442,8 @@ def _threaded(reward: Reward, indices: list[int], rows: list[tuple]) -> list[lis
 
 
 def _pool_terms(expression: str, format_pattern: str | None, indices: list[int]) -> list[Term]:
-    """In a pool's worker: the terms at `indices`, resolved as the driver resolved them."""
+    """In a pool's worker: the terms at `indices`, resolved as the driver resolved them (the per-sample pool's, or
+    the TRL-style terms' of the batch pool)."""
     return [resolve_reward(expression, format_pattern=format_pattern).terms[i] for i in indices]
 
 
