@@ -32,6 +32,7 @@ from rlscale.spec.models import (
     RLRunSpec,
     _RoleSpec,
 )
+from rlscale.spec.optimizer_rules import optimizer_rules
 from rlscale.spec.rule_base import Rule, _cel_list, _err
 from rlscale.spec.syntax import DNS_SUBDOMAIN_MAX, DNS_SUBDOMAIN_RE, MAX_RESOURCE_NAMES, full
 from rlscale.spec.task_rules import task_rules
@@ -51,23 +52,6 @@ def _rule_micro_batch_tokens(s: RLRunSpec):
     if t is not None and t < s.model.max_length:
         return _err("batch.microBatchTokens", t, f"cannot hold one sequence of model.maxLength ({s.model.max_length})",
                     f"use microBatchTokens >= {s.model.max_length}, or leave it unset")
-
-
-def _rule_decay_after_warmup(s: RLRunSpec):
-    o = s.optimizer
-    decay = o.decay_steps or s.budget.max_steps
-    if o.lr_schedule != "constant" and decay <= o.warmup_steps:
-        unset = "" if o.decay_steps else "(unset: budget.maxSteps) "
-        return _err("optimizer.decaySteps", decay, f"{unset}is not above optimizer.warmupSteps ({o.warmup_steps}): "
-                    f"lrSchedule {o.lr_schedule} would have nothing to decay",
-                    f"set decaySteps above {o.warmup_steps}, lower warmupSteps, or use lrSchedule constant")
-
-
-def _rule_decay_needs_schedule(s: RLRunSpec):
-    o = s.optimizer
-    if o.lr_schedule == "constant" and o.decay_steps is not None:
-        return _err("optimizer.decaySteps", o.decay_steps, "is set with lrSchedule constant, where nothing decays",
-                    "set optimizer.lrSchedule: linear or cosine, or drop decaySteps")
 
 
 def _rule_prompt_bounds(s: RLRunSpec):
@@ -562,12 +546,7 @@ RULES: list[Rule] = [
          "algorithm.clipRatioHigh must be >= algorithm.clipRatio", _rule_clip_high),
     Rule("optimizer.betas", "self.optimizer.betas.all(b, b >= 0.0 && b < 1.0)",
          "optimizer.betas must each lie in [0, 1)", _rule_betas),
-    Rule("optimizer.decaySteps", "self.optimizer.lrSchedule == 'constant' || (has(self.optimizer.decaySteps) ? "
-         "self.optimizer.decaySteps : self.budget.maxSteps) > self.optimizer.warmupSteps",
-         "optimizer.decaySteps (unset: budget.maxSteps) must exceed optimizer.warmupSteps with lrSchedule linear or "
-         "cosine", _rule_decay_after_warmup),
-    Rule("optimizer.decaySteps", "self.optimizer.lrSchedule != 'constant' || !has(self.optimizer.decaySteps)",
-         "optimizer.decaySteps needs lrSchedule linear or cosine", _rule_decay_needs_schedule),
+    *optimizer_rules(),
     Rule("model.path", "self.hardware.accelerator == 'cpu' || has(self.model.path)",
          "model.path is required unless hardware.accelerator is cpu", _rule_model_named),
     Rule("model.path", "!has(self.model.path) || !self.model.path.startsWith('builtin:') || self.model.path in "
