@@ -17,8 +17,12 @@ PYTEST_ARGS ?=
 
 .PHONY: run test unit venv k8s prometheus cluster cluster-down lint crd bench gpu-check clean
 
+## make venv GPU=1: the CUDA 13.0 torch and vLLM wheels from PyPI instead of vLLM's CPU build, for a machine
+## with an NVIDIA GPU and an R580+ driver (docs/gpu.md, "One GPU"); GPU=auto: GPU=1 when nvidia-smi lists a GPU.
+## Without GPU the CPU build, which `make test` needs. Never run on a GPU by this repository's CI.
+GPU ?=
 venv:
-	@bash hack/setup-venv.sh
+	@GPU=$(GPU) bash hack/setup-venv.sh
 
 ## make k8s: the real node's Debian packages (containerd, runc, CNI plugins, nftables...),
 ## then the control plane and node binaries built from Go modules.
@@ -52,9 +56,11 @@ push: push-check images
 push-check:
 	@RLSCALE_PUSH_DRY_RUN=1 RLSCALE_PUSH_TLS_VERIFY=$(PUSH_TLS_VERIFY) bash hack/images/push.sh "$(REGISTRY)" $(VARIANT) $(TAG) >/dev/null
 
-## make run: install, then run the quickstart RLRun on the embedded default (CPU).
+## make run: install, then run the quickstart RLRun on the embedded default (CPU); make run GPU=1: the CUDA
+## install, then the same quickstart on GPU 0 (examples/quickstart-gpu.yaml).
+RUN_SPEC ?= $(if $(filter 1 yes true,$(GPU)),examples/quickstart-gpu.yaml,examples/quickstart.yaml)
 run: venv
-	$(RLSCALE) run examples/quickstart.yaml
+	$(RLSCALE) run $(RUN_SPEC)
 
 ## make crd: regenerate the CRD and the README spec table from rlscale/spec/.
 ## make test: install, build/start what the tests need, run the whole suite.

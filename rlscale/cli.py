@@ -102,6 +102,11 @@ def validate(files: list[Path] = typer.Argument(..., help="RLRun YAML files.", s
         lr_line = effective_lr_note(s)
         if lr_line:
             out.print(f"   {lr_line}", highlight=False, soft_wrap=True, markup=False)
+        if s.optimizer.lr_schedule != "constant":  # a TRL user's lr_scheduler_type, said back
+            o = s.optimizer
+            out.print(f"   lr schedule {o.lr_schedule}: the planned lr after {o.warmup_steps} warm-up steps, down to 0 "
+                      f"at learner step {o.decay_steps or s.budget.max_steps}"
+                      f"{'' if o.decay_steps else ' (budget.maxSteps)'}", highlight=False, soft_wrap=True, markup=False)
     raise typer.Exit(1 if bad else 0)
 
 

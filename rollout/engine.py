@@ -268,10 +268,15 @@ class RolloutEngine:
         seed: int | Sequence[int] | None = None,
         stop_token_ids: list[int] | None = None,
         ignore_eos: bool = False,
+        top_k: int | None = None,
+        min_p: float | None = None,
+        repetition_penalty: float | None = None,
     ) -> list[list[Sample]]:
         """Per prompt, its `samples_per_prompt` samples (same order as the prompts).
 
-        `seed` is a base seed for the batch, or one seed per prompt."""
+        `seed` is a base seed for the batch, or one seed per prompt. top_k, min_p and repetition_penalty: None
+        leaves vLLM's default (off). Like temperature and top_p they change which tokens are drawn, not the
+        returned log-probs (LOGPROBS_MODE: before every logits processor, penalties included)."""
         self._check_awake("generate")
         self._own_threads()
         from vllm import SamplingParams
@@ -285,6 +290,8 @@ class RolloutEngine:
         seeds = prompt_seeds(seed, len(prompt_token_ids), samples_per_prompt)
         # vLLM refuses n > 1 with greedy decoding: send each greedy copy on its own.
         copies = samples_per_prompt if temperature == 0 else 1
+        knobs = {k: v for k, v in (("top_k", top_k), ("min_p", min_p), ("repetition_penalty", repetition_penalty))
+                 if v is not None}
         prompts, params = [], []
         for p, s in zip(prompt_token_ids, seeds, strict=True):
             prompts += [TokensPrompt(prompt_token_ids=list(map(int, p))) for _ in range(copies)]
@@ -300,6 +307,7 @@ class RolloutEngine:
                     stop_token_ids=[] if ignore_eos else stops,
                     ignore_eos=ignore_eos,  # fixed lengths, for benchmarks
                     detokenize=False,
+                    **knobs,
                 )
                 for _ in range(copies)
             ]

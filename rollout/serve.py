@@ -63,11 +63,15 @@ class GenerateRequest:
     max_new_tokens: int = 64
     min_version: int = 0
     stop_token_ids: list[int] | None = None
+    top_k: int | None = None  # None: vLLM's default (off), as the spec's unset knobs
+    min_p: float | None = None
+    repetition_penalty: float | None = None
 
     def sampling_key(self) -> tuple:
         stops = None if self.stop_token_ids is None else tuple(self.stop_token_ids)
         seeded = self.seeds is not None  # seeded and unseeded requests run apart
-        return (self.samples_per_prompt, self.temperature, self.top_p, self.max_new_tokens, stops, seeded)
+        return (self.samples_per_prompt, self.temperature, self.top_p, self.max_new_tokens, stops, seeded,
+                self.top_k, self.min_p, self.repetition_penalty)
 
 
 class RolloutReplica:
@@ -161,6 +165,9 @@ class RolloutReplica:
                 max_new_tokens=first.max_new_tokens,
                 seed=seeds,
                 stop_token_ids=first.stop_token_ids,
+                top_k=first.top_k,
+                min_p=first.min_p,
+                repetition_penalty=first.repetition_penalty,
             )
             tokens = sum(len(s.token_ids) for group in out for s in group)
             self.metrics.observe_generation(
@@ -537,6 +544,9 @@ class RolloutClient:
         seed: int | None = None,
         version: int | None = None,
         stop_token_ids: list[int] | None = None,
+        top_k: int | None = None,
+        min_p: float | None = None,
+        repetition_penalty: float | None = None,
     ) -> list[list[Sample]]:
         """Per prompt its samples, generated with weights version >= `version` (default: newest published)."""
         if version is None:
@@ -560,6 +570,9 @@ class RolloutClient:
                 max_new_tokens=max_new_tokens,
                 min_version=version,
                 stop_token_ids=stop_token_ids,
+                top_k=top_k,
+                min_p=min_p,
+                repetition_penalty=repetition_penalty,
             )
             for a, b in zip(bounds, bounds[1:], strict=False)
         ]

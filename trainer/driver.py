@@ -307,7 +307,7 @@ class Driver:
         t0 = time.perf_counter()
         problems = self.data.next_batch(p)
         prompt_ids = [prompt_tokens(self.tok, pr) for pr in problems]
-        groups = self.rollout.generate(prompt_ids, n, temperature=spec.rollout.temperature, top_p=spec.rollout.top_p,
+        groups = self.rollout.generate(prompt_ids, n, **spec.rollout.sampling(),
                                        max_new_tokens=spec.task.max_new_tokens,
                                        seed=at.step * 7919 + 17 + self.seed * 1_000_003, version=at.version)
         t1 = time.perf_counter()

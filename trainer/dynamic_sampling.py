@@ -125,7 +125,7 @@ def draw(driver: Any, encode: Callable[[Any, Any], list[int]], prompts: int, rou
     problems = driver.data.next_batch(prompts)
     prompt_ids = [encode(driver.tok, p) for p in problems]
     t0 = time.perf_counter()
-    groups = driver.rollout.generate(prompt_ids, n, temperature=spec.rollout.temperature, top_p=spec.rollout.top_p,
+    groups = driver.rollout.generate(prompt_ids, n, **spec.rollout.sampling(),
                                      max_new_tokens=spec.task.max_new_tokens,
                                      seed=at.step * 7919 + 17 + driver.seed * 1_000_003 + round_index * 104_729,
                                      version=at.version)

@@ -22,6 +22,7 @@ from rlscale.trainer.batching import RolloutBatch
 from rlscale.trainer.distributed import init_distributed
 from rlscale.trainer.learner_config import LearnerConfig, ValueModel, enable_gradient_checkpointing  # noqa: F401
 from rlscale.trainer.logprobs import response_logprobs
+from rlscale.trainer.lr_schedule import lr_factor
 from rlscale.trainer.noise import NoiseScale, boundary_pair, in_batch_samples, local_grad_sq, partition_grad_sq
 from rlscale.trainer.objectives import objective_for
 from rlscale.trainer.transfer.ranks import TransferRanks
@@ -255,9 +256,10 @@ class Learner(Updates, TransferRanks):
     # --- what every rank runs ------------------------------------------------------
 
     def _set_lr(self, lr: float) -> None:
-        # Linear warm-up as a multiplier, so a re-planned lr still warms up from step 0.
-        warm = self.config.warmup_steps
-        factor = min(1.0, (self.steps + 1) / warm) if warm else 1.0
+        # Warm-up and decay as a multiplier of the planned lr, at the position self.steps (which a checkpoint
+        # restores), so a re-planned lr keeps the schedule (trainer/lr_schedule.py).
+        c = self.config
+        factor = lr_factor(self.steps, c.lr_schedule, c.warmup_steps, c.decay_steps)
         for engine in filter(None, (self.engine, self.critic)):
             for group in engine.optimizer.param_groups:
                 group["lr"] = lr * factor

@@ -8,6 +8,7 @@ from typing import Any
 import torch
 
 from rlscale.spec.algorithm import KL_ESTIMATORS, LOSS_AGGREGATIONS
+from rlscale.trainer.lr_schedule import lr_factor
 
 
 @dataclass
@@ -30,6 +31,8 @@ class LearnerConfig:
     eps: float = 1e-8
     weight_decay: float = 0.0
     warmup_steps: int = 0
+    lr_schedule: str = "constant"  # trainer/lr_schedule.py
+    decay_steps: int | None = None  # the linear or cosine decay's end, in learner steps
     grad_clip: float = 1.0
     clip_ratio: float = 0.2
     clip_ratio_high: float | None = None
@@ -74,6 +77,7 @@ class LearnerConfig:
         if self.epochs < 1 or self.mini_batches < 1:
             raise ValueError(f"LearnerConfig: epochs {self.epochs} and mini_batches {self.mini_batches} must be at "
                              "least 1 (spec.algorithm.epochs, miniBatches)")
+        lr_factor(self.warmup_steps, self.lr_schedule, self.warmup_steps, self.decay_steps)  # a bad schedule fails here
         needs_length = self.loss_aggregation == "seq-mean-token-sum-norm" or self.overlong_buffer > 0
         if needs_length and not self.max_response_length:
             raise ValueError("LearnerConfig: seq-mean-token-sum-norm and the overlong penalty need "
@@ -96,6 +100,8 @@ class LearnerConfig:
             eps=o.eps,
             weight_decay=o.weight_decay,
             warmup_steps=o.warmup_steps,
+            lr_schedule=o.lr_schedule,
+            decay_steps=(o.decay_steps or spec.budget.max_steps) if o.lr_schedule != "constant" else None,
             grad_clip=o.grad_clip,
             clip_ratio=a.clip_ratio,
             clip_ratio_high=a.clip_ratio_high,

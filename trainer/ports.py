@@ -30,8 +30,10 @@ class Serving(Protocol):
 class Rollout(Protocol):
     def generate(self, prompt_token_ids: Sequence[Sequence[int]], samples_per_prompt: int, *, temperature: float,
                  top_p: float, max_new_tokens: int, seed: int | None = None,
-                 version: int = 0) -> list[list[Generated]]:
-        """Samples grouped prompt by prompt, generated with weights of at least `version`."""
+                 version: int = 0, top_k: int | None = None, min_p: float | None = None,
+                 repetition_penalty: float | None = None) -> list[list[Generated]]:
+        """Samples grouped prompt by prompt, generated with weights of at least `version`; top_k, min_p and
+        repetition_penalty are passed only when the spec sets them (RolloutSpec.sampling)."""
         ...
 
     def publish_weights(self, version: int, weights: Any) -> Any:

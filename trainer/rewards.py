@@ -15,7 +15,9 @@ A plug-in is called as `fn(prompt, completion, answer, extra)` and returns a flo
 answer as a string ('' when the dataset has none) and `extra` a dict of the row's other
 fields. A plug-in may also declare a keyword parameter `finished` (True when the response
 ended with EOS rather than running out of tokens); one with only three positional
-parameters is called without `extra`.
+parameters is called without `extra`. A plug-in whose signature names a `completions` parameter is a TRL-style
+batched reward, `fn(prompts, completions, **columns) -> list[float]`, called once per batch
+(trainer/reward_batched.py).
 
 In a run, plug-ins, `math` and a `format` pattern of the spec's are called in worker processes
 (trainer/reward_pool.py, Reward.start_pool), each call killed at task.rewardTimeout; exact-match and
@@ -174,10 +176,15 @@ class Term:
     safe: bool = False  # known to end quickly (a builtin on fixed patterns): scored in the driver's process
     # Scores a whole batch in one call, batch(prompts, completions) -> floats (the reward-model term); then fn is None.
     batch: Any = None
+    batched: bool = False  # a TRL-style plug-in, fn(prompts, completions, **columns) (trainer/reward_batched.py)
 
     def __call__(self, prompt: str, completion: str, answer: str, extra: Mapping, finished: bool) -> Any:
         if self.batch is not None:
             return self.batch([prompt], [completion])[0]
+        if self.batched:  # one sample as a batch of one; None (does not apply) adds 0, as in a batch
+            from rlscale.trainer.reward_batched import call
+
+            return call(self, [(prompt, completion, answer, extra, finished)])[0] or 0.0
         args = (prompt, completion, answer, extra) if self.takes_extra else (prompt, completion, answer)
         return self.fn(*args, finished=finished) if self.takes_finished else self.fn(*args)
 
@@ -215,6 +222,7 @@ class Reward:
     timeout_score: float | None = None  # task.rewardTimeoutScore, with a pool (a thread cannot be killed)
     needs_answer: bool = field(init=False)
     pool: Any = field(default=None, repr=False, compare=False)  # trainer.reward_pool.RewardPool
+    batch_pool: Any = field(default=None, repr=False, compare=False)  # the TRL-style terms' worker (one a batch)
     tally: RewardTally = field(default_factory=RewardTally, repr=False, compare=False)
     timeouts: int = 0  # calls killed at the timeout, over the run
 
@@ -232,18 +240,26 @@ class Reward:
         """Score the terms not known to be safe (plug-ins, math, a format pattern of the spec's) in worker
         processes from now on, `workers` of them (0: one per core); once per run. False when every term
         runs in the driver's process (exact-match: the quickstart) or the reward was not resolved."""
-        if self.pool is not None:
+        if self.pool is not None or self.batch_pool is not None:
             return True
-        unsafe = [i for i, t in enumerate(self.terms) if not t.safe and t.batch is None]
-        if not unsafe or not self.resolved:
+        unsafe = [i for i, t in enumerate(self.terms) if not t.safe and t.batch is None and not t.batched]
+        batched = [i for i, t in enumerate(self.terms) if t.batched]
+        if not (unsafe or batched) or not self.resolved:
             return False
+        from rlscale.trainer import reward_batched
         from rlscale.trainer.reward_pool import RewardPool, default_workers
 
         self.timeout_score = timeout_score
-        self.pool = RewardPool(_pool_terms, _pool_call, (self.expression, self.format_pattern, unsafe),
-                               workers or default_workers(), self.timeout_s)
-        log.info("reward %r: %s scored by %d worker processes", self.expression,
-                 ", ".join(self.terms[i].name for i in unsafe), self.pool.size)
+        if unsafe:
+            self.pool = RewardPool(_pool_terms, _pool_call, (self.expression, self.format_pattern, unsafe),
+                                   workers or default_workers(), self.timeout_s)
+            log.info("reward %r: %s scored by %d worker processes", self.expression,
+                     ", ".join(self.terms[i].name for i in unsafe), self.pool.size)
+        if batched:  # one call a batch: one worker
+            self.batch_pool = RewardPool(_pool_terms, reward_batched.pool_call,
+                                         (self.expression, self.format_pattern, batched), 1, self.timeout_s)
+            log.info("reward %r: %s (TRL-style, a call a batch) scored by a worker process", self.expression,
+                     ", ".join(self.terms[i].name for i in batched))
         return True
 
     def close(self) -> None:
@@ -251,6 +267,9 @@ class Reward:
         if self.pool is not None:
             self.pool.close()
             self.pool = None
+        if self.batch_pool is not None:
+            self.batch_pool.close()
+            self.batch_pool = None
         for t in self.terms:
             if t.batch is not None and hasattr(t.batch, "close"):
                 t.batch.close()
@@ -318,6 +337,11 @@ def _plugin(name: str) -> Term:
             "define fn(prompt, completion, answer, extra) -> float"
         )
     log.info("reward plug-in %s from %s", name, getattr(module, "__file__", None) or module_name)
+    from rlscale.trainer import reward_batched
+
+    if reward_batched.is_batched(fn):
+        reward_batched.check_signature(name, fn)
+        return Term(1.0, name, fn, batched=True)
     params = inspect.signature(fn).parameters.values()
     takes_finished = any(p.name == "finished" or p.kind == p.VAR_KEYWORD for p in params)
     positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) and p.name != "finished"]
@@ -418,7 +442,8 @@ def _threaded(reward: Reward, indices: list[int], rows: list[tuple]) -> list[lis
 
 
 def _pool_terms(expression: str, format_pattern: str | None, indices: list[int]) -> list[Term]:
-    """In a pool's worker: the terms at `indices`, resolved as the driver resolved them."""
+    """In a pool's worker: the terms at `indices`, resolved as the driver resolved them (the per-sample pool's, or
+    the TRL-style terms' of the batch pool)."""
     return [resolve_reward(expression, format_pattern=format_pattern).terms[i] for i in indices]
 
 
@@ -488,11 +513,12 @@ def score_terms(reward: Reward | RewardFn, prompts: Sequence[str], completions: 
     extras = extras if extras is not None else [{}] * len(prompts)
     rows = list(zip(prompts, completions, answers, extras, finished, strict=True))
     safe = [i for i, t in enumerate(reward.terms) if t.safe and t.batch is None]
-    unsafe = [i for i, t in enumerate(reward.terms) if not t.safe and t.batch is None]
+    unsafe = [i for i, t in enumerate(reward.terms) if not t.safe and t.batch is None and not t.batched]
     values: list[list[float | None]] = [[None] * len(reward.terms) for _ in rows]
     for i in [i for i, t in enumerate(reward.terms) if t.batch is not None]:
         for r, v in enumerate(_batched(reward, reward.terms[i], rows)):
             values[r][i] = v
+    abstained = _score_trl(reward, rows, values)
     for r, vals in enumerate(_in_process(reward, safe, rows) if safe else []):
         for i, v in zip(safe, vals, strict=True):
             values[r][i] = v
@@ -510,9 +536,30 @@ def score_terms(reward: Reward | RewardFn, prompts: Sequence[str], completions: 
             rewards.append(_check(reward, p, c, sum(t.weight * v for t, v in zip(reward.terms, vals, strict=True))))
     terms: dict[str, list[float]] = {}
     for i, t in enumerate(reward.terms):
-        terms.setdefault(t.name, [v[i] for v in values if v[i] is not None])
+        terms.setdefault(t.name, [v[i] for r, v in enumerate(values) if v[i] is not None and (r, i) not in abstained])
     reward.timeouts += timeouts
     return Scored(rewards, terms, timeouts)
+
+
+def _score_trl(reward: Reward, rows: list[tuple], values: list[list[float | None]]) -> set[tuple[int, int]]:
+    """The TRL-style terms' values, in one call a batch, into `values`; the (row, term) pairs where the function
+    returned None (it does not apply: 0 in the sum, out of the term's mean)."""
+    indices = [i for i, t in enumerate(reward.terms) if t.batched]
+    if not indices or not rows:
+        return set()
+    from rlscale.trainer import reward_batched
+
+    got = (reward_batched.pooled(reward, rows) if reward.batch_pool is not None
+           else reward_batched.in_thread(reward, indices, rows))
+    abstained = set()
+    for r in range(len(rows)):
+        for k, i in enumerate(indices):
+            v = got[r][k] if got is not None else None  # None from pooled: killed at the timeout
+            if got is not None and v is None:
+                abstained.add((r, i))
+                v = 0.0
+            values[r][i] = v
+    return abstained
 
 
 def score(reward: Reward | RewardFn, prompts: Sequence[str], completions: Sequence[str], answers: Sequence[str],

@@ -206,7 +206,9 @@ class TaskSpec(_Model):
     reward: str = Field("exact-match", min_length=1, max_length=256,
                         description="exact-match (answer extracted after ####, from \\boxed{}, else the last number), "
                         "math (math-verify: 1/2 equals 0.5), format (task.formatPattern), a plug-in module:function "
-                        "called as fn(prompt, completion, answer, extra) -> float, reward-model (task.rewardModel's "
+                        "called as fn(prompt, completion, answer, extra) -> float (or, TRL's reward_funcs convention, "
+                        "one with a completions parameter called once a batch as fn(prompts=..., completions=..., "
+                        "**columns) -> list[float]: docs/rewards.md), reward-model (task.rewardModel's "
                         "score), or a weighted sum such as 0.9*math + 0.1*format or 0.5*reward-model + "
                         "0.5*exact-match.")
     reward_model: RewardModelSpec | None = Field(None, description="The sequence-classification model that scores "
@@ -344,6 +346,11 @@ class OptimizerSpec(_Model):
     eps: float = Field(1.0e-8, gt=0, description="Adam epsilon.")
     weight_decay: float = Field(0.0, ge=0, description="Decoupled weight decay.")
     warmup_steps: int = Field(0, ge=0, description="Linear warm-up steps.")
+    lr_schedule: Literal["constant", "linear", "cosine"] = Field(
+        "constant", description="The lr after warm-up, as a multiple of the planned lr: constant; linear or cosine "
+        "(TRL's lr_scheduler_type names) decay to 0 at optimizer.decaySteps learner steps.")
+    decay_steps: PosInt | None = Field(None, description="Learner steps (warm-up included) at which linear or cosine "
+                                       "reach 0. Unset: budget.maxSteps. Only with lrSchedule linear or cosine.")
     grad_clip: float = Field(1.0, ge=0, description="Global gradient-norm clip; 0 disables it.")
     noise_scale: float | None = Field(None, gt=0, le=X.NOISE_SCALE_MAX,
                                       description="Gradient noise scale B_noise in samples, if known; the "
@@ -468,6 +475,16 @@ class RolloutSpec(_RoleSpec):
 
     temperature: float = Field(1.0, gt=0, le=10, description="Sampling temperature.")
     top_p: float = Field(1.0, gt=0, le=1, description="Nucleus sampling threshold.")
+    # Like temperature and topP these change only which tokens are drawn: vLLM returns the log-probs of the model's
+    # raw logits (rollout/engine.py, LOGPROBS_MODE) and the learner recomputes those, so the importance ratio
+    # compares the same distribution whatever they are (docs/trl-verl.md, "Sampling knobs").
+    top_k: int | None = Field(None, ge=-1, le=1_000_000, description="Sample from the k most likely tokens only. "
+                              "Unset, 0 or -1: all tokens (TRL's 0, verl's -1).")
+    min_p: float | None = Field(None, ge=0, le=1, description="Drop tokens less likely than min_p times the most "
+                                "likely one. Unset or 0: none dropped.")
+    repetition_penalty: float | None = Field(None, gt=0, le=10, description="vLLM's and transformers' repetition "
+                                             "penalty: logits of tokens already in the prompt or the response are "
+                                             "divided by it (multiplied when negative). Unset or 1: none.")
     gpu_memory_utilization: float | None = Field(None, gt=0, le=1, description="Share of each GPU's memory the "
                                                  "engine takes (weights + KV cache), what the planner's memory check "
                                                  "assumes too. Unset: the plan's (0.9 disaggregated, less colocated).")
@@ -475,6 +492,15 @@ class RolloutSpec(_RoleSpec):
         "auto", description="How new weights reach the engines: vLLM's weight transfer engines, the backend "
         "following spec.placement (nccl disaggregated, ipc colocated on GPUs; rlscale's gloo and shm stand-ins on "
         "cpu), one bucket at a time per receiver. auto is the only value; broadcast and object-store are gone.")
+
+    def sampling(self) -> dict[str, float | int]:
+        """The sampling keywords a rollout's generate takes: temperature and top_p, and the knobs that are set
+        to something else than their no-op value (a Rollout that does not know them is not sent them)."""
+        extra = {"top_k": self.top_k if self.top_k not in (None, 0, -1) else None,
+                 "min_p": self.min_p or None,
+                 "repetition_penalty": self.repetition_penalty if self.repetition_penalty != 1 else None}
+        return {"temperature": self.temperature, "top_p": self.top_p,
+                **{k: v for k, v in extra.items() if v is not None}}
 
     @field_validator("weight_sync", mode="before")
     @classmethod

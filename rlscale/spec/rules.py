@@ -32,6 +32,7 @@ from rlscale.spec.models import (
     RLRunSpec,
     _RoleSpec,
 )
+from rlscale.spec.optimizer_rules import optimizer_rules
 from rlscale.spec.rule_base import Rule, _cel_list, _err
 from rlscale.spec.syntax import DNS_SUBDOMAIN_MAX, DNS_SUBDOMAIN_RE, MAX_RESOURCE_NAMES, full
 from rlscale.spec.task_rules import task_rules
@@ -546,6 +547,7 @@ RULES: list[Rule] = [
          "algorithm.clipRatioHigh must be >= algorithm.clipRatio", _rule_clip_high),
     Rule("optimizer.betas", "self.optimizer.betas.all(b, b >= 0.0 && b < 1.0)",
          "optimizer.betas must each lie in [0, 1)", _rule_betas),
+    *optimizer_rules(),
     Rule("model.path", "self.hardware.accelerator == 'cpu' || has(self.model.path)",
          "model.path is required unless hardware.accelerator is cpu", _rule_model_named),
     Rule("model.path", "!has(self.model.path) || !self.model.path.startsWith('builtin:') || self.model.path in "

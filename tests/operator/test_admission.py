@@ -56,6 +56,10 @@ REFUSED = [
     ({"checkpoint": {"keep": 1}}, "checkpoint.keep must be at least 2 unless checkpoint.volume is set"),
     ({"activeDeadlineSeconds": 0}, "spec.activeDeadlineSeconds"),
     ({"failurePolicy": {"podStartTimeoutSeconds": -1}}, "spec.failurePolicy.podStartTimeoutSeconds"),
+    ({"optimizer": {"lrSchedule": "cosine", "warmupSteps": 10, "decaySteps": 10}},
+     "optimizer.decaySteps (unset: budget.maxSteps) must exceed optimizer.warmupSteps"),
+    ({"optimizer": {"decaySteps": 100}}, "optimizer.decaySteps needs lrSchedule linear or cosine"),
+    ({"rollout": {"topK": -2}}, "spec.rollout.topK"),
 ]
 
 
@@ -79,6 +83,8 @@ WELL_FORMED = [
     {"checkpoint": {"keep": 1, "volume": {"persistentVolumeClaim": {"claimName": "ckpt"}}}},
     _pod("learner", env=[{"name": f"V{i}", "value": "x" * 20000} for i in range(3)]),
     {"hardware": {"accelerator": "H100", "memoryBandwidth": 3.35e12, "peakFlops": 9.89e14, "memory": 8.0e10}},
+    {"optimizer": {"lrSchedule": "cosine", "warmupSteps": 10}, "rollout": {"topK": 50, "minP": 0.05,
+                                                                          "repetitionPenalty": 1.1}},
 ]
 
 

@@ -148,3 +148,27 @@ def test_multiprocess_engine_updates_through_a_weights_directory(model_dirs):
     assert r["after"] != r["before"]
     assert r["after"] == r["expected"]
     assert r["logprob_error"] < 1e-4
+
+
+def test_top_k_min_p_and_repetition_penalty_shape_the_draw_not_the_logprobs(engine, model_dirs):
+    # top_k 1 and min_p 1 keep only the most likely token: at temperature 1 every sample is the greedy path. The
+    # log-probs stay those of the raw model (a processed top-k distribution would give 0.0, log 1, to every token).
+    weights = decisive_state_dict(model_dirs[0], seed=0)
+    engine.load_weights(weights, version=engine.version + 1)
+    model = hf_model(weights, model_dirs[0])
+    prompt = _prompt(9)
+    greedy = engine.generate([prompt], temperature=0.0, max_new_tokens=16)[0][0]
+    free = engine.generate([prompt], samples_per_prompt=3, temperature=1.0, max_new_tokens=16, seed=5)[0]
+    assert any(s.token_ids != greedy.token_ids for s in free)  # without a knob, temperature 1 leaves the path
+    for knobs in ({"top_k": 1}, {"min_p": 1.0}):
+        samples = engine.generate([prompt], samples_per_prompt=3, temperature=1.0, max_new_tokens=16, seed=5,
+                                  **knobs)[0]
+        assert [s.token_ids for s in samples] == [greedy.token_ids] * 3, knobs
+        assert max(max_logprob_error(model, prompt, s) for s in samples) < 1e-4
+        assert min(samples[0].logprobs) < -1e-3
+    # A penalty on the tokens already seen moves the greedy path off them once it repeats one (this prompt
+    # holds 9 of the 13 characters, so 16 greedy tokens do); the log-probs are still the raw model's.
+    penalized = engine.generate([prompt], temperature=1.0, top_k=1, repetition_penalty=10.0, max_new_tokens=16,
+                                seed=5)[0][0]
+    assert penalized.token_ids != greedy.token_ids
+    assert max_logprob_error(model, prompt, penalized) < 1e-4

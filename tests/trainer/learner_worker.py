@@ -76,13 +76,17 @@ def loop(args: dict) -> None:
     record = Path(args["out"]) / f"run-{args['tag']}.jsonl"
     while step < args["steps"]:
         problems = data.next_batch(args["prompts"])
-        batch = rollout_batch(learner, tok, problems, args["samples_per_prompt"], step)
-        learner.step(batch)
+        # "signal": a reward that tells samples apart (the parity of the response's length), so steps train.
+        reward_fn = (lambda p, c, a, e=None, finished=True: float(len(c) % 2)) if args.get("signal") else exact_match
+        batch = rollout_batch(learner, tok, problems, args["samples_per_prompt"], step, reward_fn=reward_fn)
+        trained_before = learner.steps
+        stats = learner.step(batch)
         step += 1
         digest = sum(p.double().sum().item() for p in learner.engine.module.parameters())
         with open(record, "a") as f:
             f.write(json.dumps({"step": step, "prompts": [p.prompt for p in problems],
-                                "responses": batch.response_ids, "param_sum": digest}) + "\n")
+                                "responses": batch.response_ids, "param_sum": digest, "lr": stats["lr"],
+                                "trained_before": trained_before, "skipped": stats.get("skipped", 0.0)}) + "\n")
         if step % args["every"] == 0:
             learner.save_checkpoint(args["ckpt"], {"step": step, "data": data.state_dict()}, keep=2)
         if step == args.get("crash_after"):
