@@ -59,9 +59,10 @@ class PlainGRPO:
         from learner_throughput import PlainLoop
 
         from rlscale.trainer.builtin import resolve_model_path
+        from rlscale.trainer.data import load_task
         from rlscale.trainer.modeling import build_tokenizer
         from rlscale.trainer.rewards import resolve_reward
-        from rlscale.trainer.tasks import PromptIterator, load_task
+        from rlscale.trainer.tasks import PromptIterator
 
         torch.manual_seed(seed)
         path = resolve_model_path(spec.model.path)
@@ -104,9 +105,10 @@ class PartsInOneProcess:
 
         from rlscale.rollout.engine import EngineConfig, RolloutEngine
         from rlscale.trainer.builtin import resolve_model_path
+        from rlscale.trainer.data import load_task
         from rlscale.trainer.learner import Learner, LearnerConfig
         from rlscale.trainer.rewards import resolve_reward
-        from rlscale.trainer.tasks import PromptIterator, load_task
+        from rlscale.trainer.tasks import PromptIterator
 
         path = str(resolve_model_path(spec.model.path))
         threads = torch.get_num_threads()

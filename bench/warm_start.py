@@ -37,9 +37,9 @@ def digit_accuracy(model_dir: Path, samples_per_prompt: int) -> dict:
     """Greedy and temperature-1 held-out accuracy, and each side's units- and tens-digit accuracy."""
     from transformers import AutoModelForCausalLM
 
+    from rlscale.trainer.data import load_task
     from rlscale.trainer.generation import generate
     from rlscale.trainer.modeling import build_tokenizer
-    from rlscale.trainer.tasks import load_task
 
     model = AutoModelForCausalLM.from_pretrained(model_dir).eval()
     tok = build_tokenizer()
@@ -72,9 +72,9 @@ def grpo_samples_to_target(model_dir: Path, seed: int, target: float, max_sample
 
     from rlscale.plan.samples import scaled_lr
     from rlscale.spec import load_rlrun
+    from rlscale.trainer.data import load_task
     from rlscale.trainer.generation import accuracy
     from rlscale.trainer.rewards import exact_match
-    from rlscale.trainer.tasks import load_task
 
     spec_path = Path(__file__).parent.parent / "examples" / "quickstart.yaml"
     spec = load_rlrun(spec_path).spec

@@ -181,9 +181,9 @@ def ensure_builtin_model(name: str, cache_dir: str | Path | None = None, progres
             elif "gguf" in recipe:
                 info = from_gguf(tmp, recipe["gguf"])
             elif recipe.get("kind") == "tools":
-                from rlscale.trainer.tools.task import warm_start as tools_warm_start
+                from rlscale.trainer.tools.warm_start import warm_start as tools_warm_start
 
-                info = tools_warm_start(tmp, recipe, progress=progress)
+                info = tools_warm_start(tmp, recipe, _progress(progress))
                 info["sha256"] = sha256_file(tmp / "model.safetensors")
             else:
                 info = warm_start(tmp, recipe, progress=progress)
@@ -203,9 +203,10 @@ def warm_start(out_dir: Path, recipe: dict, progress: bool = True) -> dict:
     """Supervised warm start on the task's training split until greedy held-out accuracy reaches the target."""
     import torch
 
+    from rlscale.trainer.data import load_task
     from rlscale.trainer.generation import accuracy
     from rlscale.trainer.modeling import build_tokenizer, qwen2_config, save_model
-    from rlscale.trainer.tasks import ArithmeticTask, PromptIterator, load_task
+    from rlscale.trainer.tasks import ArithmeticTask, PromptIterator
 
     start = time.perf_counter()
     torch.manual_seed(recipe["seed"])

@@ -18,7 +18,7 @@ import numpy as np
 
 from rlscale.spec import FieldError, SpecError
 from rlscale.trainer.rewards import Reward, RewardError, parse_expression, resolve_reward, score
-from rlscale.trainer.tasks import ArithmeticTask, Problem, load_task
+from rlscale.trainer.tasks import ArithmeticTask, Problem
 
 log = logging.getLogger("rlscale.data")
 
@@ -26,6 +26,18 @@ log = logging.getLogger("rlscale.data")
 FORMATS = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "csv"}
 ROLES = ("system", "user", "assistant", "tool")
 CHECK_ROWS = 3  # rows a reward is tried on before the run starts
+
+
+def load_task(name: str, difficulty: int = 1, seed: int = 0) -> ArithmeticTask:
+    """A builtin task by name (spec.task.name, spec.task.difficulty); dataset tasks: rlscale.trainer.data."""
+    from rlscale.trainer.tools.task import TASK, ToolArithmeticTask
+
+    if name == TASK:  # products that need the calculator (multi-turn; trainer/tools/task.py)
+        return ToolArithmeticTask(seed=seed)
+    if name != ArithmeticTask.name:
+        raise ValueError(f"spec.task.name: {name!r} is not a builtin task; use 'builtin:arithmetic', "
+                         "or set task.dataset to a file of prompts and answers")
+    return ArithmeticTask(difficulty=difficulty, seed=seed)
 
 
 class DatasetError(SpecError):
@@ -421,8 +433,8 @@ def check_workload(spec) -> list[FieldError]:
 
 def check_plugins(task) -> list[FieldError]:
     """task.tools' plug-in functions and task.environment's class, imported as the tool workers and the driver
-    will (rlscale.trainer.tools.environments.import_object)."""
-    from rlscale.trainer.tools.environments import import_object
+    will (rlscale.trainer.tools.plugins.import_object)."""
+    from rlscale.trainer.tools.plugins import import_object
 
     named = [(f"spec.task.tools[{i}].function", x.function) for i, x in enumerate(task.tools or []) if x.function]
     named += [("spec.task.environment", task.environment)] if task.environment else []

@@ -68,18 +68,6 @@ class ArithmeticTask:
         self.train = [problems[i] for i in order[n_eval:]]
 
 
-def load_task(name: str, difficulty: int = 1, seed: int = 0) -> ArithmeticTask:
-    """A builtin task by name (spec.task.name, spec.task.difficulty); dataset tasks: rlscale.trainer.data."""
-    from rlscale.trainer.tools.task import TASK, ToolArithmeticTask
-
-    if name == TASK:  # products that need the calculator (multi-turn; trainer/tools/task.py)
-        return ToolArithmeticTask(seed=seed)
-    if name != ArithmeticTask.name:
-        raise ValueError(f"spec.task.name: {name!r} is not a builtin task; use 'builtin:arithmetic', "
-                         "or set task.dataset to a file of prompts and answers")
-    return ArithmeticTask(difficulty=difficulty, seed=seed)
-
-
 class PromptIterator:
     """Draws training prompts epoch by epoch in a seeded order; its position checkpoints exactly."""
 

@@ -27,8 +27,8 @@ def test_the_shipped_build_is_the_current_recipes():
 def test_install_replaces_an_unshipped_build_and_scores_as_recorded(tmp_path):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    from rlscale.trainer.data import load_task
     from rlscale.trainer.generation import accuracy
-    from rlscale.trainer.tasks import load_task
 
     # A machine's own earlier build of the recipe: finished, but not the shipped one.
     own = builtin.builtin_model_dir(NAME, cache_dir=tmp_path)

@@ -8,9 +8,10 @@ import textwrap
 
 import pytest
 
+from rlscale.trainer.data import load_task
 from rlscale.trainer.noise import NoiseScale, noise_components
 from rlscale.trainer.rewards import RewardError, exact_match, resolve_reward, score, strict_match
-from rlscale.trainer.tasks import ArithmeticTask, PromptIterator, load_task
+from rlscale.trainer.tasks import ArithmeticTask, PromptIterator
 
 
 def test_arithmetic_split_is_the_calibrated_one_and_deterministic():

@@ -187,7 +187,8 @@ def test_trajectories_generated_ahead_keep_their_masks_through_a_checkpoint(tok,
 
 
 def test_the_tool_task_and_its_tokenizer(tok):
-    from rlscale.trainer.tools.task import ToolArithmeticTask, call_text, demonstration
+    from rlscale.trainer.tools.task import ToolArithmeticTask, call_text
+    from rlscale.trainer.tools.warm_start import demonstration
 
     task = ToolArithmeticTask()
     assert len(task.train) + len(task.eval) == 900 * 90 and len(task.eval) == 500

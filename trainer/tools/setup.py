@@ -7,8 +7,9 @@ import logging
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from rlscale.trainer.tools.environments import ToolEnvironment, import_object
+from rlscale.trainer.tools.environments import ToolEnvironment
 from rlscale.trainer.tools.loop import MultiTurnRollout
+from rlscale.trainer.tools.plugins import import_object
 from rlscale.trainer.tools.sandbox import ToolDef, ToolPool
 
 log = logging.getLogger("rlscale.tools")

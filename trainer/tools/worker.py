@@ -117,7 +117,7 @@ def _load(tools: dict[str, dict]) -> dict[str, Any]:
         elif t.get("builtin") == "python":
             fns[name] = lambda code="", **_: run_python(code)
         else:
-            from rlscale.trainer.tools.environments import import_object
+            from rlscale.trainer.tools.plugins import import_object
 
             fns[name] = import_object(t["function"], f"spec.task.tools[{name}].function")
     return fns
