@@ -54,6 +54,10 @@ class TransferRanks:
         from rlscale.trainer.weights_export import gather_weights
 
         target = getattr(torch, dtype) if dtype else None
+        if getattr(self, "lora", None) is not None:  # whole on every rank (ZeRO 0-2)
+            from rlscale.trainer.lora.policy import sync_items
+
+            return sync_items(self.lora, self.sync_mode, target, device)
         return gather_weights(self.engine.module, self.config.zero_stage == 3, emit=True, dtype=target, device=device)
 
     # --- colocated: the accelerator's memory handed over, not shared by luck ------------------------------
