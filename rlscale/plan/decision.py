@@ -8,6 +8,7 @@ from typing import Any
 from rlscale.plan.calibration import PHASES, Calibration
 from rlscale.plan.choices import idle_note, using_the_budget, zero_reason
 from rlscale.plan.errors import PlanError
+from rlscale.plan.lora import lora_note, lora_params_for
 from rlscale.plan.placement import (
     colocated_unavailable,
     gpus_for,
@@ -29,7 +30,7 @@ from rlscale.plan.samples import (
     run_key,
     scaled_lr,
 )
-from rlscale.plan.shapes import model_shape_for
+from rlscale.plan.shapes import DTYPE_BYTES, model_shape_for
 from rlscale.plan.staleness import penalty_for, staleness_options, staleness_penalty
 from rlscale.plan.throughput import PLUGIN_REWARD_SECONDS, Phases, SystemModel
 from rlscale.progress import fmt_lr
@@ -284,8 +285,11 @@ def system_model(spec: Any, calibration: Calibration | None = None, host_cores: 
         response = calibration.response_length() or response
     profile = accelerator_profile(spec.hardware, dtype)
     builtin_reward = ":" not in spec.task.reward
+    shape = model_shape_for(spec.model)
+    lora = getattr(spec, "lora", None)
     return SystemModel(
-        shape=model_shape_for(spec.model), profile=profile, dtype=dtype,
+        shape=shape, profile=profile, dtype=dtype,
+        lora_params=lora_params_for(spec, shape), lora_merged_sync=bool(lora is not None and lora.modules_to_save),
         prompt_tokens=prompt, response_tokens=response, max_new_tokens=spec.task.max_new_tokens,
         algorithm=spec.algorithm.name, reference_model=spec.algorithm.kl_coef > 0,
         # The learner fills a micro-batch with whole prompt groups (trainer/batching.py).
@@ -407,7 +411,7 @@ def make_plan(spec: Any, calibration: Calibration | None = None, placement: str 
         models[where] = model
         cands += candidates(spec, model, cal, feasible, n_noise, e_ref, where, pin)
     if not cands:
-        raise PlanError(_refusal(refused))
+        raise PlanError(_refusal(refused) + _lora_fix(spec, calibration, placement, staleness, host_cores))
     # A fresh plan leaves no budgeted GPU idle; a re-plan (the running placement and learners kept) may hand
     # rollout GPUs back to the cluster when measurements show they do not pay (the tie rule in `pick`).
     every, kept = cands, (using_the_budget(cands, spec.budget.gpus) if placement is None else cands)
@@ -449,6 +453,28 @@ def make_plan(spec: Any, calibration: Calibration | None = None, placement: str 
 
 def _bare(message: str) -> str:
     return message.removeprefix("spec.")
+
+
+def _lora_fix(spec: Any, calibration: Calibration | None, placement: str | None, staleness: int | None,
+              host_cores: int) -> str:
+    """Where a full fine-tune does not fit, whether training a LoRA adapter would (the same spec with spec.lora
+    at its defaults), said as the fix."""
+    if getattr(spec, "lora", None) is not None:
+        return ""
+    from rlscale.spec.lora import LoRASpec
+
+    trial = spec.model_copy(deep=True)
+    trial.lora = LoRASpec()
+    zero = ""
+    if trial.learner.zero_stage == 3:  # spec.lora needs ZeRO 0-2
+        trial.learner.zero_stage, zero = 1, " and learner.zeroStage 1"
+    try:
+        plan = make_plan(trial, calibration, placement, staleness, host_cores)
+    except PlanError:
+        return ""
+    return (f"; or train a LoRA adapter instead of every parameter: with spec.lora{zero} (rank 8, all-linear; the "
+            f"base frozen, no optimizer states for it) the same spec fits ({plan.placement}, "
+            f"{plan.learner_replicas} learner replica(s) on {plan.gpus} GPU(s)); raise optimizer.lr about 10x")
 
 
 def _refusal(refused: dict[str, str]) -> str:
@@ -569,6 +595,9 @@ def _notes(spec: Any, model: SystemModel, cal: Calibration, win: Candidate, n_no
         notes.append("cpu: rollout and learner replicas share one machine's cores, so more replicas add no throughput")
     if getattr(spec.task, "reward_model", None) is not None:
         notes.append(spec.task.reward_model.plan_note())
+    lora = lora_note(spec, model.shape, DTYPE_BYTES[model.dtype])
+    if lora:
+        notes.append(lora)
     return tuple(notes)
 
 
