@@ -54,6 +54,8 @@ class StepRecord:
     # and the run's samples dropped so far as older than the plan's staleness (never trained on).
     staleness: int = 0
     stale_samples: int = 0
+    # Bytes of the weight update this step sent (spec.lora: the adapter's; 0 when nothing was published).
+    sync_bytes: int = 0
     skipped: bool = False
     rollout_replicas: int = 1
     learner_replicas: int = 1

@@ -273,6 +273,7 @@ class Driver:
         t3 = time.perf_counter()
         skipped = bool(stats.get("skipped"))
         staleness = st.version - r.version
+        self.sync_bytes = 0
         self._hand_to_rollout()  # colocated: the weights awake for the update (sync phase)
         if not skipped:
             # The driver owns the weights version: a skipped step left the weights as they
@@ -373,6 +374,7 @@ class Driver:
         engines (rlscale.rollout.transfer); the log says how ("weights v3 by gloo to 2 replicas in 0.41 s")."""
         weights, trainer = self._weight_source()
         res = self.rollout.publish_weights(self.state.version, weights, **({"trainer": trainer} if trainer else {}))
+        self.sync_bytes = int(getattr(res, "tensor_bytes", 0) or 0)
         if hasattr(res, "describe"):
             log.info(res.describe())
 
@@ -467,7 +469,8 @@ class Driver:
             engine_generate_seconds=engine_s, train_compute_seconds=compute,
             overhead_seconds=None if compute is None or engine_s is None else max(0.0, step_s - compute - engine_s),
             target_metric=self.tracker.current, sample=shown, reward_terms=reward_terms,
-            reward_timeouts=reward_timeouts, staleness=staleness, stale_samples=st.stale_samples)
+            reward_timeouts=reward_timeouts, staleness=staleness, stale_samples=st.stale_samples,
+            sync_bytes=getattr(self, "sync_bytes", 0))
 
     def _generating(self) -> int:
         """The replicas this step generates with: those running when it started (fewer than asked for

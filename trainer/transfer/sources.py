@@ -78,7 +78,10 @@ def learner_source(learner: Any, device: str = "cpu", dtype: str | None = None,
             return learner.sync_weights(dtype, device)
         return learner.iter_weights(dtype, device)
 
-    return StreamSource(lambda: param_meta(learner, dtype), stream)
+    source = StreamSource(lambda: param_meta(learner, dtype), stream)
+    if getattr(learner, "lora", None) is not None and learner.sync_mode == "adapter":
+        source.kind = "adapter"  # what the publish log names
+    return source
 
 
 class LearnerRanks:
