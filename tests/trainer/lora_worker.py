@@ -25,6 +25,16 @@ def _logprobs(model, batch: dict) -> list[torch.Tensor]:
     return out
 
 
+def greedy(model, prompts: list[list[int]], new_tokens: int = 6) -> list[list[int]]:
+    out = []
+    with torch.no_grad():
+        for p in prompts:
+            ids = model.generate(input_ids=torch.tensor([p]), attention_mask=torch.ones(1, len(p), dtype=torch.long),
+                                 max_new_tokens=new_tokens, do_sample=False, pad_token_id=0)
+            out.append(ids[0, len(p):].tolist())
+    return out
+
+
 def _max_diff(a: list[torch.Tensor], b: list[torch.Tensor]) -> float:
     return max(float((x - y).abs().max()) for x, y in zip(a, b, strict=True))
 
@@ -63,6 +73,9 @@ def train(args: dict) -> dict:
     res["sync_bytes"] = sum(t.numel() * t.element_size() for _, t in learner.sync_weights())
     ckpt = Path(args["ckpt"])
     learner.save_checkpoint(ckpt, {"step": 1})
+    # The run's last weights, for the export test: what publish sends merged, and greedy tokens of the policy.
+    torch.save(dict(learner.iter_weights()), ckpt.parent / "last-merged.pt")
+    res["greedy"] = greedy(learner.lora, args["prompts"])
     res["ckpt_bytes"] = sum(p.stat().st_size for p in ckpt.rglob("*") if p.is_file())
     res["model_bytes"] = sum(t.numel() * t.element_size() for t in base_sd.values())
     saved = {k: v.clone() for k, v in adapter.items()}

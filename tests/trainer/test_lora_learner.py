@@ -1,5 +1,6 @@
 """spec.lora in the learner: peft's adapter alone trains and is checkpointed, the KL reference is the base
-(the adapter off, no second model), the merged weights are the policy, and a resume checks the base."""
+(the adapter off, no second model), the merged weights are the policy, a resume checks the base, and
+`rlscale export --hf/--adapter` writes a merged model and a peft adapter that give the run's last policy."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
 
 pytestmark = pytest.mark.slow
 
@@ -34,16 +36,27 @@ def result(run_ranks, mode: str, args: dict, workdir: Path) -> dict:
     return json.loads(line[-1][len("RESULT "):])
 
 
-def test_lora_learner_trains_the_adapter_against_the_base_and_resumes(small_model, tmp_path, run_ranks):
-    config = {"model_path": str(small_model), "zero_stage": 0, "micro_batch": 16, "lr": 1e-2, "kl_coef": 0.1,
-              "lora": LORA}
+PROMPTS = [[1, 5, 6, 15, 7], [1, 9, 4, 16], [1, 12, 13, 14, 15, 8]]
+
+
+@pytest.fixture(scope="module")
+def trained(small_model, tmp_path_factory, run_ranks_module):
+    """One LoRA learner process: two steps, a checkpoint, the resume checks; its RESULT and folder."""
     from rlscale.trainer.modeling import save_random_model
 
-    other = save_random_model(tmp_path / "other", hidden_size=128, num_layers=2, num_heads=2, head_dim=64,
+    tmp = tmp_path_factory.mktemp("lora")
+    config = {"model_path": str(small_model), "zero_stage": 1, "micro_batch": 16, "lr": 1e-2, "kl_coef": 0.1,
+              "lora": LORA}
+    other = save_random_model(tmp / "other", hidden_size=128, num_layers=2, num_heads=2, head_dim=64,
                               intermediate_size=256, seed=1)
     changes = [{"model_path": str(other)}, {"lora": {**LORA, "r": 16}}]
-    r = result(run_ranks, "train", {"config": config, "batches": [batch(0), batch(1)], "lr": 1e-2,
-                                    "ckpt": str(tmp_path / "ckpt"), "changes": changes}, tmp_path)
+    r = result(run_ranks_module, "train", {"config": config, "batches": [batch(0), batch(1)], "lr": 1e-2,
+                                           "ckpt": str(tmp / "ckpt"), "changes": changes, "prompts": PROMPTS}, tmp)
+    return r, tmp, other
+
+
+def test_lora_learner_trains_the_adapter_against_the_base_and_resumes(trained):
+    r, _, other = trained
     # Only the adapter is in the optimiser: all-linear rank 8 on a 2-layer model is a few % of it.
     assert r["optimizer_params"] == r["trainable_params"] > 0
     assert r["trainable_params"] < 0.2 * r["base_params"]
@@ -63,3 +76,28 @@ def test_lora_learner_trains_the_adapter_against_the_base_and_resumes(small_mode
     other_base, other_rank = r["refusals"]
     assert other_base and "base" in other_base and str(other) in other_base
     assert other_rank and "spec.lora" in other_rank
+
+
+def test_the_exported_merged_model_and_adapter_generate_as_the_run_did(trained, small_model):
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    from tests.conftest import rlscale_cli as cli
+    from tests.trainer.lora_worker import greedy
+
+    r, tmp, _ = trained
+    merged, adapter = tmp / "merged", tmp / "adapter"
+    out = cli("export", str(tmp / "ckpt"), "--hf", str(merged), "--adapter", str(adapter), "--model", str(small_model))
+    assert out.returncode == 0, out.stderr
+    assert "adapter parameters" in out.stderr and str(adapter) in out.stderr
+    last = torch.load(tmp / "last-merged.pt")
+    hf = AutoModelForCausalLM.from_pretrained(merged, dtype=torch.float32).eval()
+    sd = hf.state_dict()
+    assert max(float((sd[k] - v).abs().max()) for k, v in last.items()) < 1e-6  # the weights the engines got
+    assert greedy(hf, PROMPTS) == r["greedy"]
+    base = AutoModelForCausalLM.from_pretrained(small_model, dtype=torch.float32)
+    peft = PeftModel.from_pretrained(base, adapter).eval()
+    assert greedy(peft, PROMPTS) == r["greedy"]
+    # Neither output named: the error says which to give.
+    bad = cli("export", str(tmp / "ckpt"), "--model", str(small_model))
+    assert bad.returncode != 0 and "--hf OUT, --adapter OUT" in bad.stderr
