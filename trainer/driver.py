@@ -401,10 +401,12 @@ class Driver:
 
     def _hand_to_learner(self) -> None:
         """Colocated, before training: the engines sleep (level 2: their weights are replaced after the step
-        anyway, so none is kept in host memory), then the learner reloads the states it offloaded."""
+        anyway, so none is kept in host memory; level 1 under spec.lora, whose updates are adapters: the base
+        goes to host memory and comes back), then the learner reloads the states it offloaded."""
         if not self._colocated():
             return
-        self.rollout.sleep(level=2)
+        lora = getattr(getattr(self, "spec", None), "lora", None)
+        self.rollout.sleep(level=1 if lora is not None and not lora.modules_to_save else 2)
         reload = getattr(self.learner, "reload_states", None)
         if reload is not None:
             reload()

@@ -134,3 +134,21 @@ def sync_meta(peft_model: Any, mode: str, dtype: torch.dtype | None = None) -> l
             out.append((n, dtype or p.dtype, tuple(p.shape)))
         return out
     return [(n, dtype or t.dtype, tuple(t.shape)) for n, t in adapter_state(peft_model).items()]
+
+
+def move_frozen(module: torch.nn.Module, device: str | torch.device) -> int:
+    """Colocated on a GPU: the frozen parameters (the base) to `device` and back, in place; the adapter stays
+    where DeepSpeed keeps it. Returns the bytes moved. Host copies are pinned, so the way back is a DMA."""
+    moved = 0
+    target = torch.device(device)
+    for p in module.parameters():
+        if p.requires_grad or p.device == target:
+            continue
+        data = p.data.to(target, non_blocking=True)
+        if target.type == "cpu" and torch.cuda.is_available():
+            data = data.pin_memory()
+        p.data = data
+        moved += p.numel() * p.element_size()
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+    return moved
