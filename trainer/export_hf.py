@@ -168,10 +168,13 @@ def export_hf(run: Path, out: Path | None, *, model_dir: str | Path | None = Non
 def _export_lora(sd: dict, lora: dict, stage: int, step_dir: Path, model_dir: Path, dtype: str, out: Path | None,
                  adapter: Path | None) -> Exported:
     """A spec.lora checkpoint: the merged model to `out`, peft's adapter directory to `adapter`."""
-    from rlscale.trainer.lora.export import peft_model_from, save_adapter
+    from rlscale.trainer.lora.export import AdapterMismatch, peft_model_from, save_adapter
     from rlscale.trainer.lora.policy import merged_items
 
-    model = peft_model_from(sd, lora, model_dir, dtype, str(step_dir))
+    try:
+        model = peft_model_from(sd, lora, model_dir, dtype, str(step_dir))
+    except AdapterMismatch as exc:
+        raise ExportError(str(exc)) from exc
     trained = sum(v.numel() for v in sd.values())
     about = {"checkpoint": str(step_dir), "step": checkpoint.step_of(step_dir), "zeroStage": stage, "dtype": dtype,
              "adapterParameters": trained}
@@ -181,7 +184,7 @@ def _export_lora(sd: dict, lora: dict, stage: int, step_dir: Path, model_dir: Pa
             write_marker(tmp, {**about, "merged": True})
     if adapter is not None:
         with atomic_dir(adapter) as tmp:
-            save_adapter(model, model_dir, tmp)
+            save_adapter(model, model_dir, tmp, _TOKENIZER_FILES)
             write_marker(tmp, {**about, "adapter": True})
     return Exported(Path(out) if out is not None else None, about["step"], stage, dtype, trained,
                     Path(adapter) if adapter is not None else None, lora=True)

@@ -63,9 +63,10 @@ def lora_note(spec: Any, shape: Any, dtype_bytes: float) -> str | None:
     lora = getattr(spec, "lora", None)
     if lora is None:
         return None
-    a = adapter_params(shape, lora)
-    return (f"LoRA r={lora.rank} on {', '.join(lora.target_modules)}: {a / 1e6:.1f}M adapter parameters "
-            f"({100 * a / shape.params:.2f}% of {shape.params / 1e9:.2g}B) train; the base stays frozen; each weight "
-            f"update sends {a * dtype_bytes / 2**20:.0f} MiB "
+    a, p = adapter_params(shape, lora), float(shape.params)
+    size = f"{p / 1e9:.2g}B" if p >= 1e9 else f"{p / 1e6:.3g}M"
+    return (f"LoRA r={lora.rank} on {', '.join(lora.target_modules)}: {a / 1e6:.2f}M adapter parameters "
+            f"({100 * a / p:.2f}% of {size}) train; the base stays frozen; each weight "
+            f"update sends {a * dtype_bytes / 2**20:.1f} MiB "
             + ("(merged weights instead: lora.modulesToSave is set)" if lora.modules_to_save else "of adapter")
             + "; optimizer.lr is the adapter's (LoRA usually wants about 10x a full fine-tune's lr)")

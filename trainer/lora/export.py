@@ -10,6 +10,10 @@ from typing import Any
 from rlscale.trainer import checkpoint
 
 
+class AdapterMismatch(RuntimeError):
+    """The checkpoint's adapter does not fit the model directory given (export_hf says it as an ExportError)."""
+
+
 def lora_state(step_dir: Path) -> dict[str, Any] | None:
     """The checkpoint's LoRA state (base identity, adapter config), None for a full-model checkpoint."""
     return (checkpoint.read_state(Path(step_dir)).get("learner") or {}).get("lora")
@@ -21,13 +25,12 @@ def peft_model_from(sd: dict[str, Any], lora: dict[str, Any], model_dir: Path, d
     import torch
     from transformers import AutoModelForCausalLM
 
-    from rlscale.trainer.export_hf import ExportError
     from rlscale.trainer.lora.identity import base_identity
     from rlscale.trainer.lora.policy import wrap
 
     saved = (lora.get("base") or {}).get("sha256")
     if saved and saved != base_identity(model_dir)["sha256"]:
-        raise ExportError(f"--model: {model_dir} is not the base {source} trained its adapter on "
+        raise AdapterMismatch(f"--model: {model_dir} is not the base {source} trained its adapter on "
                           f"({lora['base'].get('path')!r}); pass that model directory")
     base = AutoModelForCausalLM.from_pretrained(model_dir, dtype=getattr(torch, dtype), local_files_only=True)
     model = wrap(base, {**lora["config"], "lora_dropout": 0.0})
@@ -36,22 +39,21 @@ def peft_model_from(sd: dict[str, Any], lora: dict[str, Any], model_dir: Path, d
                                                 strict=False)
     lost = sorted(trainable & set(missing))
     if lost or unexpected:
-        raise ExportError(f"{source}: its adapter does not match spec.lora on {model_dir} (missing {lost[:4]}, "
+        raise AdapterMismatch(f"{source}: its adapter does not match spec.lora on {model_dir} (missing {lost[:4]}, "
                           f"unexpected {list(unexpected)[:4]}); pass the model directory the run trained")
     return model.eval()
 
 
-def save_adapter(model: Any, model_dir: Path, out: Path) -> Path:
+def save_adapter(model: Any, model_dir: Path, out: Path, files: tuple[str, ...]) -> Path:
     """peft's adapter directory (adapter_config.json naming the base, adapter_model.safetensors) and the base's
-    tokenizer files."""
+    `files` (its tokenizer's)."""
     import shutil
 
-    from rlscale.trainer.export_hf import _TOKENIZER_FILES
     from rlscale.trainer.lora.policy import ADAPTER
 
     model.peft_config[ADAPTER].base_model_name_or_path = str(model_dir)
     model.save_pretrained(out, safe_serialization=True)
-    for name in _TOKENIZER_FILES:
+    for name in files:
         if (model_dir / name).is_file():
             shutil.copy2(model_dir / name, out / name)
     return out
