@@ -120,3 +120,20 @@ def test_colocated_engines_keep_their_base_asleep_when_updates_are_adapters(lora
     d._colocated = Driver._colocated.__get__(d)
     Driver._hand_to_learner(d)
     assert calls == [level, "reload"]
+
+
+def test_a_lora_runs_engines_are_built_to_serve_one_adapter_of_its_rank():
+    from rlscale.rollout.engine import EngineConfig, engine_kwargs
+    from rlscale.spec import load_rlrun
+    from rlscale.trainer.run_env import engine_lora
+    from tests.conftest import EXAMPLES
+
+    spec = load_rlrun(EXAMPLES / "quickstart-lora.yaml").spec
+    lora = engine_lora(spec)
+    assert lora == {"rank": 16, "alpha": 32}
+    kw = engine_kwargs(EngineConfig(model="m", lora=lora), on_gpu=False)
+    assert (kw["enable_lora"], kw["max_lora_rank"], kw["max_loras"]) == (True, 16, 1)
+    assert "enable_lora" not in engine_kwargs(EngineConfig(model="m"), on_gpu=False)
+    spec.lora.modules_to_save = ["lm_head"]  # merged updates: the engine serves plain weights
+    assert engine_lora(spec) is None
+    assert engine_lora(load_rlrun(EXAMPLES / "quickstart.yaml").spec) is None
