@@ -24,8 +24,11 @@ COLOCATED_LORA_MEMORY_UTILIZATION = 0.8
 
 
 def intermediate_size(shape: Any) -> float:
-    """The MLP's width from the parameter count (P = embeddings + L x (attention + 3 h I)); the head is taken
-    as untied, which errs towards a smaller I (fewer adapter parameters) by at most a vocab x h / (3 h L)."""
+    """The MLP's width: the config's, else from the parameter count (P = embeddings + L x (attention + 3 h I)),
+    the head taken as untied, which errs towards a smaller I (fewer adapter parameters) by at most
+    vocab x h / (3 h L)."""
+    if getattr(shape, "intermediate_size", 0):
+        return float(shape.intermediate_size)
     h, layers = float(shape.hidden_size), max(1, shape.layers)
     heads = shape.attention_heads or max(1, round(h / shape.head_dim))
     attn = 2 * h * heads * shape.head_dim + 2 * h * shape.kv_heads * shape.head_dim

@@ -37,11 +37,15 @@ def test_a_7b_lora_run_fits_colocated_on_one_gpu_and_the_full_fine_tune_is_refus
 
 
 def test_the_adapter_size_is_r_times_in_plus_out_of_each_targeted_layer():
+    from dataclasses import replace
+
     shape = shape_from_config(KNOWN_CONFIGS["qwen/qwen2.5-7b"], "table")
     dims = module_dims(shape)
-    # Qwen2.5-7B: hidden 3584, 28 heads of 128, 4 KV heads, MLP 18944 (its config), recovered from the count.
-    assert dims["q_proj"] == (3584, 3584) and dims["k_proj"] == (3584, 512)
-    assert abs(dims["down_proj"][0] - 18944) / 18944 < 0.02
+    # Qwen2.5-7B: hidden 3584, 28 heads of 128, 4 KV heads, MLP 18944 (its config)
+    assert dims["q_proj"] == (3584, 3584) and dims["k_proj"] == (3584, 512) and dims["down_proj"] == (18944, 3584)
+    # a spec's model.shape has no MLP width: recovered from the parameter count (untied head) within 2%
+    counted = module_dims(replace(shape, intermediate_size=0))
+    assert abs(counted["down_proj"][0] - 18944) / 18944 < 0.02
     per_layer = 2 * 3584 * 2 + 2 * (3584 + 512) + 3 * (3584 + 18944)
     assert abs(adapter_params(shape, LoRASpec(rank=16)) / (16 * 28 * per_layer) - 1) < 0.02
     assert adapter_params(shape, LoRASpec(rank=16, target_modules=["q_proj", "v_proj"])) == 16 * 28 * (7168 + 4096)
@@ -62,3 +66,4 @@ def test_lora_moves_the_adapter_not_the_model_and_trains_a_frozen_base():
     merged = spec.model_copy(deep=True)
     merged.lora.modules_to_save = ["lm_head"]  # merged weights go instead of the adapter
     assert system_model(merged).sync_bytes == full.weight_bytes
+

@@ -137,3 +137,19 @@ def test_a_lora_runs_engines_are_built_to_serve_one_adapter_of_its_rank():
     spec.lora.modules_to_save = ["lm_head"]  # merged updates: the engine serves plain weights
     assert engine_lora(spec) is None
     assert engine_lora(load_rlrun(EXAMPLES / "quickstart.yaml").spec) is None
+
+
+def test_the_planned_adapter_is_the_one_peft_builds():
+    """The SmolLM2 example's adapter (rank 16, all-linear) as the planner counts it and as peft builds it."""
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM, LlamaConfig
+
+    from rlscale.plan.lora import adapter_params
+    from rlscale.plan.shapes import BUILTIN_CONFIGS, shape_from_config
+
+    cfg = {**BUILTIN_CONFIGS["builtin:smollm2-135m-instruct"], "num_hidden_layers": 2}  # two layers: small
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(LlamaConfig(**{k: v for k, v in cfg.items() if k != "model_type"}))
+    built = sum(p.numel() for p in get_peft_model(model, LoraConfig(r=16, target_modules="all-linear")).parameters()
+                if p.requires_grad)
+    assert adapter_params(shape_from_config(cfg, "builtin"), LoRASpec(rank=16)) == built
