@@ -153,3 +153,19 @@ def test_the_planned_adapter_is_the_one_peft_builds():
     built = sum(p.numel() for p in get_peft_model(model, LoraConfig(r=16, target_modules="all-linear")).parameters()
                 if p.requires_grad)
     assert adapter_params(shape_from_config(cfg, "builtin"), LoRASpec(rank=16)) == built
+
+
+def test_a_publish_says_it_sent_an_adapter_and_the_step_records_its_bytes(caplog):
+    from rlscale.trainer.driver import Driver
+    from rlscale.trainer.transfer.publisher import SyncResult
+    from rlscale.trainer.transfer.sources import StreamSource
+
+    source = StreamSource(lambda: [], lambda: iter(()))
+    source.kind = "adapter"
+    rollout = SimpleNamespace(publish_weights=lambda v, w: SyncResult(v, "gloo", replicas=1, seconds=0.05,
+                                                                       tensor_bytes=3 * 2**19, kind=w.kind))
+    d = SimpleNamespace(rollout=rollout, state=SimpleNamespace(version=3), _weight_source=lambda: (source, None))
+    with caplog.at_level("INFO", logger="rlscale.driver"):
+        Driver.publish(d)
+    assert d.sync_bytes == 3 * 2**19
+    assert "adapter v3 by gloo to 1 replica in 0.05 s (1.5 MiB)" in caplog.text
