@@ -454,9 +454,11 @@ class Learner(Updates, TransferRanks):
         # Rank 0 chose the step; every rank reads that step from the directory it writes to.
         path = str(self._checkpoint_dir(str(Path(path).parent)) / Path(path).name)
         saved = checkpoint.read_state(Path(path))
-        from rlscale.trainer.lora.identity import base_identity, check_same_base
+        if saved["learner"].get("lora") is not None or self.lora is not None:  # an adapter fits one base
+            from rlscale.trainer.lora.identity import base_identity, check_same_base
 
-        check_same_base(saved["learner"].get("lora"), base_identity(self.config.model_path), self.config.lora, path)
+            check_same_base(saved["learner"].get("lora"), base_identity(self.config.model_path), self.config.lora,
+                            path)
         for engine, tag in self._engines():
             loaded, _ = engine.load_checkpoint(path, tag=tag, load_module_strict=self.lora is None)
             if loaded is None:
