@@ -85,7 +85,7 @@ def adapters(model_dir: str, rank: int, n: int) -> list[dict]:
 
 
 def measure(model_dir: str, backend: str, replicas: int, weights: list[dict], bucket: int,
-            lora: dict | None = None) -> dict:
+            lora: dict | None = None, max_model_len: int | None = None) -> dict:
     """Deploy `replicas` replicas built for `backend`, publish each of `weights`; the per-update figures.
     `lora`: the replicas serve the base with vLLM's LoRA and `weights` are adapters."""
     from rlscale.rollout.engine import EngineConfig
@@ -94,7 +94,8 @@ def measure(model_dir: str, backend: str, replicas: int, weights: list[dict], bu
     from rlscale.trainer.transfer.sources import TensorsSource
 
     client = RolloutClient.deploy(
-        EngineConfig(model=model_dir, kv_cache_bytes=64 * MiB, max_num_seqs=16, transfer_backend=backend, lora=lora),
+        EngineConfig(model=model_dir, kv_cache_bytes=64 * MiB, max_num_seqs=16, transfer_backend=backend, lora=lora,
+                     max_model_len=max_model_len),
         RolloutOptions(app_name=f"bench-ws-{backend}-{replicas}{'-lora' if lora else ''}", num_replicas=replicas,
                        sync_timeout_s=300,
                        bucket_bytes=bucket))
@@ -131,9 +132,10 @@ def main_lora(args) -> int:
     bucket = int(args.bucket_mib * MiB)
     ray.init(address="local", num_cpus=2, resources={"rollout": 1}, include_dashboard=False, log_to_driver=False)
     try:
+        # a short context: 64 MiB of KV cache holds no request of SmolLM2's 8,192 positions
         lora = measure(model_dir, "gloo", 1, adapters(model_dir, args.lora, args.updates + 1), bucket,
-                       lora={"rank": args.lora, "alpha": 2 * args.lora})
-        full = measure(model_dir, "gloo", 1, state_dicts(model_dir, args.updates + 1), bucket)
+                       lora={"rank": args.lora, "alpha": 2 * args.lora}, max_model_len=256)
+        full = measure(model_dir, "gloo", 1, state_dicts(model_dir, args.updates + 1), bucket, max_model_len=256)
     finally:
         from ray import serve
 
