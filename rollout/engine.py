@@ -180,6 +180,8 @@ def engine_kwargs(config: EngineConfig, on_gpu: bool) -> dict[str, Any]:
 class RolloutEngine:
     """One in-process vLLM `LLM` plus the weights version it currently holds."""
 
+    adapter: Any = None  # spec.lora: the adapter served (rlscale.rollout.lora.AdapterSlot); None: plain weights
+
     def __init__(
         self, config: EngineConfig | Mapping[str, Any], version: int = 0, warmup: bool = True
     ):
@@ -209,7 +211,6 @@ class RolloutEngine:
         self._updating = False
         self.block_size = int(self.llm.llm_engine.vllm_config.cache_config.block_size)
         self.last_update: dict[str, Any] = {}  # the latest load_weights: path and timings
-        self.adapter = None  # spec.lora: the adapter served (rlscale.rollout.lora.AdapterSlot)
         if config.lora:
             from rlscale.rollout.lora import AdapterSlot
 
