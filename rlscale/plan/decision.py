@@ -8,7 +8,7 @@ from typing import Any
 from rlscale.plan.calibration import PHASES, Calibration
 from rlscale.plan.choices import idle_note, using_the_budget, zero_reason
 from rlscale.plan.errors import PlanError
-from rlscale.plan.lora import lora_note, lora_params_for
+from rlscale.plan.lora import lora_fix, lora_note, lora_params_for
 from rlscale.plan.placement import (
     colocated_unavailable,
     gpus_for,
@@ -411,7 +411,8 @@ def make_plan(spec: Any, calibration: Calibration | None = None, placement: str 
         models[where] = model
         cands += candidates(spec, model, cal, feasible, n_noise, e_ref, where, pin)
     if not cands:
-        raise PlanError(_refusal(refused) + _lora_fix(spec, calibration, placement, staleness, host_cores))
+        raise PlanError(_refusal(refused) + lora_fix(spec, lambda trial: make_plan(trial, calibration, placement,
+                                                                                    staleness, host_cores)))
     # A fresh plan leaves no budgeted GPU idle; a re-plan (the running placement and learners kept) may hand
     # rollout GPUs back to the cluster when measurements show they do not pay (the tie rule in `pick`).
     every, kept = cands, (using_the_budget(cands, spec.budget.gpus) if placement is None else cands)
@@ -453,28 +454,6 @@ def make_plan(spec: Any, calibration: Calibration | None = None, placement: str 
 
 def _bare(message: str) -> str:
     return message.removeprefix("spec.")
-
-
-def _lora_fix(spec: Any, calibration: Calibration | None, placement: str | None, staleness: int | None,
-              host_cores: int) -> str:
-    """Where a full fine-tune does not fit, whether training a LoRA adapter would (the same spec with spec.lora
-    at its defaults), said as the fix."""
-    if getattr(spec, "lora", None) is not None:
-        return ""
-    from rlscale.spec.lora import LoRASpec
-
-    trial = spec.model_copy(deep=True)
-    trial.lora = LoRASpec()
-    zero = ""
-    if trial.learner.zero_stage == 3:  # spec.lora needs ZeRO 0-2
-        trial.learner.zero_stage, zero = 1, " and learner.zeroStage 1"
-    try:
-        plan = make_plan(trial, calibration, placement, staleness, host_cores)
-    except PlanError:
-        return ""
-    return (f"; or train a LoRA adapter instead of every parameter: with spec.lora{zero} (rank 8, all-linear; the "
-            f"base frozen, no optimizer states for it) the same spec fits ({plan.placement}, "
-            f"{plan.learner_replicas} learner replica(s) on {plan.gpus} GPU(s)); raise optimizer.lr about 10x")
 
 
 def _refusal(refused: dict[str, str]) -> str:
@@ -595,9 +574,7 @@ def _notes(spec: Any, model: SystemModel, cal: Calibration, win: Candidate, n_no
         notes.append("cpu: rollout and learner replicas share one machine's cores, so more replicas add no throughput")
     if getattr(spec.task, "reward_model", None) is not None:
         notes.append(spec.task.reward_model.plan_note())
-    lora = lora_note(spec, model.shape, DTYPE_BYTES[model.dtype])
-    if lora:
-        notes.append(lora)
+    notes += [n for n in (lora_note(spec, model.shape, DTYPE_BYTES[model.dtype]),) if n]  # spec.lora's
     return tuple(notes)
 
 

@@ -73,3 +73,25 @@ def lora_note(spec: Any, shape: Any, dtype_bytes: float) -> str | None:
             f"update sends {a * dtype_bytes / 2**20:.1f} MiB "
             + ("(merged weights instead: lora.modulesToSave is set)" if lora.modules_to_save else "of adapter")
             + "; optimizer.lr is the adapter's (LoRA usually wants about 10x a full fine-tune's lr)")
+
+
+def lora_fix(spec: Any, plan: Any) -> str:
+    """Where a full fine-tune does not fit, whether training a LoRA adapter would: `plan(trial)` (the decision's
+    make_plan with the caller's arguments) on the same spec with spec.lora at its defaults; said as the fix."""
+    from rlscale.plan.errors import PlanError
+    from rlscale.spec.lora import LoRASpec
+
+    if getattr(spec, "lora", None) is not None:
+        return ""
+    trial = spec.model_copy(deep=True)
+    trial.lora = LoRASpec()
+    zero = ""
+    if trial.learner.zero_stage == 3:  # spec.lora needs ZeRO 0-2
+        trial.learner.zero_stage, zero = 1, " and learner.zeroStage 1"
+    try:
+        fits = plan(trial)
+    except PlanError:
+        return ""
+    return (f"; or train a LoRA adapter instead of every parameter: with spec.lora{zero} (rank 8, all-linear; the "
+            f"base frozen, no optimizer states for it) the same spec fits ({fits.placement}, "
+            f"{fits.learner_replicas} learner replica(s) on {fits.gpus} GPU(s)); raise optimizer.lr about 10x")
