@@ -9,6 +9,12 @@ for vLLM's nccl, disaggregated) at every replica count, and `shm` (the stand-in 
 
     .venv/bin/python bench/weight_sync.py                       # CPU, ~14M parameters, 1 2 4 replicas
     .venv/bin/python bench/weight_sync.py --hidden 256 --layers 2 --updates 2 --replicas 1 2
+
+spec.lora (`--lora RANK`): one gloo replica of `--model` (default the SmolLM2 example's model) serving the base
+with vLLM's LoRA takes adapter updates (all-linear, rank RANK), and one plain replica takes full updates; the
+bytes and seconds of each, and the adapter's share of the model's bytes:
+
+    .venv/bin/python bench/weight_sync.py --lora 16            # SmolLM2-135M: adapter vs whole-model updates
 """
 
 from __future__ import annotations
@@ -37,8 +43,15 @@ def parse_args(argv=None):
     p.add_argument("--replicas", type=int, nargs="+", default=[1, 2, 4])
     p.add_argument("--updates", type=int, default=3, help="measured updates per replica count")
     p.add_argument("--bucket-mib", type=float, default=8.0, help="the transfer's bucket (several per update)")
-    p.add_argument("--out", type=Path, default=Path(__file__).parent / "out" / "weight_sync.json")
-    return p.parse_args(argv)
+    p.add_argument("--out", type=Path, default=None, help="default: out/weight_sync.json (--lora: "
+                   "out/weight_sync_lora.json)")
+    p.add_argument("--lora", type=int, default=0, metavar="RANK", help="adapter updates of this rank vs full ones")
+    p.add_argument("--model", default="builtin:smollm2-135m-instruct", help="--lora: the base model (a builtin "
+                   "name or a model directory)")
+    args = p.parse_args(argv)
+    name = "weight_sync_lora.json" if args.lora else "weight_sync.json"
+    args.out = args.out or Path(__file__).parent / "out" / name
+    return args
 
 
 def state_dicts(model_dir: str, n: int) -> list[dict]:
@@ -50,16 +63,41 @@ def state_dicts(model_dir: str, n: int) -> list[dict]:
     return [{k: v + 0.01 * (i + 1) * torch.randn_like(v) for k, v in base.items()} for i in range(n)]
 
 
-def measure(model_dir: str, backend: str, replicas: int, weights: list[dict], bucket: int) -> dict:
-    """Deploy `replicas` replicas built for `backend`, publish each of `weights`; the per-update figures."""
+def adapters(model_dir: str, rank: int, n: int) -> list[dict]:
+    """n different adapters (all-linear, alpha 2 x rank) as a LoRA learner sends them: peft's tensors, B random."""
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    from rlscale.trainer.lora.policy import adapter_state
+
+    model = get_peft_model(AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32),
+                           LoraConfig(r=rank, lora_alpha=2 * rank, target_modules="all-linear"))
+    out = []
+    for i in range(n):
+        g = torch.Generator().manual_seed(i)
+        with torch.no_grad():
+            for name, p in model.named_parameters():
+                if "lora_B" in name:
+                    p.copy_(0.01 * torch.randn(p.shape, generator=g))
+        out.append({k: v.clone() for k, v in adapter_state(model).items()})
+    return out
+
+
+def measure(model_dir: str, backend: str, replicas: int, weights: list[dict], bucket: int,
+            lora: dict | None = None, max_model_len: int | None = None) -> dict:
+    """Deploy `replicas` replicas built for `backend`, publish each of `weights`; the per-update figures.
+    `lora`: the replicas serve the base with vLLM's LoRA and `weights` are adapters."""
     from rlscale.rollout.engine import EngineConfig
     from rlscale.rollout.serve import RolloutClient, RolloutOptions
     from rlscale.rollout.transfer.buckets import largest_bucket, metas, plan_buckets
     from rlscale.trainer.transfer.sources import TensorsSource
 
     client = RolloutClient.deploy(
-        EngineConfig(model=model_dir, kv_cache_bytes=64 * MiB, max_num_seqs=16, transfer_backend=backend),
-        RolloutOptions(app_name=f"bench-ws-{backend}-{replicas}", num_replicas=replicas, sync_timeout_s=300,
+        EngineConfig(model=model_dir, kv_cache_bytes=64 * MiB, max_num_seqs=16, transfer_backend=backend, lora=lora,
+                     max_model_len=max_model_len),
+        RolloutOptions(app_name=f"bench-ws-{backend}-{replicas}{'-lora' if lora else ''}", num_replicas=replicas,
+                       sync_timeout_s=300,
                        bucket_bytes=bucket))
     try:
         client.wait_replicas(replicas, timeout_s=900)
@@ -84,8 +122,42 @@ def measure(model_dir: str, backend: str, replicas: int, weights: list[dict], bu
         client.shutdown()
 
 
+def main_lora(args) -> int:
+    """Adapter updates against whole-model updates on one gloo replica of args.model."""
+    import ray
+
+    from rlscale.trainer.builtin import resolve_model_path
+
+    model_dir = str(resolve_model_path(args.model))
+    bucket = int(args.bucket_mib * MiB)
+    ray.init(address="local", num_cpus=2, resources={"rollout": 1}, include_dashboard=False, log_to_driver=False)
+    try:
+        # a short context: 64 MiB of KV cache holds no request of SmolLM2's 8,192 positions
+        lora = measure(model_dir, "gloo", 1, adapters(model_dir, args.lora, args.updates + 1), bucket,
+                       lora={"rank": args.lora, "alpha": 2 * args.lora}, max_model_len=256)
+        full = measure(model_dir, "gloo", 1, state_dicts(model_dir, args.updates + 1), bucket, max_model_len=256)
+    finally:
+        from ray import serve
+
+        serve.shutdown()
+        ray.shutdown()
+    share = lora["weights"] / full["weights"]
+    print(f"{args.model}: {args.updates} updates each by gloo to 1 replica")
+    for what, x in (("whole model", full), (f"LoRA r={args.lora} adapter", lora)):
+        print(f"{what:>20}: {x['weights'] / MiB:8.2f} MiB per update, learner sent {x['sent'] / MiB:8.2f} MiB, "
+              f"{x['seconds']:.3f} s per update")
+    print(f"adapter bytes per update: {100 * share:.2f}% of the whole model's")
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(dict(args={k: str(v) for k, v in vars(args).items()}, lora=lora, full=full,
+                                        adapter_share=share, at=time.strftime("%Y-%m-%d %H:%M:%S")), indent=1))
+    print(f"wrote {args.out}")
+    return 0
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
+    if args.lora:
+        return main_lora(args)
     import ray
 
     from rlscale.trainer.modeling import save_random_model

@@ -373,7 +373,10 @@ def sweep(
 def export(
     run: Path = typer.Argument(..., help="The run directory of `rlscale run` (runs/NAME), a checkpoint directory "
                                "(checkpoint.path), or one step-* directory.", show_default=False),
-    hf: Path = typer.Option(..., "--hf", help="Write a Hugging Face model directory here.", show_default=False),
+    hf: Path | None = typer.Option(None, "--hf", help="Write a Hugging Face model directory here (a spec.lora "
+                                   "run: the base with its adapter merged).", show_default=False),
+    adapter: Path | None = typer.Option(None, "--adapter", help="A spec.lora run: write peft's adapter directory "
+                                        "here (PeftModel.from_pretrained on the base).", show_default=False),
     model: Path | None = typer.Option(None, "--model", help="The model directory the run trained (config and "
                                       "tokenizer); default: the one the run's run.json names."),
     rank_dir: list[Path] = typer.Option([], "--rank-dir", help="Another rank's checkpoint directory, when each "
@@ -389,11 +392,13 @@ def export(
     if dtype is not None and dtype not in ("float32", "bfloat16", "float16"):
         _fail(f"--dtype: {dtype!r} is not float32, bfloat16 or float16")
     try:
-        done = export_hf(run, hf, model_dir=model, rank_dirs=rank_dir, step=step, dtype=dtype)
+        done = export_hf(run, hf, model_dir=model, rank_dirs=rank_dir, step=step, dtype=dtype, adapter=adapter)
     except ExportError as exc:
         _fail(str(exc))
-    err.print(f"exported step {done.step} (ZeRO {done.zero_stage}, {done.parameters:,} parameters, {done.dtype}) "
-              f"to {done.out}", highlight=False)
+    where = " and ".join(str(p) for p in (done.out, done.adapter) if p is not None)
+    what = "adapter parameters" if done.lora else "parameters"
+    err.print(f"exported step {done.step} (ZeRO {done.zero_stage}, {done.parameters:,} {what}, {done.dtype}) "
+              f"to {where}", highlight=False)
 
 
 @app.command("ray-head", hidden=True)

@@ -57,6 +57,8 @@ class StepRecord:
     # Multi-turn rollouts (rlscale.trainer.tools.loop.tool_metrics): turns and calls_per_trajectory (means),
     # calls, errors, seconds (in tools) and truncated (trajectories cut) over the step's trajectories; {} single-turn.
     tools: dict[str, float] = field(default_factory=dict)
+    # Bytes of the weight update this step sent (spec.lora: the adapter's; 0 when nothing was published).
+    sync_bytes: int = 0
     skipped: bool = False
     rollout_replicas: int = 1
     learner_replicas: int = 1

@@ -86,6 +86,9 @@ class EngineConfig:
     # vLLM's weight transfer backend the driver publishes through (rlscale.rollout.transfer): nccl or ipc on
     # GPUs, rlscale's gloo or shm stand-ins on CPU; None: no transfer engine (load_weights only).
     transfer_backend: str | None = None
+    # spec.lora: {"rank": r, "alpha": a}; the engine serves the base with vLLM's LoRA and each weight update is
+    # an adapter (rlscale.rollout.lora). None: updates replace the weights.
+    lora: dict[str, Any] | None = None
     extra: dict[str, Any] = field(default_factory=dict)  # more LLM(...) arguments
 
     @classmethod
@@ -163,6 +166,9 @@ def engine_kwargs(config: EngineConfig, on_gpu: bool) -> dict[str, Any]:
         kwargs["kv_cache_memory_bytes"] = config.kv_cache_bytes
     if config.block_size is not None:
         kwargs["block_size"] = config.block_size
+    if config.lora:
+        # One adapter served at a time: an update removes the old version's before it adds the new one.
+        kwargs.update(enable_lora=True, max_lora_rank=int(config.lora["rank"]), max_loras=1)
     if config.transfer_backend:
         from vllm.config.weight_transfer import WeightTransferConfig
 
@@ -173,6 +179,8 @@ def engine_kwargs(config: EngineConfig, on_gpu: bool) -> dict[str, Any]:
 
 class RolloutEngine:
     """One in-process vLLM `LLM` plus the weights version it currently holds."""
+
+    adapter: Any = None  # spec.lora: the adapter served (rlscale.rollout.lora.AdapterSlot); None: plain weights
 
     def __init__(
         self, config: EngineConfig | Mapping[str, Any], version: int = 0, warmup: bool = True
@@ -203,6 +211,10 @@ class RolloutEngine:
         self._updating = False
         self.block_size = int(self.llm.llm_engine.vllm_config.cache_config.block_size)
         self.last_update: dict[str, Any] = {}  # the latest load_weights: path and timings
+        if config.lora:
+            from rlscale.rollout.lora import AdapterSlot
+
+            self.adapter = AdapterSlot(tempfile.mkdtemp(prefix="rlscale-lora-"), config.lora.get("alpha"))
         if warmup:
             # The first call with logprobs pays a one-time cost (seconds on CPU); pay it
             # at start-up, not inside the first training step.
@@ -312,7 +324,8 @@ class RolloutEngine:
                 for _ in range(copies)
             ]
         with self._lock:
-            outputs = self.llm.generate(prompts, params, use_tqdm=False)
+            lora = self.adapter.request if self.adapter is not None else None
+            outputs = self.llm.generate(prompts, params, use_tqdm=False, lora_request=lora)
             version = self.version
         return group_samples(outputs, len(prompt_token_ids), copies, version)
 
@@ -323,6 +336,12 @@ class RolloutEngine:
             raise RuntimeError("rollout engine: a weight update while the weights sleep; wake_up(['weights']) first")
         self._lock.acquire()
         self._updating = True
+        if self.adapter is not None:
+            try:
+                self.llm.collective_rpc("rlscale_adapter_begin")
+            except BaseException:
+                self._release_update()
+                raise
 
     def end_update(self, version: int) -> dict[str, Any]:
         """The transfer finished: caches derived from the old weights go, the version is the new one."""
@@ -344,6 +363,13 @@ class RolloutEngine:
             self._lock.release()
 
     def _after_weights(self, version: int) -> None:
+        if self.adapter is not None:  # the base is unchanged: serve the new adapter
+            d = self.adapter.directory(version)
+            self.adapter.bytes = self.llm.collective_rpc("rlscale_adapter_save", args=(str(d), self.adapter.alpha))[0]
+            self.adapter.swap(self.llm, version, d)
+            self.llm.reset_prefix_cache()
+            self.version = version
+            return
         # CPU: a tied LM head computes from a packed copy of the embedding that the reload does not redo.
         if not self.on_gpu:
             self.llm.collective_rpc("rlscale_refresh_lm_heads")
@@ -381,6 +407,27 @@ class RolloutEngine:
         self.last_update = {"path": "directory" if remote else "reload", "seconds": seconds}
         return seconds
 
+
+    def load_adapter(self, named_tensors: Mapping[str, torch.Tensor] | Iterable[tuple[str, torch.Tensor]],
+                     version: int) -> float:
+        """spec.lora, tensors held in this process (tests, benches): serve them as the adapter of `version`;
+        returns the seconds it took. A run's replicas take adapters through rlscale.rollout.transfer."""
+        from rlscale.rollout.lora import write_adapter
+
+        if self.adapter is None:
+            raise RuntimeError("rollout engine: load_adapter on an engine built without EngineConfig.lora")
+        self._check_awake("load_adapter")
+        t0 = time.perf_counter()
+        tensors = dict(named_tensors.items() if isinstance(named_tensors, Mapping) else named_tensors)
+        with self._lock:
+            d = write_adapter({n: t.detach().cpu() for n, t in tensors.items()}, self.adapter.directory(version),
+                              self.adapter.alpha)
+            self.adapter.swap(self.llm, version, d)
+            self.adapter.bytes = sum(t.numel() * t.element_size() for t in tensors.values())
+            self.version = version
+        seconds = time.perf_counter() - t0
+        self.last_update = {"path": "adapter", "seconds": seconds}
+        return seconds
 
     def _reload_via_path(self, items: Iterable[tuple[str, torch.Tensor]]) -> None:
         from safetensors.torch import save_file

@@ -24,6 +24,26 @@ class RolloutWorkerExtension:
         return stats.as_dict() if stats is not None else {}
 
 
+    def rlscale_adapter_begin(self) -> None:
+        """spec.lora: the coming update is an adapter; the transfer engine hands it to a sink, not the model."""
+        from rlscale.rollout.lora import AdapterSink
+
+        engine = self.weight_transfer_engine
+        self._rlscale_sink = AdapterSink()
+        engine.set_weight_update_target(self._rlscale_sink, engine.model_config)
+
+    def rlscale_adapter_save(self, directory: str, alpha: float | None) -> int:
+        """Write the adapter the update brought as a peft directory (the engine's first worker; every worker
+        of the engine shares its host) for vLLM's add_lora; returns its bytes."""
+        from rlscale.rollout.lora import write_adapter
+
+        sink, self._rlscale_sink = getattr(self, "_rlscale_sink", None), None
+        if sink is None or not sink.tensors:
+            raise RuntimeError("LoRA update: no adapter tensors arrived (the update carried none)")
+        if int(getattr(self, "rank", 0)) == 0:
+            write_adapter(sink.tensors, directory, alpha)
+        return sink.nbytes
+
     def rlscale_refresh_lm_heads(self) -> int:
         """Re-derive the LM heads' kernel form from their (possibly tied) weight.
 

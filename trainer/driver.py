@@ -279,6 +279,7 @@ class Driver:
         t3 = time.perf_counter()
         skipped = bool(stats.get("skipped"))
         staleness = st.version - r.version
+        self.sync_bytes = 0
         self._hand_to_rollout()  # colocated: the weights awake for the update (sync phase)
         if not skipped:
             # The driver owns the weights version: a skipped step left the weights as they
@@ -379,6 +380,7 @@ class Driver:
         engines (rlscale.rollout.transfer); the log says how ("weights v3 by gloo to 2 replicas in 0.41 s")."""
         weights, trainer = self._weight_source()
         res = self.rollout.publish_weights(self.state.version, weights, **({"trainer": trainer} if trainer else {}))
+        self.sync_bytes = int(getattr(res, "tensor_bytes", 0) or 0)
         if hasattr(res, "describe"):
             log.info(res.describe())
 
@@ -405,10 +407,12 @@ class Driver:
 
     def _hand_to_learner(self) -> None:
         """Colocated, before training: the engines sleep (level 2: their weights are replaced after the step
-        anyway, so none is kept in host memory), then the learner reloads the states it offloaded."""
+        anyway, so none is kept in host memory; level 1 under spec.lora, whose updates are adapters: the base
+        goes to host memory and comes back), then the learner reloads the states it offloaded."""
         if not self._colocated():
             return
-        self.rollout.sleep(level=2)
+        lora = getattr(getattr(self, "spec", None), "lora", None)
+        self.rollout.sleep(level=1 if lora is not None and not lora.modules_to_save else 2)
         reload = getattr(self.learner, "reload_states", None)
         if reload is not None:
             reload()
@@ -474,7 +478,8 @@ class Driver:
             overhead_seconds=None if compute is None or engine_s is None else max(0.0, step_s - compute - engine_s),
             target_metric=self.tracker.current, sample=shown, reward_terms=reward_terms,
             reward_timeouts=reward_timeouts, staleness=staleness, stale_samples=st.stale_samples,
-            tools=tool_metrics(samples))
+            tools=tool_metrics(samples),
+            sync_bytes=getattr(self, "sync_bytes", 0))
 
     def _generating(self) -> int:
         """The replicas this step generates with: those running when it started (fewer than asked for

@@ -39,11 +39,13 @@ class ExportError(RuntimeError):
 
 @dataclass(frozen=True)
 class Exported:
-    out: Path
+    out: Path | None
     step: int
     zero_stage: int
     dtype: str
     parameters: int
+    adapter: Path | None = None  # spec.lora runs: the peft adapter directory written (--adapter)
+    lora: bool = False  # a spec.lora checkpoint: `parameters` counts the adapter's
 
 
 def find_step(run: Path, step: int | None = None) -> Path:
@@ -127,9 +129,13 @@ def consolidated_state_dict(ckpt: Path) -> tuple[dict, int]:
                           "per rank, pass every other rank's directory with --rank-dir") from exc
 
 
-def export_hf(run: Path, out: Path, *, model_dir: str | Path | None = None, rank_dirs: list[Path] | None = None,
-              step: int | None = None, dtype: str | None = None) -> Exported:
-    """Write the Hugging Face directory `out` from the run's newest (or `step`) complete checkpoint."""
+def export_hf(run: Path, out: Path | None, *, model_dir: str | Path | None = None,
+              rank_dirs: list[Path] | None = None, step: int | None = None, dtype: str | None = None,
+              adapter: Path | None = None) -> Exported:
+    """Write the Hugging Face directory `out` from the run's newest (or `step`) complete checkpoint; for a
+    spec.lora run, the base with the adapter merged, and with `adapter` also peft's adapter directory."""
+    if out is None and adapter is None:
+        raise ExportError("export: give --hf OUT, --adapter OUT (a spec.lora run), or both")
     step_dir = find_step(run, step)
     saved_model, saved_dtype = run_model_dir(run)
     model_dir = Path(model_dir or saved_model or "")
@@ -137,17 +143,51 @@ def export_hf(run: Path, out: Path, *, model_dir: str | Path | None = None, rank
         raise ExportError(f"--model: {model_dir or 'not given'} is not a model directory with a config.json; pass "
                           "the directory the run trained (its run.json names it for `rlscale run`)")
     dtype = dtype or saved_dtype or "float32"
-    out = Path(out)
-    if out.exists() and any(out.iterdir()) and not (out / MARKER).is_file():
-        raise ExportError(f"--hf: {out} exists and is not an earlier export; give an empty or new directory")
+    for flag, where in (("--hf", out), ("--adapter", adapter)):
+        if where is not None and Path(where).exists() and any(Path(where).iterdir()) \
+                and not (Path(where) / MARKER).is_file():
+            raise ExportError(f"{flag}: {where} exists and is not an earlier export; give an empty or new directory")
+    from rlscale.trainer.lora.export import lora_state
+
+    lora = lora_state(step_dir)
+    if adapter is not None and lora is None:
+        raise ExportError(f"--adapter: {step_dir} is a full-model checkpoint (the run had no spec.lora); use --hf")
     with tempfile.TemporaryDirectory(prefix="rlscale-export-") as scratch:
         sd, stage = consolidated_state_dict(_shard_dir(step_dir, list(rank_dirs or []), Path(scratch)))
+    if lora is not None:
+        return _export_lora(sd, lora, stage, step_dir, model_dir, dtype, out, adapter)
+    out = Path(out)
     done = Exported(out, checkpoint.step_of(step_dir), stage, dtype, sum(v.numel() for v in sd.values()))
     with atomic_dir(out) as tmp:
         save_hf(sd, model_dir, tmp, dtype, source=str(step_dir))
         write_marker(tmp, {"checkpoint": str(step_dir), "step": done.step, "zeroStage": stage, "dtype": dtype,
                            "parameters": done.parameters})
     return done
+
+
+def _export_lora(sd: dict, lora: dict, stage: int, step_dir: Path, model_dir: Path, dtype: str, out: Path | None,
+                 adapter: Path | None) -> Exported:
+    """A spec.lora checkpoint: the merged model to `out`, peft's adapter directory to `adapter`."""
+    from rlscale.trainer.lora.export import AdapterMismatch, peft_model_from, save_adapter
+    from rlscale.trainer.lora.policy import merged_items
+
+    try:
+        model = peft_model_from(sd, lora, model_dir, dtype, str(step_dir))
+    except AdapterMismatch as exc:
+        raise ExportError(str(exc)) from exc
+    trained = sum(v.numel() for v in sd.values())
+    about = {"checkpoint": str(step_dir), "step": checkpoint.step_of(step_dir), "zeroStage": stage, "dtype": dtype,
+             "adapterParameters": trained}
+    if out is not None:
+        with atomic_dir(out) as tmp:
+            save_hf(merged_items(model), model_dir, tmp, dtype, source=str(step_dir))
+            write_marker(tmp, {**about, "merged": True})
+    if adapter is not None:
+        with atomic_dir(adapter) as tmp:
+            save_adapter(model, model_dir, tmp, _TOKENIZER_FILES)
+            write_marker(tmp, {**about, "adapter": True})
+    return Exported(Path(out) if out is not None else None, about["step"], stage, dtype, trained,
+                    Path(adapter) if adapter is not None else None, lora=True)
 
 
 def write_marker(out: Path, about: dict) -> None:

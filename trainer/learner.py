@@ -53,8 +53,17 @@ class Learner(Updates, TransferRanks):
         policy = AutoModelForCausalLM.from_pretrained(config.model_path, dtype=self.dtype, local_files_only=True)
         if config.gradient_checkpointing:
             enable_gradient_checkpointing(policy)
-        self.engine, *_ = deepspeed.initialize(model=policy, model_parameters=policy.parameters(),
-                                               config=self._ds_config())
+        self.lora = None  # spec.lora: the PeftModel (trainer/lora); the optimiser then holds its adapter alone
+        if config.lora is not None:
+            from rlscale.trainer.lora import policy as lora_policy
+
+            if config.zero_stage == 3:
+                raise ValueError("spec.learner.zeroStage: 3 with spec.lora; use 0-2 (rlscale validate says why)")
+            if config.gradient_checkpointing:
+                policy.enable_input_require_grads()  # the frozen embedding's output must carry a graph
+            policy = self.lora = lora_policy.wrap(policy, config.lora)
+        params = [p for p in policy.parameters() if p.requires_grad]
+        self.engine, *_ = deepspeed.initialize(model=policy, model_parameters=params, config=self._ds_config())
         self._grad_norm: float | None = None  # the last step's, when the learner clips (see _clips_itself)
         if self._clips_itself():
             self._install_clip()
@@ -65,8 +74,10 @@ class Learner(Updates, TransferRanks):
             critic = ValueModel(config.model_path, self.dtype)
             if config.gradient_checkpointing:
                 enable_gradient_checkpointing(critic)
-            self.critic, *_ = deepspeed.initialize(model=critic, model_parameters=critic.parameters(),
-                                                   config=self._ds_config())
+            if config.lora is not None:  # the critic's body gets an adapter of its own; its head trains whole
+                critic.body = lora_policy.wrap(critic.body, {**config.lora, "modules_to_save": None})
+            self.critic, *_ = deepspeed.initialize(model=critic, config=self._ds_config(),
+                                                   model_parameters=[p for p in critic.parameters() if p.requires_grad])
         self.reference = self._build_reference() if config.kl_coef > 0 else None
         self.lr = config.lr
         self.steps = 0  # learner steps taken (batches trained; the learning-rate warm-up counts these)
@@ -89,6 +100,10 @@ class Learner(Updates, TransferRanks):
         import deepspeed
         from transformers import AutoModelForCausalLM
 
+        if self.lora is not None:
+            from rlscale.trainer.lora.policy import Reference
+
+            return Reference(self.engine, self.lora)  # the base is the policy with its adapter off
         reference = AutoModelForCausalLM.from_pretrained(self.config.model_path, dtype=self.dtype,
                                                          local_files_only=True)
         reference.eval().requires_grad_(False)
@@ -195,6 +210,24 @@ class Learner(Updates, TransferRanks):
             dist.broadcast_object_list(["weights", (dtype, str(device), bucket_bytes)], src=0, group=self._control)
         yield from self._weights(dtype, str(device), bucket_bytes)
 
+    @property
+    def sync_mode(self) -> str:
+        """What publish sends: "full", "adapter" or "merged" (trainer/lora/policy.py, sync_mode)."""
+        from rlscale.trainer.lora.policy import sync_mode
+
+        return sync_mode(self.config.lora)
+
+    def sync_weights(self, dtype: str | None = None, device: str | torch.device = "cpu"
+                     ) -> Iterator[tuple[str, torch.Tensor]]:
+        """Rank 0: what a weight update sends: with spec.lora the adapter (or the merged weights, sync_mode),
+        each tensor a copy; without it iter_weights."""
+        if self.lora is None:
+            yield from self.iter_weights(dtype, device)
+            return
+        from rlscale.trainer.lora.policy import sync_items
+
+        yield from sync_items(self.lora, self.sync_mode, getattr(torch, dtype) if dtype else None, str(device))
+
     def stream_weights(self, consumer: Callable[[str, torch.Tensor], None], dtype: str | None = None,
                        device: str | torch.device = "cpu", bucket_bytes: int = BUCKET_BYTES) -> int:
         """Rank 0: consumer(name, tensor) for every policy parameter (see iter_weights), while the followers
@@ -267,6 +300,10 @@ class Learner(Updates, TransferRanks):
     def _weights(self, dtype: str | None, device: str, bucket_bytes: int) -> Iterator[tuple[str, torch.Tensor]]:
         """Every rank: the gather loop of iter_weights; yields on rank 0 only. A follower runs it whole."""
         target = getattr(torch, dtype) if dtype else None
+        if self.lora is not None:  # whole on every rank (ZeRO 0-2): the merged weights, nothing to gather
+            from rlscale.trainer.lora.policy import merged_items
+
+            return merged_items(self.lora, target, device) if self.rank == 0 else iter(())
         gen = gather_weights(self.engine.module, self.config.zero_stage == 3, emit=self.rank == 0, dtype=target,
                              device=device if self.rank == 0 else "cpu", bucket_bytes=bucket_bytes)
         if self.rank == 0:
@@ -384,12 +421,14 @@ class Learner(Updates, TransferRanks):
             tmp.mkdir(parents=True)
         self._barrier()
         for engine, tag in self._engines():
-            engine.save_checkpoint(str(tmp), tag=tag, save_latest=False)
+            # LoRA: the adapter (and its optimiser states) only; the frozen base is the model directory's.
+            engine.save_checkpoint(str(tmp), tag=tag, save_latest=False,
+                                   exclude_frozen_parameters=self.lora is not None)
         self._barrier()  # every rank's shards are on disk before the rename makes them visible
         result = None
         if owner:
             learner_state = {"steps": self.steps, "optimizer_steps": self.optimizer_steps, "lr": self.lr,
-                             "noise": self.noise.state_dict()}
+                             "noise": self.noise.state_dict(), "lora": self._lora_state()}
             result = checkpoint.finish(tmp, final, {"run": state, "learner": learner_state}, keep)
         self._barrier()
         return result if self.rank == 0 else None
@@ -416,17 +455,30 @@ class Learner(Updates, TransferRanks):
     def _load_checkpoint(self, path: str) -> dict:
         # Rank 0 chose the step; every rank reads that step from the directory it writes to.
         path = str(self._checkpoint_dir(str(Path(path).parent)) / Path(path).name)
+        saved = checkpoint.read_state(Path(path))
+        if saved["learner"].get("lora") is not None or self.lora is not None:  # an adapter fits one base
+            from rlscale.trainer.lora.identity import base_identity, check_same_base
+
+            check_same_base(saved["learner"].get("lora"), base_identity(self.config.model_path), self.config.lora,
+                            path)
         for engine, tag in self._engines():
-            loaded, _ = engine.load_checkpoint(path, tag=tag)
+            loaded, _ = engine.load_checkpoint(path, tag=tag, load_module_strict=self.lora is None)
             if loaded is None:
                 raise RuntimeError(f"learner: checkpoint {path} has no DeepSpeed state {tag!r}; delete it to start "
                                    "afresh")
-        saved = checkpoint.read_state(Path(path))
         ls = saved["learner"]
         self.steps, self.lr = ls["steps"], ls["lr"]
         self.optimizer_steps = ls.get("optimizer_steps", self.steps)  # older checkpoints: one per step
         self.noise.load_state_dict(ls["noise"])
         return saved["run"]
+
+    def _lora_state(self) -> dict | None:
+        """What a LoRA checkpoint is tied to: the base model's identity and the adapter's configuration."""
+        if self.lora is None:
+            return None
+        from rlscale.trainer.lora.identity import base_identity
+
+        return {"base": base_identity(self.config.model_path), "config": self.config.lora}
 
     def _barrier(self) -> None:
         if self.world_size > 1:

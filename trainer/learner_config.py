@@ -61,6 +61,8 @@ class LearnerConfig:
     # This rank's checkpoint directory, when the ranks may not share one (a volume per rank).
     checkpoint_dir: str | None = None
     extra_ds_config: dict[str, Any] = field(default_factory=dict)
+    # spec.lora as peft's LoraConfig arguments (LoRASpec.peft_kwargs()); None: every parameter trains.
+    lora: dict[str, Any] | None = None
 
     def __post_init__(self):
         if self.loss_aggregation not in LOSS_AGGREGATIONS:
@@ -124,6 +126,7 @@ class LearnerConfig:
             is_cap=a.is_cap,
             epochs=a.epochs,
             mini_batches=a.mini_batches,
+            lora=spec.lora.peft_kwargs() if getattr(spec, "lora", None) is not None else None,
         )
         kw.update(overrides)
         return cls(**kw)

@@ -162,6 +162,15 @@ def engine_gpus(cfg: RunConfig) -> int:
     return max(1, int(getattr(cfg.plan, "tensor_parallel", 0) or cfg.spec.rollout.gpus_per_replica))
 
 
+def engine_lora(spec) -> dict | None:
+    """EngineConfig.lora: with spec.lora the engines serve the base with vLLM's LoRA and take adapters; with
+    modulesToSave they take merged weights like a full update (trainer/lora/policy.py, sync_mode)."""
+    lo = getattr(spec, "lora", None)
+    if lo is None or lo.modules_to_save:
+        return None
+    return {"rank": lo.rank, "alpha": lo.alpha if lo.alpha is not None else lo.rank}
+
+
 def rollout_engine_config(cfg: RunConfig):
     """The rollout replicas' EngineConfig from the spec and the plan. On a GPU accelerator: one replica's
     rollout.gpusPerReplica GPUs as vLLM tensor parallelism, the memory share the planner assumed, and
@@ -172,7 +181,7 @@ def rollout_engine_config(cfg: RunConfig):
     spec = cfg.spec
     backend = transfer_backend(spec.hardware.accelerator, rollout_placement(spec, cfg.plan))
     engine = EngineConfig(model=str(cfg.model_dir), dtype=spec.model.dtype, max_model_len=spec.model.max_length,
-                          seed=cfg.seed, transfer_backend=backend)
+                          seed=cfg.seed, transfer_backend=backend, lora=engine_lora(spec))
     if spec.hardware.accelerator != "cpu":
         engine.tensor_parallel_size = engine_gpus(cfg)
         engine.gpu_memory_utilization = rollout_memory_utilization(spec, cfg.plan)

@@ -8,6 +8,7 @@ from typing import Any
 from rlscale.plan.calibration import PHASES, Calibration
 from rlscale.plan.choices import idle_note, using_the_budget, zero_reason
 from rlscale.plan.errors import PlanError
+from rlscale.plan.lora import lora_fix, lora_note, lora_params_for
 from rlscale.plan.placement import (
     colocated_unavailable,
     gpus_for,
@@ -30,7 +31,7 @@ from rlscale.plan.samples import (
     samples_note,
     scaled_lr,
 )
-from rlscale.plan.shapes import model_shape_for
+from rlscale.plan.shapes import DTYPE_BYTES, model_shape_for
 from rlscale.plan.staleness import penalty_for, staleness_options, staleness_penalty
 from rlscale.plan.throughput import PLUGIN_REWARD_SECONDS, Phases, SystemModel
 from rlscale.progress import fmt_lr
@@ -289,8 +290,11 @@ def system_model(spec: Any, calibration: Calibration | None = None, host_cores: 
         response = calibration.response_length() or response
     profile = accelerator_profile(spec.hardware, dtype)
     builtin_reward = ":" not in spec.task.reward
+    shape = model_shape_for(spec.model)
+    lora = getattr(spec, "lora", None)
     return SystemModel(
-        shape=model_shape_for(spec.model), profile=profile, dtype=dtype,
+        shape=shape, profile=profile, dtype=dtype,
+        lora_params=lora_params_for(spec, shape), lora_merged_sync=bool(lora is not None and lora.modules_to_save),
         prompt_tokens=prompt, response_tokens=response, max_new_tokens=spec.task.max_new_tokens,
         algorithm=spec.algorithm.name, reference_model=spec.algorithm.kl_coef > 0,
         mini_batches=spec.algorithm.mini_batches,
@@ -417,7 +421,8 @@ def make_plan(spec: Any, calibration: Calibration | None = None, placement: str 
         models[where] = model
         cands += candidates(spec, model, cal, feasible, n_noise, e_ref, where, pin)
     if not cands:
-        raise PlanError(_refusal(refused))
+        raise PlanError(_refusal(refused) + lora_fix(spec, lambda trial: make_plan(trial, calibration, placement,
+                                                                                    staleness, host_cores)))
     # A fresh plan leaves no budgeted GPU idle; a re-plan (the running placement and learners kept) may hand
     # rollout GPUs back to the cluster when measurements show they do not pay (the tie rule in `pick`).
     every, kept = cands, (using_the_budget(cands, spec.budget.gpus) if placement is None else cands)
@@ -581,6 +586,7 @@ def _notes(spec: Any, model: SystemModel, cal: Calibration, win: Candidate, n_no
         notes.append(model.turns_note(bool(cal.turns), bool(cal.tool_seconds)))
     if getattr(spec.task, "reward_model", None) is not None:
         notes.append(spec.task.reward_model.plan_note())
+    notes += [n for n in (lora_note(spec, model.shape, DTYPE_BYTES[model.dtype]),) if n]  # spec.lora's
     return tuple(notes)
 
 

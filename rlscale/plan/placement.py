@@ -119,6 +119,11 @@ def rollout_utilization(spec: Any, placement: str, default: float) -> float:
     if asked:
         return float(asked)
     if placement == "colocated" and spec.hardware.accelerator != "cpu":
+        lora = getattr(spec, "lora", None)
+        if lora is not None and not lora.modules_to_save:
+            from rlscale.plan.lora import COLOCATED_LORA_MEMORY_UTILIZATION
+
+            return COLOCATED_LORA_MEMORY_UTILIZATION
         return COLOCATED_MEMORY_UTILIZATION
     return default
 

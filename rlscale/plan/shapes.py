@@ -25,6 +25,7 @@ class ModelShape:
     active_params: int | None = None  # mixture-of-experts: parameters used per token
     source: str = "spec"  # where the numbers came from: spec, builtin, table, config.json
     attention_heads: int = 0  # query heads (0: not known, as from a spec's model.shape)
+    intermediate_size: int = 0  # the dense MLP's width (0: not known; spec.lora's adapter size estimates it)
 
     def splits_over(self, tensor_parallel: int) -> bool:
         """Whether vLLM can shard the attention over `tensor_parallel` GPUs: the query heads divide evenly,
@@ -92,6 +93,8 @@ def shape_from_config(cfg: dict[str, Any], source: str) -> ModelShape:
         vocab_size=int(cfg["vocab_size"]),
         source=source,
         attention_heads=heads,
+        intermediate_size=0 if (cfg.get("num_experts") or cfg.get("num_local_experts"))
+        else int(cfg.get("intermediate_size") or 0),
     )
 
 

@@ -6,6 +6,7 @@ import math
 from dataclasses import dataclass, field
 
 from rlscale.cpu_split import split_cores
+from rlscale.plan.lora import FROZEN_TRAIN_FLOPS_PER_PARAM
 from rlscale.plan.placement import (
     TRANSFER_BUCKET_BYTES,
     WAKE_KV_SECONDS,
@@ -146,12 +147,34 @@ class SystemModel:
     # (the calls of a turn run in parallel in the tool workers; measured, else 0).
     turns: float = 1.0
     tool_seconds: float = 0.0
+    # spec.lora (rlscale/plan/lora.py): the adapter's parameters (0: every parameter trains), and whether an
+    # update sends merged weights instead of the adapter (lora.modulesToSave).
+    lora_params: float = 0.0
+    lora_merged_sync: bool = False
 
     # ----------------------------------------------------------------- devices
 
     @property
     def weight_bytes(self) -> float:
         return self.shape.weight_bytes(self.dtype)
+
+    @property
+    def trainable_params(self) -> float:
+        return self.lora_params or float(self.shape.params)
+
+    @property
+    def adapter_bytes(self) -> float:
+        return self.lora_params * DTYPE_BYTES[self.dtype]
+
+    @property
+    def engine_weight_bytes(self) -> float:
+        """What an engine holds besides its KV cache: the weights and, with LoRA, its one adapter slot."""
+        return self.weight_bytes + self.adapter_bytes
+
+    @property
+    def sync_bytes(self) -> float:
+        """What a weight update moves: the model, or with LoRA the adapter."""
+        return self.adapter_bytes if self.lora_params and not self.lora_merged_sync else self.weight_bytes
 
     @property
     def kv_bytes(self) -> float:
@@ -181,13 +204,13 @@ class SystemModel:
         """Prefill (compute-bound, one per prompt thanks to prefix caching) plus decode iterations
         at the KV-capped concurrency."""
         bw, fl, mem = self.rollout_device(replicas)
-        cap = max_concurrency(mem, self.weight_bytes, self.kv_bytes, self.prompt_tokens + self.max_new_tokens)
+        cap = max_concurrency(mem, self.engine_weight_bytes, self.kv_bytes, self.prompt_tokens + self.max_new_tokens)
         prompts_r = math.ceil(prompts / replicas)  # a group stays on one replica
         n = prompts_r * samples_per_prompt
         b = max(1, min(n, cap, MAX_NUM_SEQS))
         context = self.prompt_tokens + self.response_tokens / 2.0
-        t_iter = decode_step_seconds(b, self.weight_bytes, self.kv_bytes, context, bw, fl, self.shape.active)
-        mem_t = (self.weight_bytes + b * context * self.kv_bytes) / bw
+        t_iter = decode_step_seconds(b, self.engine_weight_bytes, self.kv_bytes, context, bw, fl, self.shape.active)
+        mem_t = (self.engine_weight_bytes + b * context * self.kv_bytes) / bw
         # continuous batching refills freed slots, and the step waits for the longest response of the whole
         # batch (whichever replica has it)
         iterations = max(n * self.response_tokens / b, self.longest_response(prompts * samples_per_prompt))
@@ -220,6 +243,8 @@ class SystemModel:
         p = self.shape.active
         passes = self.logprob_passes() + (1 if self.gradient_checkpointing else 0)
         flops = 6.0 * p + 2.0 * p * passes  # gradient checkpointing: the forward once more
+        if self.lora_params:  # no weight gradients for the frozen base; the adapter's own are small
+            flops += (FROZEN_TRAIN_FLOPS_PER_PARAM - 6.0) * p + 6.0 * self.lora_params
         if self.algorithm == "ppo":
             flops += 6.0 * p + 2.0 * p  # critic: train + the value pass for GAE
         return flops
@@ -238,7 +263,7 @@ class SystemModel:
         micro = self.micro_batches(samples, replicas) * p.micro_batch_overhead_s
         models = 2 if self.algorithm == "ppo" else 1
         shards = world if (self.zero_stage >= 1 and not p.shared_host) else 1
-        optimizer_bytes = OPTIMIZER_BYTES_PER_PARAM * self.shape.params * models
+        optimizer_bytes = OPTIMIZER_BYTES_PER_PARAM * self.trainable_params * models
         optimizer = optimizer_bytes / (p.memory_bandwidth * p.bandwidth_efficiency * shards)
         return compute + micro + self.collective_seconds(samples, replicas) + optimizer + self.offload_seconds(replicas)
 
@@ -253,7 +278,7 @@ class SystemModel:
         link: NVLink inside a node, hardware.interconnectBandwidth across nodes (topology.collective_seconds)."""
         p, world = self.profile, self._learner_world(replicas)
         models = 2 if self.algorithm == "ppo" else 1
-        nbytes = self.shape.params * DTYPE_BYTES[self.dtype] * models
+        nbytes = self.trainable_params * DTYPE_BYTES[self.dtype] * models
         passes = 1 + self.logprob_passes() + (1 if self.gradient_checkpointing else 0)
         weights, grads = zero_collectives(self.zero_stage, self.micro_batches(samples, replicas), passes)
         one = collective_seconds(nbytes, world, self.node_gpus, p.collective_bandwidth, p.interconnect_bandwidth)
@@ -318,6 +343,10 @@ class SystemModel:
         engine sleeps at level 2, its weights discarded (the update replaces them), so it copies nothing."""
         if self.placement != "colocated" or self.profile.shared_host:
             return 0.0
+        if self.lora_params and not self.lora_merged_sync:
+            # LoRA: the engine's base must survive its sleep (level 1: to host memory and back), and the
+            # learner's frozen base leaves the GPU with its states while the engine generates.
+            return 2.0 * (self.learner_memory(replicas) + self.weight_bytes) / self.profile.host_bandwidth
         return 2.0 * self.learner_memory(replicas) / self.profile.host_bandwidth
 
     def gather_seconds(self, learner: int) -> float:
@@ -334,7 +363,7 @@ class SystemModel:
         (disaggregated): a pipelined broadcast from learner rank 0, W over its link whatever the replica count.
         ipc / shm (colocated): every pod's engine wakes and copies the weights from its own learner ranks'
         bucket on the device (or host memory), none over the network."""
-        p, w = self.profile, self.weight_bytes
+        p, w = self.profile, self.sync_bytes
         gather = self.gather_seconds(learner)
         if self.transfer_backend in ("ipc", "shm"):
             wake = 0.0 if p.shared_host else WAKE_KV_SECONDS
@@ -345,8 +374,8 @@ class SystemModel:
         """(bytes out of the learner over the network, bytes copied on the device) of one publish: nccl/gloo
         send W once (a broadcast), ipc/shm copy W on each pod's device (or host) and send nothing."""
         if self.transfer_backend in ("ipc", "shm"):
-            return 0.0, self.weight_bytes
-        return self.weight_bytes, 0.0
+            return 0.0, self.sync_bytes
+        return self.sync_bytes, 0.0
 
     def phases(self, prompts: int, samples_per_prompt: int, rollout: int, learner: int) -> Phases:
         """Calibrated phase seconds of one step."""
@@ -368,7 +397,11 @@ class SystemModel:
         opt = 8.0 if self.dtype == "float32" else 12.0  # m, v (+ fp32 master copy)
         z = self.zero_stage
         per_param = w / (world if z >= 3 else 1) + g / (world if z >= 2 else 1) + opt / (world if z >= 1 else 1)
-        total = per_param * self.shape.params * (2 if self.algorithm == "ppo" else 1)
+        models = 2 if self.algorithm == "ppo" else 1
+        if self.lora_params:  # the frozen base (the critic's body too) + the adapters' training state
+            total = (w * self.shape.params + per_param * self.lora_params) * models
+            return total * (world if self.profile.shared_host else 1)  # the reference is the base: no copy
+        total = per_param * self.shape.params * models
         if self.reference_model:
             total += w * self.shape.params / (world if z >= 3 else 1)
         if self.profile.shared_host:
@@ -452,6 +485,8 @@ class SystemModel:
         """What a weight update adds on each engine GPU: one transfer bucket (the receive buffer) and one layer's
         shard, which vLLM's layerwise reload materialises while it processes the layer (bench/weight_sync.py:
         the receive buffers peak at one bucket; the process's peak RSS rose 1.0-1.8 buckets per update on CPU)."""
+        if self.sync_bytes < self.weight_bytes:  # an adapter: one bucket at most, into the LoRA slot
+            return min(float(TRANSFER_BUCKET_BYTES), self.sync_bytes)
         layer = self.weight_bytes / max(1, self.shape.layers) / max(1, self.rollout_gpus)
         return TRANSFER_BUCKET_BYTES + layer
 
@@ -479,8 +514,8 @@ class SystemModel:
         p = self.profile
         need = self.group_size * (self.prompt_tokens + self.max_new_tokens) * self.kv_bytes
         per_gpu = p.memory * self.rollout_utilization - p.engine_overhead_bytes
-        return next((t for t in TP_DEGREES if per_gpu * t - self.weight_bytes >= need and self.shape.splits_over(t)),
-                    None)
+        weights = self.engine_weight_bytes
+        return next((t for t in TP_DEGREES if per_gpu * t - weights >= need and self.shape.splits_over(t)), None)
 
     def tensor_parallel_infeasible(self) -> str | None:
         """vLLM shards the attention heads over the engine's GPUs: a degree that does not divide them cannot
@@ -503,9 +538,10 @@ class SystemModel:
         gb, cmax = 1e9, self.prompt_tokens + self.max_new_tokens
         _, _, mem = self.rollout_device(rollout)
         need = self.group_size * cmax * self.kv_bytes
-        if mem - self.weight_bytes >= need:
+        weights = self.engine_weight_bytes
+        if mem - weights >= need:
             return None
-        what = (f"{self.weight_bytes / gb:.1f} GB of weights leave {max(0.0, mem - self.weight_bytes) / gb:.1f} GB "
+        what = (f"{weights / gb:.1f} GB of weights leave {max(0.0, mem - weights) / gb:.1f} GB "
                 f"of KV cache in {mem / gb:.1f} GB usable (gpuMemoryUtilization {self.rollout_utilization:.2g}, less "
                 f"{self.profile.engine_overhead_bytes / gb:.0f} GB engine overhead a GPU), below one group's "
                 f"{self.group_size} sequences x {cmax:.0f} tokens ({need / gb:.1f} GB)")

@@ -12,6 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 import rlscale.spec.syntax as X
 from rlscale.spec.algorithm import AlgorithmSpec, DynamicSamplingSpec, OverlongBufferSpec  # noqa: F401
 from rlscale.spec.base import Auto, PosInt, _Model  # noqa: F401  (the models' base, re-exported)
+from rlscale.spec.lora import LoRASpec
 from rlscale.spec.syntax import MAX_GPUS_PER_POD, RESOURCE_NAMES, RESOURCE_PREFIXES  # noqa: F401 (re-exported)
 from rlscale.spec.tools import ToolSpec, default_turns
 
@@ -651,6 +652,7 @@ class RLRunSpec(_Model):
     rollout: RolloutSpec = Field(default_factory=RolloutSpec, description=RolloutSpec.__doc__)
     learner: LearnerSpec = Field(default_factory=LearnerSpec, description=LearnerSpec.__doc__)
     hardware: HardwareSpec = Field(default_factory=HardwareSpec, description=HardwareSpec.__doc__)
+    lora: LoRASpec | None = Field(None, description=LoRASpec.__doc__ + " Unset: every parameter trains.")
     placement: Literal["auto", "colocated", "disaggregated"] = Field(
         "auto", description="Where the rollout engines run. disaggregated: rollout replicas on GPUs of their own, "
         "learners on theirs; colocated: one engine on each learner pod's GPUs, asleep (memory freed) while the "

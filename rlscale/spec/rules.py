@@ -10,6 +10,7 @@ from rlscale.spec.algorithm import GROUP_ALGORITHMS
 from rlscale.spec.algorithm_rules import algorithm_rules
 from rlscale.spec.errors import MISSING, FieldError
 from rlscale.spec.input_rules import input_rules
+from rlscale.spec.lora_rules import lora_rules
 from rlscale.spec.models import (
     BUILTIN_MODELS,
     BUILTIN_REWARDS,
@@ -570,6 +571,7 @@ RULES: list[Rule] = [
     Rule("task.pluginVolume", "!has(self.task.pluginVolume) || self.task.reward.contains(':')",
          "task.pluginVolume needs a plug-in (module:function) in task.reward", _rule_plugin_volume),
     *algorithm_rules(),
+    *lora_rules(),
     *task_rules(),
     *tool_rules(),
     *_volume_rules(),

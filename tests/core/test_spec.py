@@ -85,6 +85,9 @@ CROSS_FIELD = [
      "placement: disaggregated"),
     ({"algorithm": {"miniBatches": 16}, "batch": {"minPrompts": 8}}, "spec.algorithm.miniBatches",
      "miniBatches <= 8"),
+    ({"lora": {"targetModules": ["all-linear", "q_proj"]}}, "spec.lora.targetModules", "all-linear alone"),
+    ({"lora": {"rank": 12}}, "spec.lora.rank", "use one of 1, 8, 16"),
+    ({"lora": {}, "learner": {"zeroStage": 3}}, "spec.learner.zeroStage", "use zeroStage 0-2 with spec.lora"),
     ({"algorithm": {"dynamicSampling": {"maxRounds": 8}}}, "spec.algorithm.dynamicSampling.maxRounds",
      "enabled: true"),
     ({"optimizer": {"betas": [0.9, 1.0]}}, "spec.optimizer.betas", "[0.9, 0.999]"),
@@ -225,6 +228,9 @@ STRUCTURAL = [
     ({"algorithm": {"dynamicSampling": {"maxRounds": 0}}}, "spec.algorithm.dynamicSampling.maxRounds: 0 must be "
      "greater than 0"),
     ({"learner": {"zeroStage": 4}}, "spec.learner.zeroStage: 4 must be less than or equal to 3"),
+    ({"lora": {"targetModules": ["q proj"]}}, "module name 'q proj' is not a module name (letters, digits, _ and .); "
+     "use peft's names, e.g. q_proj"),
+    ({"lora": {"dropout": 1.0}}, "spec.lora.dropout: 1.0 must be less than 1"),
     ({"learner": {"zeroStage": -1}}, "spec.learner.zeroStage: -1 must be greater than or equal to 0"),
     ({"hardware": {"accelerator": "TPU"}}, "spec.hardware.accelerator: 'TPU' is not allowed"),
     ({"model": {"dtype": "int4"}}, "spec.model.dtype: 'int4' is not allowed"),

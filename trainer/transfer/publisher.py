@@ -36,11 +36,13 @@ class SyncResult:
     formed: bool = False  # the group was formed (again) for this publish
     retried: str = ""  # why the first send failed, when a second one went through
     receivers: dict[str, Any] = field(default_factory=dict)  # replica -> its figures of the update
+    kind: str = "weights"  # "adapter" when a LoRA learner's source sends its adapter (spec.lora)
 
     def describe(self) -> str:
         if not self.replicas:
             return f"weights v{self.version}: no replica ready ({self.retried or 'none registered'})"
-        s = (f"weights v{self.version} by {self.backend} to {self.replicas} replica{'s' if self.replicas != 1 else ''} "
+        plural = "s" if self.replicas != 1 else ""
+        s = (f"{self.kind} v{self.version} by {self.backend} to {self.replicas} replica{plural} "
              f"in {self.seconds:.2f} s ({self.tensor_bytes / 2**20:.1f} MiB)")
         if self.formed:
             s += ", group formed"
@@ -176,6 +178,7 @@ class WeightPublisher:
         source = getattr(self.trainer, "source", None)
         if source is not None:
             res.tensor_bytes = sum(m.nbytes for m in metas(source.metadata()))
+            res.kind = getattr(source, "kind", "weights")
         last = getattr(engine, "last", None)
         res.bytes_sent = getattr(last, "bytes", 0) or getattr(engine, "last_bytes", 0)
         self.store.set_version.remote(version)

@@ -54,6 +54,10 @@ class TransferRanks:
         from rlscale.trainer.weights_export import gather_weights
 
         target = getattr(torch, dtype) if dtype else None
+        if getattr(self, "lora", None) is not None:  # whole on every rank (ZeRO 0-2)
+            from rlscale.trainer.lora.policy import sync_items
+
+            return sync_items(self.lora, self.sync_mode, target, device)
         return gather_weights(self.engine.module, self.config.zero_stage == 3, emit=True, dtype=target, device=device)
 
     # --- colocated: the accelerator's memory handed over, not shared by luck ------------------------------
@@ -69,21 +73,37 @@ class TransferRanks:
     def _offload_states(self) -> dict[str, float]:
         if not torch.cuda.is_available() or self.device.type != "cuda":
             return {}
-        if self.config.zero_stage == 0:
-            log.warning("colocated: ZeRO stage 0 has no offload_states; the learner's states stay on the GPU")
-            return {}
         before = torch.cuda.memory_reserved(self.device)
-        for engine in filter(None, (self.engine, getattr(self, "critic", None))):
-            engine.offload_states(include=offloadable(engine, self.config.zero_stage))
+        engines = list(filter(None, (self.engine, getattr(self, "critic", None))))
+        if getattr(self, "lora", None) is not None:
+            # spec.lora: the frozen base is no optimiser state, so DeepSpeed keeps it; it leaves the GPU too
+            # (rlscale/plan/lora.py assumes so: a colocated 7B engine needs the card the base would hold).
+            from rlscale.trainer.lora.policy import move_frozen
+
+            for engine in engines:
+                move_frozen(engine.module, "cpu")
+            self._offloaded = True
+        if self.config.zero_stage == 0:
+            log.warning("colocated: ZeRO stage 0 has no offload_states; the learner's trained states stay on the GPU")
+        else:
+            for engine in engines:
+                engine.offload_states(include=offloadable(engine, self.config.zero_stage))
+            self._offloaded = True
         torch.cuda.empty_cache()
-        self._offloaded = True
         return {"freed_bytes": float(before - torch.cuda.memory_reserved(self.device))}
 
     def _reload_states(self) -> None:
         if not getattr(self, "_offloaded", False):
             return
-        for engine in filter(None, (self.engine, getattr(self, "critic", None))):
-            engine.reload_states()
+        engines = list(filter(None, (self.engine, getattr(self, "critic", None))))
+        if getattr(self, "lora", None) is not None:
+            from rlscale.trainer.lora.policy import move_frozen
+
+            for engine in engines:
+                move_frozen(engine.module, self.device)
+        if self.config.zero_stage > 0:
+            for engine in engines:
+                engine.reload_states()
         self._offloaded = False
 
 

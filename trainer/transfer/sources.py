@@ -56,6 +56,10 @@ def param_meta(learner: Any, dtype: str | None = None) -> list:
     from vllm.distributed.weight_transfer.base import ParamMeta
 
     target = getattr(torch, dtype) if dtype else None
+    if getattr(learner, "lora", None) is not None:  # spec.lora: the adapter, or the merged weights
+        from rlscale.trainer.lora.policy import sync_meta
+
+        return [ParamMeta(n, d, s) for n, d, s in sync_meta(learner.lora, learner.sync_mode, target)]
     out = []
     for name, p in learner.engine.module.named_parameters():
         shape = tuple(getattr(p, "ds_shape", None) or p.shape)
@@ -70,9 +74,14 @@ def learner_source(learner: Any, device: str = "cpu", dtype: str | None = None,
     def stream() -> Iterator[tuple[str, torch.Tensor]]:
         if all_ranks:
             return learner.own_weights(dtype, device)
+        if getattr(learner, "lora", None) is not None:
+            return learner.sync_weights(dtype, device)
         return learner.iter_weights(dtype, device)
 
-    return StreamSource(lambda: param_meta(learner, dtype), stream)
+    source = StreamSource(lambda: param_meta(learner, dtype), stream)
+    if getattr(learner, "lora", None) is not None and learner.sync_mode == "adapter":
+        source.kind = "adapter"  # what the publish log names
+    return source
 
 
 class LearnerRanks:
