@@ -19,7 +19,7 @@ class ToolSpec(_Model):
     """One tool the model may call, Hermes-style (<tool_call>{"name": ..., "arguments": {...}}</tool_call>).
     Every call runs in a sandboxed worker process (docs/tools.md)."""
 
-    name: str = Field(pattern=TOOL_NAME_RE, description="The name the model calls it by.")
+    name: str = Field(pattern=TOOL_NAME_RE, max_length=64, description="The name the model calls it by.")
     builtin: Literal["calculator", "python"] | None = Field(None, description="calculator (arguments: "
                                                             "{expression}: + - * / // % ** on numbers) or python "
                                                             "(arguments: {code}; prints and a last expression's "
