@@ -27,9 +27,11 @@ def test_default_render_has_operator_rbac_and_dashboard():
     objs = chart_objects(HELM)
     kinds = sorted(o["kind"] for o in objs)
     # The operator's ClusterRole and the two aggregated into the built-in edit and view roles; the Pod is
-    # `helm test`'s (a hook: `helm install` leaves it to `helm test`).
+    # `helm test`'s (a hook: `helm install` leaves it to `helm test`); the admission policies that hold the
+    # operator's and the runners' accounts to what they manage (admissionPolicy.enabled, on by default).
     assert kinds == ["ClusterRole"] * 3 + ["ClusterRoleBinding", "ConfigMap", "Deployment", "Pod",
-                                           "PodDisruptionBudget", "Role", "RoleBinding", "Service", "ServiceAccount"]
+                                           "PodDisruptionBudget", "Role", "RoleBinding", "Service", "ServiceAccount"] \
+        + ["ValidatingAdmissionPolicy"] * 2 + ["ValidatingAdmissionPolicyBinding"] * 2
     dep = next(o for o in objs if o["kind"] == "Deployment")
     c = dep["spec"]["template"]["spec"]["containers"][0]
     assert c["args"][0] == "operator"
@@ -91,7 +93,10 @@ def test_namespaced_install_uses_roles_in_each_namespace():
     assert [o["metadata"]["name"] for o in objs if o["kind"].startswith("Cluster")] == \
         [f"{OPERATOR_SA}-rlrun-edit", f"{OPERATOR_SA}-rlrun-view"]
     roles = [o for o in objs if o["kind"] == "Role"]
-    assert sorted(r["metadata"]["namespace"] for r in roles) == [OPERATOR_NS, "team-a", "team-b"]
+    # ... and one in `default`: the API server's EndpointSlice, which the runs' egress policy allows.
+    assert sorted(r["metadata"]["namespace"] for r in roles) == ["default", OPERATOR_NS, "team-a", "team-b"]
+    (in_default,) = [r for r in roles if r["metadata"]["namespace"] == "default"]
+    assert [(r["resources"], r["verbs"]) for r in in_default["rules"]] == [(["endpointslices"], ["get"])], in_default
     dep = next(o for o in objs if o["kind"] == "Deployment")
     assert "--namespace=team-a" in dep["spec"]["template"]["spec"]["containers"][0]["args"]
 
