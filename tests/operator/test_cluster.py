@@ -256,7 +256,8 @@ def test_operator_killed_mid_reconcile_converges_without_duplicates(kube, operat
 
 def test_progress_reported_by_the_learner_feeds_status_and_re_plans_at_two_agreeing_re_plans(kube, operator, ns,
                                                                                                cluster):
-    kube.apply(example_run("prog"), ns)
+    # target.expectedSamples: a measured samples-to-target, so status shows an ETA (no placeholder's time)
+    kube.apply(example_run("prog", target={"expectedSamples": 400_000}), ns)
     r = wait_running(kube, "prog", ns)
     plan0 = Plan.from_dict(r["status"]["plan"])
     # The learner reports as its own service account, which may patch only its own RLRun.
