@@ -245,6 +245,8 @@ class QuickstartRun:
         self.c, self.kubectl, self.workdir = cluster, cluster.kubectl, workdir
         self.facts = Quickstart(node=cluster.node_name, checkpoints=hostpath("rlscale-checkpoints"))
         self.commands, _ = readme_commands()
+        # The README's lines run against this test's cluster, with its binaries first on PATH.
+        self.env = {**os.environ, "KUBECONFIG": str(cluster.kubeconfig), "PATH": f"{cp.bin_dir()}:{os.environ['PATH']}"}
         self.prom: DiscoveringPrometheus | None = None
         self.t_apply = 0.0
         self.first = None  # the first step seen in status
@@ -276,8 +278,7 @@ class QuickstartRun:
 
     def readme_line(self, line: str) -> None:
         """One line of the README's block, as written, against this test's cluster."""
-        env = {**os.environ, "KUBECONFIG": str(self.c.kubeconfig), "PATH": f"{cp.bin_dir()}:{os.environ['PATH']}"}
-        out = subprocess.run(["bash", "-euo", "pipefail", "-c", line], cwd=REPO, env=env, capture_output=True,
+        out = subprocess.run(["bash", "-euo", "pipefail", "-c", line], cwd=REPO, env=self.env, capture_output=True,
                              text=True, timeout=600)
         assert out.returncode == 0, f"README line {line!r} exited {out.returncode}:\n{out.stdout}\n{out.stderr}"
 
@@ -285,10 +286,8 @@ class QuickstartRun:
         """The README's lines before the RLRun's: `helm install` (a release another test of the session
         made goes first, as `helm install` refuses a name in use), the claims' folders, the namespace
         and claims. A checkpoint folder an earlier run left would make this one resume it: moved aside."""
-        helm = str(cp.bin_dir() / "helm")
-        env = {**os.environ, "KUBECONFIG": str(self.c.kubeconfig)}
-        subprocess.run([helm, "uninstall", "rlscale", "-n", OPERATOR_NS, "--wait", "--ignore-not-found"],
-                       env=env, capture_output=True, timeout=300)
+        subprocess.run(["helm", "uninstall", "rlscale", "-n", OPERATOR_NS, "--wait", "--ignore-not-found"],
+                       env=self.env, capture_output=True, timeout=300)
         old = self.facts.checkpoints
         if old.exists() and any(old.iterdir()):
             aside = old.with_name(old.name + ".previous")
