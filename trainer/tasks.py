@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import operator
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -35,20 +36,47 @@ LEVELS = {
 }
 
 
-def _enumerate(level: int) -> list[Problem]:
-    if level == 0:
-        return [Problem(f"{a}+{b}=", str(a + b)) for a in range(10) for b in range(10)]
-    if level == 1:
-        return [Problem(f"{a}+{b}=", str(a + b)) for a in range(10, 100) for b in range(10, 100)]
-    if level == 2:
-        add = _enumerate(1)
-        sub = [Problem(f"{a}-{b}=", str(a - b)) for a in range(10, 100) for b in range(10, a + 1)]
-        return add + sub
-    if level == 3:
-        return [Problem(f"{a}+{b}=", str(a + b)) for a in range(100, 1000) for b in range(100, 1000)]
-    raise ValueError(
-        f"task difficulty: {level} is not a level of builtin:arithmetic; use one of {sorted(LEVELS)}"
-    )
+# Subtraction pairs of level 2 (a in 10-99, b in 10..a): where each a's run of b starts.
+_SUB_START = np.cumsum([0] + [a - 9 for a in range(10, 99)])
+
+
+def _count(level: int) -> int:
+    sizes = {0: 10 * 10, 1: 90 * 90, 2: 90 * 90 + int(_SUB_START[-1]) + 90, 3: 900 * 900}
+    if level not in sizes:
+        raise ValueError(
+            f"task difficulty: {level} is not a level of builtin:arithmetic; use one of {sorted(LEVELS)}"
+        )
+    return sizes[level]
+
+
+def _problem(level: int, i: int) -> Problem:
+    """The i-th problem of a level, in the order the levels list them (a major, b minor; level 2:
+    level 1's sums, then the differences)."""
+    if level == 2 and i >= 8100:
+        j = i - 8100
+        k = int(np.searchsorted(_SUB_START, j, side="right")) - 1
+        a, b = 10 + k, 10 + j - int(_SUB_START[k])
+        return Problem(f"{a}-{b}=", str(a - b))
+    lo, n = {0: (0, 10), 1: (10, 90), 2: (10, 90), 3: (100, 900)}[level]
+    a, b = lo + i // n, lo + i % n
+    return Problem(f"{a}+{b}=", str(a + b))
+
+
+class _Problems(Sequence):
+    """A level's problems in a given order, made when read: level 3 has 810,000 of them, and
+    making them all up front took 5-13 s of every process that built the task (the unit test of
+    its answers, `pytest --durations=40`), for the few thousand a run draws."""
+
+    def __init__(self, level: int, order: np.ndarray):
+        self.level, self.order = level, order
+
+    def __len__(self) -> int:
+        return len(self.order)
+
+    def __getitem__(self, i):
+        if isinstance(i, slice):
+            return [_problem(self.level, int(j)) for j in self.order[i]]
+        return _problem(self.level, int(self.order[operator.index(i)]))
 
 
 class ArithmeticTask:
@@ -57,15 +85,15 @@ class ArithmeticTask:
     name = "builtin:arithmetic"
 
     def __init__(self, difficulty: int = 1, seed: int = 0, eval_size: int = EVAL_SIZE):
-        problems = _enumerate(difficulty)
+        n = _count(difficulty)
         # The split depends only on (difficulty, seed), so every process and every
         # resumed run sees the same held-out set.
-        order = np.random.default_rng(seed).permutation(len(problems))
-        n_eval = min(eval_size, len(problems) // 5)
+        order = np.random.default_rng(seed).permutation(n)
+        n_eval = min(eval_size, n // 5)
         self.difficulty = difficulty
         self.seed = seed
-        self.eval = [problems[i] for i in order[:n_eval]]
-        self.train = [problems[i] for i in order[n_eval:]]
+        self.eval = _Problems(difficulty, order[:n_eval])[:]
+        self.train = _Problems(difficulty, order[n_eval:])
 
 
 class PromptIterator:

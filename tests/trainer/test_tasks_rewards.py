@@ -33,6 +33,15 @@ def test_other_levels_have_correct_answers(level):
     assert len(task.eval) > 0
 
 
+def test_level_2_lists_every_sum_and_difference_once():
+    """Problems are made when read (trainer/tasks.py): the index arithmetic covers each pair once."""
+    task = ArithmeticTask(difficulty=2, seed=0)
+    prompts = [p.prompt for p in list(task.train) + task.eval]
+    expected = {f"{a}+{b}=" for a in range(10, 100) for b in range(10, 100)}
+    expected |= {f"{a}-{b}=" for a in range(10, 100) for b in range(10, a + 1)}
+    assert len(prompts) == len(set(prompts)) and set(prompts) == expected
+
+
 def test_unknown_task_and_level_name_the_field():
     with pytest.raises(ValueError, match="spec.task.name"):
         load_task("gsm8k")
