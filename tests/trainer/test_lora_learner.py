@@ -39,6 +39,16 @@ def result(run_ranks, mode: str, args: dict, workdir: Path) -> dict:
 PROMPTS = [[1, 5, 6, 15, 7], [1, 9, 4, 16], [1, 12, 13, 14, 15, 8]]
 
 
+def logprobs(model) -> list[torch.Tensor]:
+    """Each prompt's next-token log-probs at every position (float64)."""
+    with torch.no_grad():
+        return [torch.log_softmax(model(input_ids=torch.tensor([p])).logits[0].double(), -1) for p in PROMPTS]
+
+
+def max_diff(a: list[torch.Tensor], b: list[torch.Tensor]) -> float:
+    return max(float((x - y).abs().max()) for x, y in zip(a, b, strict=True))
+
+
 @pytest.fixture(scope="module")
 def trained(small_model, tmp_path_factory, run_ranks_module):
     """One LoRA learner process: two steps, a checkpoint, the resume checks; its RESULT and folder."""
@@ -95,9 +105,18 @@ def test_the_exported_merged_model_and_adapter_generate_as_the_run_did(trained, 
     sd = hf.state_dict()
     assert max(float((sd[k] - v).abs().max()) for k, v in last.items()) < 1e-6  # the weights the engines got
     assert greedy(hf, PROMPTS) == r["greedy"]
-    base = AutoModelForCausalLM.from_pretrained(small_model, dtype=torch.float32)
+    base = AutoModelForCausalLM.from_pretrained(small_model, dtype=torch.float32).eval()
+    base_lp, last_lp = logprobs(base), logprobs(hf)
     peft = PeftModel.from_pretrained(base, adapter).eval()
     assert greedy(peft, PROMPTS) == r["greedy"]
+    # Two steps leave this random model's greedy tokens as the base's (an `assert greedy(base, PROMPTS) !=
+    # r["greedy"]` here failed under `pytest tests/trainer/test_lora_learner.py`), so equal text alone would pass
+    # with the adapter ignored: peft's forward must also give the run's last log-probs, far from the base's.
+    assert max_diff(logprobs(peft), last_lp) < 1e-5
+    assert max_diff(base_lp, last_lp) > 1e-2
+    # The adapter merged by peft itself is the run's last weights too.
+    folded = peft.merge_and_unload().state_dict()
+    assert max(float((folded[k] - v).abs().max()) for k, v in last.items()) < 1e-6
     # Neither output named: the error says which to give.
     bad = cli("export", str(tmp / "ckpt"), "--model", str(small_model))
     assert bad.returncode != 0 and "--hf OUT, --adapter OUT" in bad.stderr
