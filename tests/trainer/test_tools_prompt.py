@@ -71,3 +71,20 @@ def test_a_template_with_a_tool_format_gets_the_tools_list(tok):
     msgs, extra = chat_messages([{"role": "user", "content": "347*58="}], None, tok, schemas)
     assert msgs == [{"role": "user", "content": "347*58="}] and extra == {"tools": schemas}
     assert '"name": "calculator"' in tok.apply_chat_template(msgs, tokenize=False, **extra)
+
+
+def test_the_smollm2_example_renders_the_tools_into_its_system_message(tok):
+    """examples/smollm2-tools.yaml through a tokenizer carrying SmolLM2-135M-Instruct's chat template (plain ChatML
+    with a default system message, no tool format): every prompt holds the calculator's signature."""
+    from rlscale.spec import load_rlrun
+    from rlscale.trainer.data import Row, render, use_chat
+    from tests.conftest import EXAMPLES
+
+    tok.chat_template = CHATML
+    spec = load_rlrun(EXAMPLES / "smollm2-tools.yaml").spec
+    assert use_chat(spec.task, tok)
+    (p,), dropped = render([Row(1, "347*58=", None, "20126", {})], tok, spec.task, True, 10**6)
+    assert not dropped
+    assert p.prompt.startswith("<|im_start|>system\nYou can call tools.") and '"name": "calculator"' in p.prompt
+    assert p.prompt.endswith("<|im_start|>user\n347*58=<|im_end|>\n<|im_start|>assistant\n")
+    assert "You are SmolLM" not in p.prompt
