@@ -5,9 +5,9 @@ template, the Hermes tool block in the system message) and counts the turns hold
 calls that compute the right product; `--one-shot` puts one demonstration (a call, the calculator's
 `tool` message, the answer) before the question as chat turns. Then, greedy, whether the model copies the
 calculator's result into its answer when its first turn is the right call (the second turn alone). HF generate in
-this process, no vLLM; prints one JSON line.
+this process, no vLLM; prints the counts so far after each prompt, then the totals.
 
-    .venv/bin/python bench/smollm2_tool_format.py                      # 8 prompts x 8 samples
+    .venv/bin/python bench/smollm2_tool_format.py                      # 6 prompts x 8 samples
     .venv/bin/python bench/smollm2_tool_format.py --one-shot
 """
 
@@ -36,7 +36,7 @@ def one_shot(tok) -> str:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--prompts", type=int, default=8)
+    ap.add_argument("--prompts", type=int, default=6)
     ap.add_argument("--samples", type=int, default=8)
     ap.add_argument("--one-shot", action="store_true")
     a = ap.parse_args(argv)
@@ -45,7 +45,7 @@ def main(argv=None) -> int:
 
     from rlscale.spec import load_rlrun
     from rlscale.trainer.builtin import ensure_builtin_model
-    from rlscale.trainer.data import build_task
+    from rlscale.trainer.data import builtin_rows, render, use_chat
     from rlscale.trainer.rewards import exact_match
     from rlscale.trainer.tools.calculator import calculate
     from rlscale.trainer.tools.calls import CALL_OPEN, observation_text, parse_tool_calls
@@ -56,7 +56,8 @@ def main(argv=None) -> int:
     path = ensure_builtin_model(spec.model.path, progress=False)
     tok = AutoTokenizer.from_pretrained(str(path))
     model = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32).eval()
-    problems = build_task(spec, tok, spec.model.path).eval[: a.prompts]
+    # The run's rendering (build_task's) of the held-out rows only (not the 80,500 train prompts too).
+    problems, _ = render(builtin_rows(spec.task)[1][: a.prompts], tok, spec.task, use_chat(spec.task, tok), 10**6)
     raw = ToolArithmeticTask().eval[: a.prompts]  # the same held-out problems, unrendered
     assert all(r.prompt in p.prompt for r, p in zip(raw, problems, strict=True))
     gen = dict(eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id, max_new_tokens=spec.task.max_new_tokens)
@@ -86,6 +87,8 @@ def main(argv=None) -> int:
         with torch.no_grad():
             answer = tok.decode(model.generate(ids, do_sample=False, **gen)[0, ids.shape[1]:], skip_special_tokens=True)
         copied += exact_match(p.prompt, answer, p.answer) >= 1.0
+        print(json.dumps({"prompts_so_far": problems.index(p) + 1, "samples": n, "valid_calls": calls,
+                          "copied": copied}), flush=True)  # a loaded machine may time it out: what it got so far
     print(json.dumps({"samples": n, "with_tool_call_tag": tags, "valid_calls": calls, "right_calls": right_calls,
                       "prompts": len(problems), "copied_after_a_forced_right_call": copied, "one_shot": a.one_shot,
                       "prompt_tokens": len(tok(problems[0].prompt, add_special_tokens=False).input_ids),
