@@ -19,6 +19,7 @@ import numpy as np
 from rlscale.spec import FieldError, SpecError
 from rlscale.trainer.rewards import Reward, RewardError, parse_expression, resolve_reward, score
 from rlscale.trainer.tasks import ArithmeticTask, Problem
+from rlscale.trainer.tools.prompt import chat_messages, tool_schemas
 
 log = logging.getLogger("rlscale.data")
 
@@ -289,12 +290,14 @@ def render(rows: Sequence[Row], tokenizer, task, chat: bool, max_prompt_tokens: 
     """Problems with the text and tokens the model is given; prompts over max_prompt_tokens are dropped (counted)."""
     out, dropped = [], 0
     system = task.system_prompt
+    schemas = []
+    if chat and getattr(task, "tools", None):  # the tools go into the prompt: the template's way, else Hermes'
+        schemas = tool_schemas(task.tools)
     for r in rows:
         if chat:
-            msgs = list(r.messages) if r.messages else [{"role": "user", "content": r.prompt}]
-            if system and msgs[0]["role"] != "system":
-                msgs.insert(0, {"role": "system", "content": system})
-            text = tokenizer.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)
+            msgs, extra = chat_messages(list(r.messages) if r.messages else [{"role": "user", "content": r.prompt}],
+                                        system, tokenizer, schemas)
+            text = tokenizer.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True, **extra)
             ids = tokenizer(text, add_special_tokens=False).input_ids  # the template wrote the special tokens
         else:
             text = f"{system}\n\n{r.prompt}" if system else r.prompt

@@ -71,4 +71,13 @@ def test_observation_with_a_chat_template_is_the_templates_tool_message():
     tok = PreTrainedTokenizerFast(tokenizer_object=Tokenizer(models.WordLevel({"<unk>": 0}, unk_token="<unk>")))
     tok.chat_template = ("{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
                          "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
-    assert observation_text(["42"], tok) == "\n<|im_start|>tool\n42<|im_end|>\n<|im_start|>assistant\n"
+    # Plain ChatML defines no tool format (SmolLM2's): Hermes' tool message, the output in <tool_response>.
+    assert observation_text(["42"], tok) == ("\n<|im_start|>tool\n<tool_response>42</tool_response><|im_end|>\n"
+                                             "<|im_start|>assistant\n")
+    # A template with a tool format renders the output its own way (Qwen2.5's wraps it itself).
+    tok.chat_template = ("{% for m in messages %}{% if m.role == 'tool' %}<|im_start|>user\n<tool_response>"
+                         "{{ m.content }}</tool_response><|im_end|>\n{% else %}<|im_start|>{{ m.role }}\n"
+                         "{{ m.content }}<|im_end|>\n{% endif %}{% endfor %}"
+                         "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+    assert observation_text(["42"], tok) == ("\n<|im_start|>user\n<tool_response>42</tool_response><|im_end|>\n"
+                                             "<|im_start|>assistant\n")

@@ -18,6 +18,7 @@ from typing import Any
 CALL_OPEN, CALL_CLOSE = "<tool_call>", "</tool_call>"
 RESPONSE_OPEN, RESPONSE_CLOSE = "<tool_response>", "</tool_response>"
 MAX_CALLS_PER_TURN = 8
+_TOOL_FORMAT_RE = re.compile(r"\btools\b|tool_call|['\"]tool['\"]")
 _CALL_RE = re.compile(re.escape(CALL_OPEN) + r"(.*?)(" + re.escape(CALL_CLOSE) + r"|$)", re.S)
 
 
@@ -73,16 +74,26 @@ def format_call(name: str, arguments: dict[str, Any]) -> str:
     return CALL_OPEN + json.dumps({"name": name, "arguments": arguments}) + CALL_CLOSE
 
 
+def has_tool_format(tokenizer: Any) -> bool:
+    """Whether the model's chat template defines a tool format (takes a `tools` list or renders tool calls
+    or the tool role), as Qwen2.5's does; plain ChatML (SmolLM2's) does not."""
+    template = getattr(tokenizer, "chat_template", None)
+    return isinstance(template, str) and bool(_TOOL_FORMAT_RE.search(template))
+
+
 def observation_text(outputs: list[str], tokenizer: Any = None) -> str:
     """The text that follows the model's turn: the tools' outputs as the chat template's `tool` messages
     and the next assistant header, or `<tool_response>` blocks for a model without a template (or whose
-    template has no tool role)."""
+    template has no tool role). A template without a tool format gets Hermes' `tool` messages: each output
+    in a `<tool_response>` block (the form the Hermes system prompt, rlscale.trainer.tools.prompt, names)."""
+    blocks = [f"{RESPONSE_OPEN}{o}{RESPONSE_CLOSE}" for o in outputs]
     if getattr(tokenizer, "chat_template", None):
-        rendered = _template_delta(tokenizer, outputs)
+        contents = outputs if has_tool_format(tokenizer) else blocks
+        rendered = _template_delta(tokenizer, contents)
         # A template that drops messages of a role it does not know renders no output: then the plain blocks.
-        if rendered is not None and all(o in rendered for o in outputs):
+        if rendered is not None and all(o in rendered for o in contents):
             return rendered
-    return "".join(f"{RESPONSE_OPEN}{o}{RESPONSE_CLOSE}" for o in outputs)
+    return "".join(blocks)
 
 
 def _template_delta(tokenizer: Any, outputs: list[str]) -> str | None:
