@@ -14,7 +14,7 @@ from rlscale.spec.algorithm import AlgorithmSpec, DynamicSamplingSpec, OverlongB
 from rlscale.spec.base import Auto, PosInt, _Model  # noqa: F401  (the models' base, re-exported)
 from rlscale.spec.lora import LoRASpec
 from rlscale.spec.syntax import MAX_GPUS_PER_POD, RESOURCE_NAMES, RESOURCE_PREFIXES  # noqa: F401 (re-exported)
-from rlscale.spec.tools import ToolSpec, default_turns
+from rlscale.spec.tools import ToolSandboxSpec, ToolSpec, default_turns
 
 API_GROUP = "rlscale.dev"
 API_VERSION = "v1alpha1"
@@ -254,6 +254,7 @@ class TaskSpec(_Model):
                                                  "model's and the observations' (unset: model.maxLength bounds it).")
     tool_workers: int = Field(0, ge=0, le=256, description="Sandboxed tool worker processes; 0: one per core.")
     tool_memory_mb: int = Field(1024, ge=64, le=65536, description="Address-space limit of a tool worker in MiB.")
+    tool_sandbox: ToolSandboxSpec | None = Field(None, description=ToolSandboxSpec.__doc__ + " Unset: process.")
 
     @field_validator("chat", mode="before")
     @classmethod
