@@ -19,6 +19,9 @@ DEFAULT_TOOL_TURNS = 4  # task.maxTurns with tools or an environment and no maxT
 TOOL_SERVER_PORT = 8700
 TOOL_SERVER_ENV = "RLSCALE_TOOL_SERVER"
 MAX_TOOL_PODS = 16
+# Worker processes a tool pod runs when task.toolWorkers is 0 (a pod's CPUs are its node's: one per core
+# could be a hundred).
+POD_TOOL_WORKERS = 2
 
 
 class ToolSpec(_Model):

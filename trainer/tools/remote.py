@@ -25,7 +25,7 @@ from concurrent.futures import ThreadPoolExecutor
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-from rlscale.trainer.tools.sandbox import PoolStats, ToolDef, ToolPool, ToolResult
+from rlscale.trainer.tools.sandbox import PoolStats, ToolDef, ToolPool, ToolResult, tool_defs
 
 log = logging.getLogger("rlscale.tools")
 ANSWER_SLACK_S = 5.0  # past the tool's own timeout: the server's kill and replace, and the round trip
@@ -92,11 +92,10 @@ class ToolServer(ThreadingHTTPServer):
 
 def serve_spec(spec: Any, port: int) -> int:
     """`rlscale tool-server`: the spec's tools behind ToolServer on `port` until the pod is stopped."""
-    from rlscale.trainer.reward_pool import default_workers
-    from rlscale.trainer.tools.setup import tool_defs
+    from rlscale.spec.tools import POD_TOOL_WORKERS
 
     t = spec.task
-    pool = ToolPool(tool_defs(spec), workers=t.tool_workers or default_workers(), memory_mb=t.tool_memory_mb)
+    pool = ToolPool(tool_defs(spec), workers=t.tool_workers or POD_TOOL_WORKERS, memory_mb=t.tool_memory_mb)
     server = ToolServer(pool, port=port)
     log.info("tool server on :%d: tools %s in %d workers (network cut by %s)", server.port, ", ".join(pool.tools),
              pool.size, " and ".join(sorted(server.isolation)) or "?")

@@ -12,14 +12,9 @@ from rlscale.trainer.tools.environments import ToolEnvironment
 from rlscale.trainer.tools.loop import MultiTurnRollout
 from rlscale.trainer.tools.plugins import import_object
 from rlscale.trainer.tools.remote import RemoteToolPool
-from rlscale.trainer.tools.sandbox import ToolDef, ToolPool
+from rlscale.trainer.tools.sandbox import ToolPool, tool_defs
 
 log = logging.getLogger("rlscale.tools")
-
-
-def tool_defs(spec: Any) -> list[ToolDef]:
-    return [ToolDef(t.name, builtin=t.builtin, function=t.function, timeout_s=t.timeout_seconds,
-                    max_output_chars=t.max_output_chars) for t in spec.task.tools or []]
 
 
 def tool_pool(spec: Any, env: Mapping[str, str] | None = None) -> ToolPool | RemoteToolPool:
