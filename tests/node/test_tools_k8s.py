@@ -1,8 +1,9 @@
 """The builtin tool task on the real node, through the operator: examples/tools-quickstart.yaml (multi-turn
 GRPO with a calculator) applied as an RLRun, its pods (the Ray head, a vLLM rollout pod, a DeepSpeed learner
-pod whose driver runs the tool workers) train builtin:tiny-tools from its shipped warm start, and the run's
-records on the checkpoint claim show the held-out accuracy rising clearly over the warm start and the tool
-calls per trajectory rising.
+pod whose driver runs the turns, and a tool pod the driver calls over HTTP: task.toolSandbox.isolation pod,
+under the node's default runtime, as no gVisor or Kata is installed here) train builtin:tiny-tools from its
+shipped warm start, and the run's records on the checkpoint claim show the held-out accuracy rising clearly
+over the warm start and the tool calls per trajectory rising.
 
 Frugal: the local run of the same spec (docs/tools.md) evaluated 0.835 at step 5 (0.010 before training),
 its calls per trajectory going 0.08 -> 0.71 over those 5 steps; so one eval every 5 steps with a window of
@@ -39,8 +40,8 @@ PSS = {"pod-security.kubernetes.io/enforce": "restricted", "pod-security.kuberne
 def tools_run() -> dict:
     """examples/tools-quickstart.yaml as the other node tests adapt their specs: the claims of the
     README's cluster path (the model built once into rlscale-models, the report on rlscale-checkpoints),
-    small resource requests so the three pods fit the 2-core node, the roles on pods of their own as the
-    local run had them, and the bounded budget of the module docstring."""
+    small resource requests so the pods fit the 2-core node, the roles on pods of their own as the local
+    run had them, the calculator in a tool pod, and the bounded budget of the module docstring."""
     obj = yaml.safe_load(EXAMPLE.read_text())
     obj["metadata"] = {"name": RUN}
     spec = obj["spec"]
@@ -49,6 +50,7 @@ def tools_run() -> dict:
     spec["checkpoint"].update(path="/checkpoints", volume={"persistentVolumeClaim": {"claimName":
                                                                                    "rlscale-checkpoints"}})
     spec["target"].update(evalEvery=EVAL_EVERY, window=1)
+    spec["task"]["toolSandbox"] = {"isolation": "pod"}
     spec["budget"]["maxSteps"] = MAX_STEPS
     for role in ("rollout", "learner"):
         spec[role]["resources"] = {"requests": {"cpu": "250m", "memory": "2Gi"}}
@@ -61,6 +63,8 @@ class ToolsRun:
     records: list[dict] = field(default_factory=list)  # report/metrics.jsonl on the checkpoint claim
     learner_log: str = ""
     seconds: float = 0.0  # from `kubectl apply` to the run's end
+    tool_pods: set[str] = field(default_factory=set)  # tool pods seen Running
+    tool_log: str = ""  # a tool pod's log
 
 
 @pytest.fixture(scope="module")
@@ -83,6 +87,10 @@ def tools(node_cluster, images, tmp_path_factory) -> Iterator[ToolsRun]:
             out = kubectl("logs", pod, "-c", C.ROLE_LEARNER, "-n", NS, check=False)
             if out.returncode == 0:
                 facts.learner_log = out.stdout  # read while the pod lives: the log goes with it
+            for p in view.running(C.ROLE_TOOLS):
+                facts.tool_pods.add(p["metadata"]["name"])
+                out = kubectl("logs", p["metadata"]["name"], "-n", NS, check=False)
+                facts.tool_log = out.stdout if out.returncode == 0 else facts.tool_log
             return view.status().get("phase") in (C.PHASE_BUDGET_EXHAUSTED, C.PHASE_SUCCEEDED, C.PHASE_FAILED)
         wait(f"{RUN} to end", ended, 1200, 3)
         facts.seconds = time.monotonic() - t0
@@ -127,3 +135,11 @@ def test_tool_calls_per_trajectory_rose(tools):
     # 0.08 at step 1 and 0.71 at step 5 locally: the calls at least doubled and rose by 0.3 per trajectory.
     assert last >= 2 * first and last >= first + 0.3, calls
     assert sum(r["tools"]["calls"] for r in tools.records) > 0
+
+
+def test_the_driver_called_the_calculator_in_the_tool_pod(tools):
+    assert tools.tool_pods, "no tool pod was seen Running"
+    assert "tool server on :8700: tools calculator" in tools.tool_log, tools.tool_log[-2000:]
+    url = f"http://{B.names(RUN)[C.ROLE_TOOLS]}.{NS}.svc:8700"
+    assert f"tools calculator in the tool pods at {url}" in tools.learner_log, tools.learner_log[-3000:]
+    print(f"\ntool pod: {[x for x in tools.tool_log.splitlines() if 'tool server' in x][-1:]}", file=sys.stderr)

@@ -175,3 +175,22 @@ def test_off_kubernetes_the_tools_run_in_local_processes():
         assert [t.name for t in tool_defs(_spec())] == list(pool.tools)
     finally:
         pool.close()
+
+
+def test_the_turn_loop_runs_its_calls_through_the_tool_server(remote):
+    """The driver's multi-turn loop, unchanged, with the tool server in place of the local pool: the scripted
+    policy calls the calculator and copies the answer, which then is the product."""
+    from rlscale.trainer.tools.environments import ToolEnvironment
+    from rlscale.trainer.tools.loop import MultiTurnRollout, tool_metrics
+    from rlscale.trainer.tools.task import build_tokenizer
+    from tests.trainer.test_tools_loop import ScriptedPolicy, call
+
+    tok = build_tokenizer()
+    loop = MultiTurnRollout(ScriptedPolicy(tok, lambda text: call(text.rstrip("="))), tok, max_turns=3,
+                            max_tokens=64, max_length=96, tools=ToolEnvironment(remote, tok))
+    groups = loop.generate([tok(p).input_ids for p in ("347*58=", "120*11=")], 2, temperature=1.0, top_p=1.0,
+                           max_new_tokens=16)
+    texts = [t.text for g in groups for t in g]
+    assert texts == ["20126", "20126", "1320", "1320"]
+    m = tool_metrics([t for g in groups for t in g])
+    assert m["calls"] == 4 and m["errors"] == 0 and m["turns"] == 2
