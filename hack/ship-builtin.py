@@ -4,6 +4,7 @@ where `ensure_builtin_model` installs it from instead of running the recipe on e
 Run it after changing a recipe (RECIPE_VERSION and the recipe dict in trainer/builtin.py):
     .venv/bin/python hack/ship-builtin.py                 # runs the recipe (7 min on 2 cores)
     .venv/bin/python hack/ship-builtin.py --from DIR      # ships DIR, a build of the current recipe
+    .venv/bin/python hack/ship-builtin.py --name builtin:tiny-tools --from ~/.cache/rlscale/models/tiny-tools-v1
 Then commit trainer/weights/<name>-v<N>/ and delete the directory of the previous version."""
 
 from __future__ import annotations
@@ -19,6 +20,9 @@ from pathlib import Path
 
 from rlscale.trainer import builtin
 
+# What a build record keeps of the recipe's report: tiny-arith's greedy held-out accuracy; tiny-tools' accuracy
+# with the call forced and its greedy share of calls (trainer/tools/warm_start.py).
+RECORD_KEYS = ("steps", "accuracy", "forced_call_accuracy", "greedy_call_share", "seconds", "recipe")
 FILES = ("config.json", "generation_config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json")
 
 
@@ -55,12 +59,13 @@ def main() -> int:
         shutil.copyfile(src / f, out / f)
     import torch
 
-    record = {key: info[key] for key in ("steps", "accuracy", "seconds", "recipe")}
+    record = {key: info[key] for key in RECORD_KEYS if key in info}
     record.update(sha256=builtin.sha256_file(out / "model.safetensors"),
                   built_on=f"{cpu_name()}, {os.cpu_count()} cores, Python {platform.python_version()}, "
                            f"torch {torch.__version__}")
     (out / builtin.SHIPPED_RECORD).write_text(json.dumps(record, indent=2) + "\n")
-    print(f"shipped {args.name} into {out}: {record['steps']} steps, held-out accuracy {record['accuracy']}")
+    acc = record.get("accuracy", record.get("forced_call_accuracy"))
+    print(f"shipped {args.name} into {out}: {record['steps']} steps, held-out accuracy {acc}")
     return 0
 
 

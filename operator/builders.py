@@ -15,6 +15,7 @@ from typing import Any
 from rlscale.plan import Plan
 from rlscale.runconfig import RunConfig
 from rlscale.spec import RLRunSpec
+from rlscale.spec.tools import TOOL_SERVER_PORT, pods
 
 from . import constants as C
 from .availability import build_disruption_budgets
@@ -30,6 +31,7 @@ from .pods import (
     role_resources,
     template_meta,
 )
+from .tool_pods import build_tool_pods, exclude_tool_pods
 
 
 @dataclass(frozen=True)
@@ -145,22 +147,30 @@ def new_ray_token() -> str:
 
 def build_network_policy(run: RunRef, metrics_from: tuple[str, ...],
                          metrics_ports: tuple[int, ...] = (C.METRICS_PORT,), images: Images | None = None,
-                         download: bool = False) -> dict[str, Any]:
+                         download: bool = False, tools: bool = False) -> dict[str, Any]:
     """Ingress to the run's pods: any port from the run's own pods (Ray and the ranks use
     many), the metrics ports from the monitoring namespaces; nothing else. Egress: the run's own
-    needs only (operator/egress.py), unless the chart's networkPolicy.egress is open."""
+    needs only (operator/egress.py), unless the chart's networkPolicy.egress is open. `tools`: the run
+    has tool pods, which this policy leaves to their own (operator/tool_pods.py) but for the learner
+    pods' calls to them."""
     images = images or Images()
-    own = {"podSelector": {"matchLabels": {C.LABEL_RUN: run.name}}}
+    run_pods = {"matchLabels": {C.LABEL_RUN: run.name}}
+    if tools:
+        run_pods = exclude_tool_pods(run_pods)
+    own = {"podSelector": run_pods}
     rules: list[dict[str, Any]] = [{"from": [own]}]
     if metrics_from:
         rules.append({"from": [{"namespaceSelector": {"matchExpressions": [
             {"key": "kubernetes.io/metadata.name", "operator": "In", "values": sorted(metrics_from)}]}}],
             "ports": [{"port": p, "protocol": "TCP"} for p in metrics_ports]})
-    spec: dict[str, Any] = {"podSelector": {"matchLabels": {C.LABEL_RUN: run.name}}, "policyTypes": ["Ingress"],
-                            "ingress": rules}
+    spec: dict[str, Any] = {"podSelector": copy.deepcopy(run_pods), "policyTypes": ["Ingress"], "ingress": rules}
     if images.egress != "open":
         spec["policyTypes"].append("Egress")
         spec["egress"] = egress_rules(own, images.api_server, images.egress_cidrs, download)
+        if tools:
+            spec["egress"].append({"to": [{"podSelector": {"matchLabels": {C.LABEL_RUN: run.name,
+                                                                           C.LABEL_ROLE: C.ROLE_TOOLS}}}],
+                                   "ports": [{"port": TOOL_SERVER_PORT, "protocol": "TCP"}]})
     return {"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
             "metadata": object_meta(run, names(run.name)[C.ROLE_NETWORK], C.ROLE_NETWORK), "spec": spec}
 
@@ -324,11 +334,15 @@ def build_children(run: RunRef, spec: RLRunSpec, plan: Plan, images: Images | No
     scrape = (C.METRICS_PORT, COLOCATED_ROLLOUT_METRICS_PORT) if co else (C.METRICS_PORT,)
     budgets = [b for b in build_disruption_budgets(run, spec, finished)
                if not (co and b["metadata"]["labels"][C.LABEL_ROLE] == C.ROLE_ROLLOUT)]
+    tools = pods(spec.task)
+    learners = desired_replicas(spec, plan, finished, admitted)[C.ROLE_LEARNER]
     return [
         build_configmap(run, spec, plan),
         *build_runner_account(run),
-        *([build_network_policy(run, images.metrics_from, scrape, images, spec.model.download)]
+        *([build_network_policy(run, images.metrics_from, scrape, images, spec.model.download, tools)]
           if images.network_policy else []),
+        # The tool pods' Service, NetworkPolicy (always: it is the sandbox's, not the run's) and Deployment.
+        *build_tool_pods(run, spec, spec.learner.image or images.trainer, learners),
         build_ray_head_service(run),
         build_learner_service(run),
         build_metrics_service(run, co),

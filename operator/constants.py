@@ -29,6 +29,7 @@ ROLE_TOKEN = "ray-token"  # the Secret with the run's Ray auth token
 ROLE_NETWORK = "network"  # the run's NetworkPolicy
 ROLE_QUEUE = "queue"  # the run's Kueue Workload (spec.scheduling.queueName)
 ROLE_GANG = "gang"  # the run's PodGroup (spec.scheduling.podGroup)
+ROLE_TOOLS = "tools"  # the tool pods' Deployment, Service and NetworkPolicy (spec.task.toolSandbox.isolation pod)
 TOKEN_KEY = "token"
 # Kueue admits a workload that carries its LocalQueue's name in this label.
 LABEL_KUEUE_QUEUE = "kueue.x-k8s.io/queue-name"

@@ -26,6 +26,7 @@ from rlscale.spec import RLRunSpec
 from . import constants as C
 from .naming import RunRef, names
 from .pods import container_ports, pod_spec, role_env, role_resources
+from .tool_pods import tool_env
 
 # The learner entrypoint's variable naming the Ray resources of the pod's node (JSON);
 # rlscale.trainer.entrypoint.RAY_RESOURCES_ENV reads it (the operator does not import the trainer).
@@ -86,7 +87,7 @@ def _rank_env(run: RunRef, spec: RLRunSpec, plan: Plan) -> list[dict[str, Any]]:
     ]
     if colocated(plan):
         env.append({"name": RAY_RESOURCES_ENV, "value": json.dumps({ROLLOUT_RESOURCE: 1})})
-    return env
+    return env + tool_env(run, spec)
 
 
 def _checkpoint_volumes(spec: RLRunSpec, storage: str) -> tuple[list, list, list]:

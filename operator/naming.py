@@ -50,6 +50,7 @@ def names(run: str) -> dict[str, str]:
         C.ROLE_NETWORK: child_name(run, "network"),
         C.ROLE_QUEUE: child_name(run, "queue"),
         C.ROLE_GANG: child_name(run, "gang"),
+        C.ROLE_TOOLS: child_name(run, "tools"),
     }
 
 

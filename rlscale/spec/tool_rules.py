@@ -47,6 +47,27 @@ def _rule_budget_fits(s: Any):
                     "times the turns you expect, plus their observations")
 
 
+def _rule_sandbox_needs_tools(s: Any):
+    t = s.task
+    if t.tool_sandbox is not None and not t.tools:
+        return _err("task.toolSandbox", t.tool_sandbox.model_dump(mode="json", by_alias=True, exclude_none=True),
+                    "is set, but there are no task.tools to run in it", "add task.tools, or remove task.toolSandbox")
+
+
+def _rule_pod_fields_need_pods(s: Any):
+    box = s.task.tool_sandbox
+    if box is None or box.isolation == "pod":
+        return None
+    if box.runtime_class_name is not None:
+        return _err("task.toolSandbox.runtimeClassName", box.runtime_class_name, "is set, but "
+                    "task.toolSandbox.isolation is process: tool processes run in the learner pod, under its runtime",
+                    "set task.toolSandbox.isolation: pod, or remove runtimeClassName")
+    if box.replicas is not None:
+        return _err("task.toolSandbox.replicas", box.replicas, "is set, but task.toolSandbox.isolation is "
+                    "process (there are no tool pods)", "set task.toolSandbox.isolation: pod, or remove replicas")
+    return None
+
+
 def tool_rules() -> list[Rule]:
     """Unique tool names; turns need something to answer them; tools or an environment; a budget for a turn."""
     return [
@@ -64,4 +85,11 @@ def tool_rules() -> list[Rule]:
         Rule("task.maxTrajectoryTokens", "!has(self.task.maxTrajectoryTokens) || "
              "!has(self.task.maxNewTokens) || self.task.maxTrajectoryTokens >= self.task.maxNewTokens",
              "task.maxTrajectoryTokens must be at least task.maxNewTokens", _rule_budget_fits),
+        Rule("task.toolSandbox", "!has(self.task.toolSandbox) || (has(self.task.tools) && size(self.task.tools) > 0)",
+             "task.toolSandbox needs task.tools", _rule_sandbox_needs_tools),
+        Rule("task.toolSandbox", "!has(self.task.toolSandbox) || (has(self.task.toolSandbox.isolation) && "
+             "self.task.toolSandbox.isolation == 'pod') || (!has(self.task.toolSandbox.runtimeClassName) && "
+             "!has(self.task.toolSandbox.replicas))",
+             "task.toolSandbox.runtimeClassName and replicas need task.toolSandbox.isolation: pod",
+             _rule_pod_fields_need_pods),
     ]

@@ -7,9 +7,9 @@ from rlscale.operator import settings as OS
 from rlscale.operator.policy import Policy
 
 # The default run images' registry and the tests' own (reg.example/..., registry.example/...), the
-# examples' model claim, the Coscheduling test's scheduler.
+# examples' model claim, the Coscheduling test's scheduler, the tool pods test's RuntimeClass.
 ALLOWING = Policy(image_prefixes=("ghcr.io/rlscale", "reg.example", "registry.example"), claim_names=("models",),
-                  scheduler_names=("coscheduler",))
+                  scheduler_names=("coscheduler",), runtime_class_names=("gvisor",))
 SETTINGS = OS.OperatorSettings(policy=ALLOWING)
 
 

@@ -60,6 +60,12 @@ REFUSED = [
      "optimizer.decaySteps (unset: budget.maxSteps) must exceed optimizer.warmupSteps"),
     ({"optimizer": {"decaySteps": 100}}, "optimizer.decaySteps needs lrSchedule linear or cosine"),
     ({"rollout": {"topK": -2}}, "spec.rollout.topK"),
+    ({"task": {"toolSandbox": {"isolation": "pod"}}}, "task.toolSandbox needs task.tools"),
+    ({"task": {"tools": [{"name": "c", "builtin": "calculator"}], "toolSandbox": {"runtimeClassName": "gvisor"}}},
+     "task.toolSandbox.runtimeClassName and replicas need task.toolSandbox.isolation: pod"),
+    ({"task": {"tools": [{"name": "c", "builtin": "calculator"}], "toolSandbox": {"isolation": "pod",
+                                                                                "runtimeClassName": "Not_A_Name"}}},
+     "spec.task.toolSandbox.runtimeClassName"),
 ]
 
 
@@ -85,6 +91,9 @@ WELL_FORMED = [
     {"hardware": {"accelerator": "H100", "memoryBandwidth": 3.35e12, "peakFlops": 9.89e14, "memory": 8.0e10}},
     {"optimizer": {"lrSchedule": "cosine", "warmupSteps": 10}, "rollout": {"topK": 50, "minP": 0.05,
                                                                           "repetitionPenalty": 1.1}},
+    {"task": {"tools": [{"name": "c", "builtin": "calculator"}], "toolSandbox": {"isolation": "process"}}},
+    {"task": {"tools": [{"name": "c", "builtin": "calculator"}], "toolSandbox": {"isolation": "pod", "replicas": 2,
+                                                                                "runtimeClassName": "gvisor"}}},
 ]
 
 

@@ -24,6 +24,20 @@ def test_the_shipped_build_is_the_current_recipes():
 
 
 @pytest.mark.slow  # the held-out eval: 11 s on 2 cores
+def test_the_tool_model_ships_so_no_pod_runs_its_7_minute_recipe(tmp_path):
+    """builtin:tiny-tools ships like tiny-arith: the images carry it (trainer/ is copied in), and a pod's
+    prepare-model installs it in a second instead of warm-starting it per run."""
+    shipped = builtin.shipped_build("builtin:tiny-tools")
+    assert shipped is not None, ("trainer/weights holds no build of the current tiny-tools recipe: run "
+                                 "`.venv/bin/python hack/ship-builtin.py --name builtin:tiny-tools` and commit it")
+    record = json.loads((shipped / builtin.SHIPPED_RECORD).read_text())
+    assert record["forced_call_accuracy"] >= builtin.TINY_TOOLS["target_accuracy"]
+    path = builtin.ensure_builtin_model("builtin:tiny-tools", cache_dir=tmp_path, progress=False)
+    marker = json.loads((path / builtin.MARKER).read_text())
+    assert marker["sha256"] == record["sha256"] and marker["source"].startswith("shipped")
+    assert "shipped" in next(x for x in builtin.check_sources() if x.startswith("builtin:tiny-tools"))
+
+
 def test_install_replaces_an_unshipped_build_and_scores_as_recorded(tmp_path):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 

@@ -44,6 +44,12 @@ class ToolDef:
         return {"builtin": self.builtin} if self.builtin else {"function": self.function}
 
 
+def tool_defs(spec: Any) -> list[ToolDef]:
+    """spec.task.tools as the pools take them."""
+    return [ToolDef(t.name, builtin=t.builtin, function=t.function, timeout_s=t.timeout_seconds,
+                    max_output_chars=t.max_output_chars) for t in spec.task.tools or []]
+
+
 @dataclass
 class ToolResult:
     """One call's observation and what happened: `ok`, `error` (the tool raised; its message is the output),

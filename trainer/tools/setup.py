@@ -4,20 +4,45 @@ from __future__ import annotations
 
 import atexit
 import logging
-from collections.abc import Callable, Sequence
+import os
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from rlscale.trainer.tools.environments import ToolEnvironment
 from rlscale.trainer.tools.loop import MultiTurnRollout
 from rlscale.trainer.tools.plugins import import_object
-from rlscale.trainer.tools.sandbox import ToolDef, ToolPool
+from rlscale.trainer.tools.remote import RemoteToolPool
+from rlscale.trainer.tools.sandbox import ToolPool, tool_defs
 
 log = logging.getLogger("rlscale.tools")
 
 
-def tool_defs(spec: Any) -> list[ToolDef]:
-    return [ToolDef(t.name, builtin=t.builtin, function=t.function, timeout_s=t.timeout_seconds,
-                    max_output_chars=t.max_output_chars) for t in spec.task.tools or []]
+def tool_pool(spec: Any, env: Mapping[str, str] | None = None) -> ToolPool | RemoteToolPool:
+    """The run's tool workers, started: the tool pods behind their Service (task.toolSandbox.isolation pod, the
+    operator naming the Service in TOOL_SERVER_ENV), else sandboxed processes beside the driver (its first
+    worker started here, so a plug-in tool that does not import stops the run before anything trains)."""
+    from rlscale.spec.tools import TOOL_SERVER_ENV, pods
+
+    t, env = spec.task, os.environ if env is None else env
+    url = env.get(TOOL_SERVER_ENV, "")
+    if pods(t) and url:
+        remote = RemoteToolPool(tool_defs(spec), url, parallel=16 * (t.tool_sandbox.replicas or 1))
+        how = remote.wait_ready()
+        log.info("tools %s in the tool pods at %s (network cut by %s)", ", ".join(remote.tools), url,
+                 " and ".join(sorted(how)) or "?")
+        return remote
+    if pods(t):
+        log.warning("spec.task.toolSandbox.isolation is pod, but this run is not on Kubernetes (no %s): the tools "
+                    "run in sandboxed processes beside the driver", TOOL_SERVER_ENV)
+    from rlscale.trainer.reward_pool import default_workers
+
+    pool = ToolPool(tool_defs(spec), workers=t.tool_workers or default_workers(), memory_mb=t.tool_memory_mb)
+    first = pool.tools[next(iter(pool.tools))]
+    pool.call(first.name, {})  # starts a worker: its tools import, or the run stops naming them
+    isolation = pool.stats.isolation
+    log.info("tools %s in %d sandboxed workers (network cut by %s)", ", ".join(pool.tools), pool.size,
+             " and ".join(sorted(isolation)) or "?")
+    return pool
 
 
 def multi_turn(spec: Any, rollout: Any, tokenizer: Any, problems: Sequence[Any],
@@ -27,15 +52,9 @@ def multi_turn(spec: Any, rollout: Any, tokenizer: Any, problems: Sequence[Any],
     t = spec.task
     tools = env = None
     if t.tools:
-        from rlscale.trainer.reward_pool import default_workers
-
-        pool = ToolPool(tool_defs(spec), workers=t.tool_workers or default_workers(), memory_mb=t.tool_memory_mb)
+        pool = tool_pool(spec)
         atexit.register(pool.close)
-        first = pool.tools[next(iter(pool.tools))]
-        pool.call(first.name, {})  # starts a worker: its tools import, or the run stops naming them
         isolation = pool.take_stats().isolation
-        log.info("tools %s in %d sandboxed workers (network cut by %s)", ", ".join(pool.tools), pool.size,
-                 " and ".join(sorted(isolation)) or "?")
         if "netns" not in isolation:
             log.warning("tool workers could not enter a network namespace of their own (user namespaces are "
                         "disabled here): only the Python audit hook keeps sockets out (docs/tools.md)")
