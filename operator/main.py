@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 import threading
 
 import kopf
@@ -23,7 +24,12 @@ log = logging.getLogger(__name__)
 def run(namespaces: list[str] | None = None, metrics_port: int = OPERATOR_METRICS_PORT,
         settings: OperatorSettings | None = None) -> int:
     """Serve /metrics, then reconcile RLRuns in the given namespaces (all when empty) until stopped."""
-    settings = settings or OperatorSettings.from_env()
+    if settings is None:
+        try:
+            settings = OperatorSettings.from_env()
+        except ValueError as exc:  # a chart value the operator cannot take (a placement profile): say which
+            print(f"rlscale operator: {exc}", file=sys.stderr)
+            return 2
     logging.basicConfig(level=settings.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("kopf").setLevel(settings.kopf_log_level)
     # One access line per liveness probe (every 20 s in the chart) buries the operator's own.

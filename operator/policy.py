@@ -13,6 +13,8 @@ from typing import Any
 
 from rlscale.spec import RLRunSpec
 
+from . import profiles as PR
+
 ROLES = ("rollout", "learner")
 
 
@@ -33,6 +35,10 @@ class Policy:
     # Secrets and claims allowed by a label besides by name: "key=value", or "key" (any value); "" none.
     secret_label: str = ""
     claim_label: str = ""
+    # Where runs go, by name (spec.scheduling.placementProfile; operator/profiles.py), and whether a run must
+    # name one and set no node selector, toleration or affinity of its own.
+    placement_profiles: tuple[PR.PlacementProfile, ...] = ()
+    require_placement_profile: bool = False
 
 
 CHART_VALUES = {"image_prefixes": "policy.imagePrefixes", "runtime_class_names": "policy.runtimeClassNames",
@@ -40,7 +46,8 @@ CHART_VALUES = {"image_prefixes": "policy.imagePrefixes", "runtime_class_names":
                 "toleration_keys": "policy.tolerationKeys", "node_label_keys": "policy.nodeLabelKeys",
                 "secret_names": "policy.secretNames", "claim_names": "policy.claimNames",
                 "allow_blocking_evictions": "policy.allowBlockingEvictions", "secret_label": "policy.secretLabel",
-                "claim_label": "policy.claimLabel"}
+                "claim_label": "policy.claimLabel", "placement_profiles": PR.CHART_VALUE,
+                "require_placement_profile": PR.REQUIRE_VALUE}
 # An object's labels, by (kind, name) in the run's namespace; None when it cannot be read (absent).
 Labels = Callable[[str, str], "dict[str, str] | None"]
 _LABEL_OF = {"secret_names": ("secret_label", "Secret"), "claim_names": ("claim_label", "PersistentVolumeClaim")}
@@ -191,6 +198,9 @@ def refusal(spec: RLRunSpec, images: list[tuple[str, str]], policy: Policy,
     for key, field, value in _names(spec):
         if value not in getattr(policy, key):
             return _refusal(_WHAT[key], field, value, getattr(policy, key), key)
+    # The run's own placement: what its profile (or the admin's requirement of one) refuses, then the allowlists.
+    if msg := PR.refusal(spec, policy.placement_profiles, policy.require_placement_profile):
+        return msg
     if msg := _placement(spec, policy):
         return msg
     if spec.scheduling.block_evictions and not policy.allow_blocking_evictions:

@@ -44,9 +44,13 @@ def sync_workload(api: KubeAPI, run: B.RunRef, spec: Any, plan: Plan, images: B.
         except ApiException as exc:
             if exc.status != 404:
                 raise
-            return zeros, (False, "KueueNotInstalled", f"spec.scheduling.queueName is {queue!r}, but this cluster "
+            profile = spec.scheduling.placement_profile  # its queueName, unless the run named the queue itself
+            where = f" (spec.scheduling.queueName, or placement profile {profile!r})" if profile else \
+                " (spec.scheduling.queueName)"
+            return zeros, (False, "KueueNotInstalled", f"the run's queue is {queue!r}{where}, but this cluster "
                            f"serves no {C.KUEUE_API} Workloads: install Kueue (then restart the operator so it "
-                           "watches them), or remove spec.scheduling.queueName")
+                           "watches them), or remove the queue (spec.scheduling.queueName; a profile's is the "
+                           "admin's: name one without a queueName)")
         log.info("%s/%s: queued in Kueue LocalQueue %s", run.namespace, run.name, queue)
         return zeros, (False, "Queued", f"waiting for Kueue to admit the run in LocalQueue {queue}")
     st = have.get("status") or {}

@@ -26,6 +26,7 @@ from . import faults as F
 from . import guard as G
 from . import metrics as M
 from . import policy as P
+from . import profiles as PR
 from . import queueing as Q
 from . import scaling as SC
 from . import status as S
@@ -206,8 +207,6 @@ class Controller:
         images = B.run_images(self.settings.children, None if o.retried else o.status.get(S.IMAGES_STATUS))
         o.images = dataclasses.replace(images, api_server=self._api_server()) if images.egress != "open" else images
 
-
-
     def _report(self, o: Observed) -> None:
         """The driver's progress report; whether the run has ended (before, by the report, by its
         faults past the backoff limit: operator/faults.py, or past a deadline: operator/deadlines.py)."""
@@ -228,15 +227,22 @@ class Controller:
                           and (F.exceeded(o.faults, o.spec.failure_policy.backoff_limit) or o.ended is not None)))
 
     def _policy(self, o: Observed) -> None:
-        """The cluster admin's allowlists (chart values `policy.*`): a run outside them gets nothing."""
+        """The cluster admin's allowlists (chart values `policy.*`): a run outside them gets nothing. A run
+        naming a placement profile the cluster lacks is Invalid; its pods are built from the spec with its
+        profile's placement (operator/profiles.py), which the allowlists, meant for the run's own, do not see."""
         assert o.spec is not None
-        if o.finished:  # its workloads are at zero: no pod runs what it asks for
-            return
-        st = self.settings
-        assert o.images is not None
-        msg = P.refusal(o.spec, G.images(o.spec, o.images), st.policy, G.labels_reader(self.api, o.namespace))
-        if msg:
-            o.refusal = (G.NOT_ALLOWED, msg)
+        profiles = self.settings.policy.placement_profiles
+        if not o.finished:  # else its workloads are at zero: no pod runs what it asks for
+            if msg := PR.unknown(o.spec, profiles):
+                o.refusal = (PR.UNKNOWN_PROFILE, msg)
+                return
+            assert o.images is not None
+            msg = P.refusal(o.spec, G.images(o.spec, o.images), self.settings.policy,
+                            G.labels_reader(self.api, o.namespace))
+            if msg:
+                o.refusal = (G.NOT_ALLOWED, msg)
+                return
+        o.spec = PR.effective(o.spec, profiles)
 
     def _plan(self, o: Observed) -> None:
         """The plan in status, unless the spec changed since it was made (or there is none): then a

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 
 from .builders import Images
 from .policy import Policy
+from .profiles import parse_profiles
 
 # The variables the chart's Deployment (charts/rlscale/templates/deployment.yaml) and the tests set.
 ENV_TRAINER_IMAGE = "RLSCALE_TRAINER_IMAGE"
@@ -51,6 +52,9 @@ ENV_REQUIRE_POD_SECURITY = "RLSCALE_REQUIRE_POD_SECURITY"
 ENV_ALLOW_BLOCKING_EVICTIONS = "RLSCALE_ALLOW_BLOCKING_EVICTIONS"  # true/false
 ENV_SECRET_LABEL = "RLSCALE_SECRET_LABEL"  # key=value or key: Secrets allowed by label
 ENV_CLAIM_LABEL = "RLSCALE_CLAIM_LABEL"  # the same for PersistentVolumeClaims
+# policy.placementProfiles as JSON (the chart's toJson; operator/profiles.py) and policy.requirePlacementProfile.
+ENV_PLACEMENT_PROFILES = "RLSCALE_PLACEMENT_PROFILES"
+ENV_REQUIRE_PLACEMENT_PROFILE = "RLSCALE_REQUIRE_PLACEMENT_PROFILE"  # true/false
 POLICY_ENV = {"image_prefixes": ENV_IMAGE_PREFIXES, "runtime_class_names": ENV_RUNTIME_CLASSES,
               "priority_class_names": ENV_PRIORITY_CLASSES, "scheduler_names": ENV_SCHEDULERS,
               "toleration_keys": ENV_TOLERATION_KEYS, "node_label_keys": ENV_NODE_LABEL_KEYS,
@@ -59,7 +63,7 @@ ENV_NAMES = (ENV_TRAINER_IMAGE, ENV_ROLLOUT_IMAGE, ENV_CHECKPOINT_STORAGE, ENV_N
              ENV_PROGRESS_INTERVAL, ENV_LOG_LEVEL, ENV_KOPF_LOG_LEVEL, ENV_BIND, ENV_HEALTH, ENV_WORKERS,
              ENV_STEP_DELAY, ENV_KUBECONFIG, *POLICY_ENV.values(), ENV_REQUIRE_POD_SECURITY, ENV_LEASE, ENV_IDENTITY,
              ENV_LEASE_SECONDS, ENV_ALLOW_BLOCKING_EVICTIONS, ENV_EGRESS, ENV_EGRESS_CIDRS,
-             ENV_SECRET_LABEL, ENV_CLAIM_LABEL)
+             ENV_SECRET_LABEL, ENV_CLAIM_LABEL, ENV_PLACEMENT_PROFILES, ENV_REQUIRE_PLACEMENT_PROFILE)
 
 
 def _flag(text: str) -> bool:
@@ -99,6 +103,7 @@ class OperatorSettings:
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> OperatorSettings:
+        """The settings from `env` (the process's); a placement profile it cannot take raises ValueError."""
         env = os.environ if env is None else env
         d = cls()
         children = Images(
@@ -120,7 +125,9 @@ class OperatorSettings:
                    policy=Policy(**{k: _names(env.get(name, "")) for k, name in POLICY_ENV.items()},
                                  allow_blocking_evictions=_flag(env.get(ENV_ALLOW_BLOCKING_EVICTIONS, "false")),
                                  secret_label=env.get(ENV_SECRET_LABEL, "").strip(),
-                                 claim_label=env.get(ENV_CLAIM_LABEL, "").strip()),
+                                 claim_label=env.get(ENV_CLAIM_LABEL, "").strip(),
+                                 placement_profiles=parse_profiles(env.get(ENV_PLACEMENT_PROFILES, "")),
+                                 require_placement_profile=_flag(env.get(ENV_REQUIRE_PLACEMENT_PROFILE, "false"))),
                    require_pod_security=_flag(env.get(ENV_REQUIRE_POD_SECURITY, "true")),
                    lease=env.get(ENV_LEASE, ""), identity=env.get(ENV_IDENTITY) or d.identity,
                    lease_seconds=float(env.get(ENV_LEASE_SECONDS) or d.lease_seconds))

@@ -100,6 +100,11 @@ def validate(files: list[Path] = typer.Argument(..., help="RLRun YAML files.", s
         out.print(f"[green]ok[/] {f}: RLRun {r.name} ({s.algorithm.name}, {s.model.path}, "
                   f"{s.hardware.accelerator}){note}",
                   highlight=False, soft_wrap=True)
+        if s.scheduling.placement_profile:  # the cluster's profiles are the admin's chart values, not in the file
+            out.print(f"   spec.scheduling.placementProfile {s.scheduling.placement_profile!r}: syntax checked only; "
+                      "the operator checks it against the cluster's profiles (the chart value "
+                      "policy.placementProfiles) and ends the run Invalid if the cluster does not define it",
+                      highlight=False, soft_wrap=True, markup=False)
         lr_line = effective_lr_note(s)
         if lr_line:
             out.print(f"   {lr_line}", highlight=False, soft_wrap=True, markup=False)

@@ -601,6 +601,10 @@ class SchedulingSpec(_Model):
                                    description="Kueue LocalQueue: the run is queued as one "
                                    "Kueue Workload (a pod set per role at the planned counts) and its pods start only "
                                    "once Kueue admits all of them; an eviction scales it to zero until readmitted.")
+    placement_profile: str | None = Field(None, max_length=63, pattern=DNS1123_RE, description="A placement "
+                                          "profile the cluster admin defined (the chart's policy.placementProfiles): "
+                                          "its node selector, tolerations, affinity, classes, scheduler and Kueue "
+                                          "queue go on every pod of the run. What the run sets itself adds to it.")
     scheduler_name: ObjectName | None = Field(None, description="A scheduler other than the default (e.g. a "
                                        "gang scheduler such as volcano).")
     priority_class_name: ObjectName | None = Field(None, description="PriorityClass of every pod of the run.")

@@ -98,6 +98,19 @@ def test_validate_names_the_file_once_and_shows_yaml_values(tmp_path):
     assert "spec.rollout.replicas: true is not allowed" in r.stderr, r.stderr
 
 
+def test_validate_says_a_placement_profile_is_the_clusters_to_check(tmp_path):
+    f = tmp_path / "profiled.yaml"
+    f.write_text("apiVersion: rlscale.dev/v1alpha1\nkind: RLRun\nmetadata: {name: p}\nspec:\n"
+                 "  hardware: {accelerator: cpu}\n  scheduling: {placementProfile: h100}\n")
+    r = cli("validate", str(f))
+    assert r.returncode == 0, r.stderr
+    assert "spec.scheduling.placementProfile 'h100': syntax checked only" in r.stdout
+    assert "policy.placementProfiles" in r.stdout
+    f.write_text(f.read_text().replace("h100", "H100"))
+    r = cli("validate", str(f))
+    assert r.returncode == 1 and "spec.scheduling.placementProfile" in r.stderr, r.stderr
+
+
 def test_run_refuses_a_plan_error_in_one_line(tmp_path):
     # Fits the schema, but the planner cannot size a model directory without config.json.
     (tmp_path / "empty-model").mkdir()

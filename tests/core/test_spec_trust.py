@@ -192,6 +192,8 @@ MALFORMED = [
     (_pod("learner", imagePullSecrets=["Reg Cred"]), "spec.learner.pod.imagePullSecrets[0]", "pattern"),
     ({"scheduling": {"schedulerName": "-x"}}, "spec.scheduling.schedulerName", "pattern"),
     ({"scheduling": {"queueName": "team.a"}}, "spec.scheduling.queueName", "pattern"),
+    ({"scheduling": {"placementProfile": "h100.pool"}}, "spec.scheduling.placementProfile", "pattern"),
+    ({"scheduling": {"placementProfile": "p" * 64}}, "spec.scheduling.placementProfile", "at most 63"),
     (_pod("learner", volumes=[{"name": "s", "secret": {"secretName": "Not/A/Name"}}]),
      "spec.learner.pod.volumes[0].secret.secretName", "not a valid Secret name"),
     (_pod("rollout", env=[{"name": "A", "valueFrom": {"secretKeyRef": {"name": "a_b", "key": "k"}}}]),
@@ -272,7 +274,7 @@ WELL_FORMED = [
     _mount("/tmpdata"),  # shares a prefix with /tmp, but is not under it
     {"checkpoint": {"path": "/mnt/ckpt"}},
     _pod("rollout", priorityClassName="team-a.high", runtimeClassName="nvidia", imagePullSecrets=["reg.cred"]),
-    {"scheduling": {"queueName": "team-a", "schedulerName": "volcano"}},
+    {"scheduling": {"queueName": "team-a", "schedulerName": "volcano", "placementProfile": "h100-" + "p" * 58}},
     _pod("learner", env=[{"name": f"V{i}", "value": "x" * 20000} for i in range(3)]),
     {"hardware": {"accelerator": "cpu", "memoryBandwidth": 5e10, "peakFlops": 2e12, "memory": 6.4e10,
                   "interconnectBandwidth": 1e9}},

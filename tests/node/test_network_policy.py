@@ -4,7 +4,9 @@ operator gives each run (builders.build_network_policy): the run's pods admit co
 from pods with the run's label in their own namespace on every port, and from pods of the
 listed metrics namespaces on the metrics port only. Connections go to the server pod's IP,
 from pods on the same bridge and from this machine (as the kubelet's probes and the tests'
-Prometheus connect)."""
+Prometheus connect). With restricted egress (networkPolicy.egress, operator/egress.py) the
+run's pods reach DNS, the API server (at the endpoints its EndpointSlice names, as the
+operator reads them) and each other, and nothing else: a pod of another namespace is dropped."""
 
 from __future__ import annotations
 
@@ -15,8 +17,10 @@ from pathlib import Path
 
 import pytest
 
+from hack import cluster as cp
 from rlscale.operator import builders as B
 from rlscale.operator import constants as C
+from rlscale.operator import egress as E
 from tests.conftest import wait_for
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -36,6 +40,8 @@ POLICY["metadata"] = {"name": POLICY["metadata"]["name"], "namespace": NS_A}
 # and a pod of the metrics namespace with the run's label (the policy's podSelector names
 # pods of its own namespace only).
 CLIENTS = [(NS_A, "member", MEMBER), (NS_A, "outsider", {}), (NS_B, "stranger", MEMBER)]
+# A server the run does not need: a pod of another namespace that no policy selects.
+ELSEWHERE = (NS_B, "elsewhere")
 
 
 def _pod(node: Node, ns: str, name: str, labels: dict, command: list[str]) -> dict:
@@ -50,12 +56,13 @@ def server_ip(node) -> Iterator[str]:
     node.namespace(NS_B)
     serve = f"/bin/probe serve {METRICS} metrics & exec /bin/probe serve {MAIN} main"
     node.apply([_pod(node, NS_A, "server", MEMBER, ["/bin/sh", "-c", serve]),
+                _pod(node, *ELSEWHERE, {}, ["/bin/probe", "serve", str(MAIN), "elsewhere"]),
                 *[_pod(node, ns, name, labels, ["/bin/sleep", "3600"]) for ns, name, labels in CLIENTS]])
 
     def running(ns: str, name: str):
         p = node.get("pod", name, ns)
         return p if p and p["status"].get("phase") == "Running" and p["status"].get("podIP") else None
-    for ns, name, _ in [(NS_A, "server", {}), *CLIENTS]:
+    for ns, name, _ in [(NS_A, "server", {}), (*ELSEWHERE, {}), *CLIENTS]:
         wait_for(f"pod {ns}/{name} Running", lambda ns=ns, name=name: running(ns, name), 90, 0.5)
     yield node.get("pod", "server", NS_A)["status"]["podIP"]
     node.run("delete", "namespace", NS_A, NS_B, "--wait=false", check=False)
@@ -119,3 +126,51 @@ def test_the_runs_policy_admits_its_pods_and_the_metrics_namespace_on_the_metric
     wait_for("the stranger to reach the main port again", lambda: connect(node, NS_B, "stranger", server_ip, MAIN)
              .startswith("200 "), 30, 0.5)
     assert reach(node, server_ip) == EVERYONE
+
+
+def test_restricted_egress_reaches_dns_the_api_server_and_the_run_and_drops_the_rest(node, server_ip):
+    elsewhere = node.get("pod", ELSEWHERE[1], ELSEWHERE[0])["status"]["podIP"]
+    wait_for("the member to reach a pod elsewhere with no policy", lambda: connect(
+        node, NS_A, "member", elsewhere, MAIN).startswith("200 elsewhere"), 30, 0.5)
+    # The API server's endpoints as the operator reads them (its controller's ApiServerEndpoints).
+    api = E.endpoints(node.get("endpointslice", "kubernetes", "default"))
+    assert api, "the EndpointSlice default/kubernetes names no endpoint"
+    policy = B.build_network_policy(B.RunRef(name=RUN, namespace=NS_A, uid="0"), (NS_B,),
+                                    images=B.Images(egress="restricted", api_server=api))
+    policy["metadata"] = {"name": policy["metadata"]["name"], "namespace": NS_A}
+    assert "Egress" in policy["spec"]["policyTypes"]
+    node.apply(policy)
+    try:
+        seen: list[str] = []
+
+        def dropped() -> bool:
+            seen.append(connect(node, NS_A, "member", elsewhere, MAIN))
+            return not seen[-1].startswith("200 ")
+        try:
+            wait_for("the policy to drop the member's connection elsewhere", dropped, 30, 0.5)
+        except AssertionError as e:
+            raise AssertionError(f"{e}; the member's last attempt: {seen[-1]!r}") from None
+        # Only the run's pods are held: a pod of the run's namespace without its label still connects.
+        assert connect(node, NS_A, "outsider", elsewhere, MAIN).startswith("200 elsewhere")
+        # Nor does the run reach the node beyond DNS and the API server: its kubelet (HTTPS, so a plain GET
+        # that connects is answered 400) is dropped too, while the outsider connects.
+        node_ip, kubelet_port = _kubelet(node)
+        assert connect(node, NS_A, "outsider", node_ip, kubelet_port).startswith("400 "), (node_ip, kubelet_port)
+        assert not connect(node, NS_A, "member", node_ip, kubelet_port).startswith(("200 ", "400 "))
+        # The run's own pods, its DNS and its API server (by the Service's address and by name).
+        assert connect(node, NS_A, "member", server_ip, MAIN).startswith("200 main from server")
+        dns = node.run("exec", "-n", NS_A, "member", "--", "/bin/probe", "resolve", "kubernetes.default.svc",
+                       check=False, timeout=30)
+        assert dns.returncode == 0, dns.stdout + dns.stderr
+        out = node.run("exec", "-n", NS_A, "member", "--", "/bin/probe", "apiserver", check=False, timeout=60)
+        assert out.returncode == 0, out.stdout + out.stderr
+        assert out.stdout.count("/version 200 ") == 2 and "POST selfsubjectreviews 201" in out.stdout, out.stdout
+    finally:
+        node.run("delete", "networkpolicy", policy["metadata"]["name"], "-n", NS_A, "--ignore-not-found")
+
+
+def _kubelet(node: Node) -> tuple[str, int]:
+    """The real node's address and its kubelet's port, as its Node object says."""
+    (n,) = [n for n in node.get("node")["items"] if n["metadata"]["labels"].get(cp.REAL_NODE_LABEL) == "real"]
+    ip = next(a["address"] for a in n["status"]["addresses"] if a["type"] == "InternalIP")
+    return ip, int(n["status"]["daemonEndpoints"]["kubeletEndpoint"]["Port"])

@@ -38,6 +38,7 @@ REFUSED = [
     (_pod("rollout", priorityClassName="System_Critical"), "spec.rollout.pod.priorityClassName"),
     (_pod("learner", imagePullSecrets=["Reg Cred"]), "spec.learner.pod.imagePullSecrets[0]"),
     ({"scheduling": {"schedulerName": "-x"}}, "spec.scheduling.schedulerName"),
+    ({"scheduling": {"placementProfile": "h100.pool"}}, "spec.scheduling.placementProfile"),
     (_pod("learner", volumes=[{"name": "s", "secret": {"secretName": "Not/A/Name"}}]),
      "spec.learner.pod.volumes[0].secret.secretName"),
     (_mount("/etc/rlscale/."), "each learner.pod.volumeMounts mountPath must be absolute, in normal form"),

@@ -108,6 +108,30 @@ def test_values_schema_refuses_bad_values_naming_them():
     assert out.returncode != 0 and "imagez" in out.stderr
 
 
+def test_placement_profiles_reach_the_operator_as_it_reads_them(tmp_path):
+    from rlscale.operator.settings import OperatorSettings
+
+    values = tmp_path / "profiles.yaml"
+    values.write_text("policy:\n  requirePlacementProfile: true\n  placementProfiles:\n    h100:\n"
+                      "      nodeSelector: {nvidia.com/gpu.product: NVIDIA-H100-80GB-HBM3}\n"
+                      "      tolerations: [{key: nvidia.com/gpu, operator: Exists, effect: NoSchedule}]\n"
+                      "      queueName: h100\n    cpu: {nodeSelector: {pool: cpu}}\n")
+    dep = next(o for o in chart_objects(HELM, "-f", str(values)) if o["kind"] == "Deployment")
+    env = {e["name"]: e.get("value") for e in dep["spec"]["template"]["spec"]["containers"][0]["env"]}
+    policy = OperatorSettings.from_env(env).policy
+    assert [p.name for p in policy.placement_profiles] == ["cpu", "h100"] and policy.require_placement_profile
+    h100 = policy.placement_profiles[1]
+    assert h100.node_selector == {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"} and h100.queue_name == "h100"
+    assert h100.tolerations == ({"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"},)
+    # None by default; a field a profile does not take is refused by the chart's schema, naming it.
+    default = next(o for o in chart_objects(HELM) if o["kind"] == "Deployment")
+    env = {e["name"]: e.get("value") for e in default["spec"]["template"]["spec"]["containers"][0]["env"]}
+    assert env["RLSCALE_PLACEMENT_PROFILES"] == "{}" and env["RLSCALE_REQUIRE_PLACEMENT_PROFILE"] == "false"
+    out = helm("template", "x", str(CHART), "--kube-version", K8S_VERSION,
+               "--set", "policy.placementProfiles.h100.nodeSelectr.pool=a")
+    assert out.returncode != 0 and "nodeSelectr" in out.stderr, out.stderr
+
+
 def test_chart_crd_is_the_generated_one():
     from rlscale.crd import crd_yaml
 
