@@ -2,7 +2,8 @@
 DeepSpeed learner built by LearnerConfig.from_spec takes one step on a fixed batch (its stats are the
 loss the test checks by hand), then the driver's own step (rlscale.trainer.driver.Driver.step, so
 dynamic sampling included) runs args["steps"] steps of the builtin arithmetic task, with HF generate
-on the learner's weights as the sampler. Prints one line per run: RESULT {json}.
+on the learner's weights as the sampler. Prints one line per run: RESULT {json}, with how far the run moved the
+parameters that train and the frozen ones (spec.lora: the adapter and the base).
 
 Usage: python algorithm_worker.py ARGS_JSON, with RANK/WORLD_SIZE/MASTER_* in the env.
 """
@@ -66,6 +67,22 @@ def fixed_batch(tok, spec) -> dict:
             "truncated": [n >= spec.task.max_new_tokens for n in lengths]}
 
 
+def snapshot(module) -> dict[str, torch.Tensor]:
+    return {n: p.detach().clone() for n, p in module.named_parameters()}
+
+
+def movement(module, before: dict[str, torch.Tensor]) -> dict:
+    """How far the run moved the parameters that train and the frozen ones (largest absolute change of each),
+    and how many of each there are: with spec.lora the first are the adapter (and a critic's value head), the
+    second the base."""
+    out = {"trained": 0.0, "frozen": 0.0, "trained_params": 0, "frozen_params": 0}
+    for n, p in module.named_parameters():
+        kind = "trained" if p.requires_grad else "frozen"
+        out[kind] = max(out[kind], float((p.detach() - before[n]).abs().max()))
+        out[kind + "_params"] += p.numel()
+    return out
+
+
 def run_one(run: dict, model: Path, tok, workdir: Path) -> dict:
     from rlscale.plan import make_plan
     from rlscale.spec import parse_spec
@@ -79,6 +96,8 @@ def run_one(run: dict, model: Path, tok, workdir: Path) -> dict:
     started = time.perf_counter()
     spec = parse_spec(run["spec"])
     learner = Learner(LearnerConfig.from_spec(spec, str(model), seed=0))
+    modules = {"policy": learner.engine.module, "critic": learner.critic.module if learner.critic else None}
+    initial = {k: snapshot(m) for k, m in modules.items() if m is not None}
     fixed = learner.step(fixed_batch(tok, spec))
     built = build_task(spec, tok, model=spec.model.path)
     rollout = HFRollout(learner, tok)
@@ -97,8 +116,9 @@ def run_one(run: dict, model: Path, tok, workdir: Path) -> dict:
                tokenizer=tok, learner=learner, rollout=rollout, run_log=run_log, sinks=[], plan_source=FixedPlan(),
                ckpt_dir=workdir / run["name"] / "ckpt", run_id=run["name"])
     records = [d.step() for _ in range(run["steps"])]
+    moved = {k: movement(modules[k], before) for k, before in initial.items()}
     learner.shutdown()
-    return {"name": run["name"], "fixed": fixed, "trained": trained, "generated": rollout.generated,
+    return {"name": run["name"], "fixed": fixed, "trained": trained, "generated": rollout.generated, "moved": moved,
             "records": [{"samples": r.samples, "batch_samples": r.batch_samples, "loss": r.loss,
                          "skipped": r.skipped} for r in records],
             "seconds": time.perf_counter() - started}

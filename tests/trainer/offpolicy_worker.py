@@ -21,6 +21,7 @@ from rlscale.trainer import losses as L
 from rlscale.trainer.batching import RolloutBatch, pack, plan_micro_batches
 from rlscale.trainer.learner import Learner, LearnerConfig
 from rlscale.trainer.logprobs import response_logprobs
+from rlscale.trainer.lora.policy import merged_items
 
 
 def params(module) -> dict[str, torch.Tensor]:
@@ -73,8 +74,10 @@ def one_run(run: dict, out: Path) -> dict:
             learner.step(bare)
         except ValueError as exc:
             result["error"] = str(exc)
-    for batch in run["batches"]:
+    for k, batch in enumerate(run["batches"]):
         result["stats"].append(learner.step(batch))
+        if learner.lora is not None:  # the policy after step k as the engines get it: the adapter merged in
+            torch.save(dict(merged_items(learner.lora)), out / f"{run['name']}-v{k + 1}.pt")
     result["optimizer_steps"], result["steps"] = learner.optimizer_steps, learner.steps
     saved = {"params": params(learner.engine.module), "grads": seen}
     if run.get("reference"):

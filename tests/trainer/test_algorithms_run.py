@@ -7,6 +7,11 @@ The fixed batch (algorithm_worker.fixed_batch): three groups of two samples, rew
 [1, 1], response lengths [2, 3], [1, 4], [2, 2]; the 4-token response is truncated (task.maxNewTokens
 is 4). The learner's old policy is its current one, so every ratio is 1 and the policy loss is
 sum_i w_i (-A_i) with w_i the aggregation's weight of sample i's tokens.
+
+Each algorithm runs again with spec.lora (the "-lora" runs): a fresh adapter has B = 0, so the policy, and
+the KL reference (the adapter off), are the base at the fixed batch's step and the hand values hold as
+they are; the run must then have moved the adapter (and PPO's critic's adapter and value head) and left
+the base's weights as they were.
 """
 
 from __future__ import annotations
@@ -74,16 +79,28 @@ RUNS = {
               "clipRatioHigh": 0.28}, -(2 * grpo_a(1.25) - 3 * grpo_a(1.25) - 1 * grpo_a(0.5)) / 6),
 }
 
+LORA = {"rank": 8, "alpha": 16}  # all-linear (the default), scale alpha / rank = 2 as in docs/lora.md
+RUNS.update({f"{name}-lora": ({**algorithm, "lora": LORA}, loss) for name, (algorithm, loss) in list(RUNS.items())})
+LORA_RUNS = [name for name in RUNS if name.endswith("-lora")]
+
+
+def spec_of(algorithm: dict) -> dict:
+    """spec.algorithm, with spec.lora beside it for a "-lora" run."""
+    algorithm = dict(algorithm)
+    lora = algorithm.pop("lora", None)
+    return {**BASE, "algorithm": algorithm, **({"lora": lora} if lora else {})}
+
 
 @pytest.fixture(scope="module")
 def results(tmp_path_factory) -> dict[str, dict]:
     tmp = tmp_path_factory.mktemp("algorithms")
-    runs = [{"name": name, "steps": STEPS, "spec": {**BASE, "algorithm": algorithm}}
+    runs = [{"name": name, "steps": STEPS, "spec": spec_of(algorithm)}
             for name, (algorithm, _) in RUNS.items()]
     (tmp / "args.json").write_text(json.dumps({"workdir": str(tmp), "runs": runs}))
     env = {**os.environ, "WORLD_SIZE": "1", "RANK": "0", "LOCAL_RANK": "0"}
     out = subprocess.run([sys.executable, str(WORKER), str(tmp / "args.json")], capture_output=True, text=True,
                          timeout=850, env=env, cwd=tmp)
+    (tmp / "worker.out").write_text(out.stdout)  # each RESULT line has its run's "seconds"
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     found = [json.loads(line[7:]) for line in out.stdout.splitlines() if line.startswith("RESULT ")]
     return {r["name"]: r for r in found}
@@ -103,7 +120,7 @@ def test_it_runs_the_builtin_task(results, name):
     for rec in r["records"]:
         assert rec["skipped"] or math.isfinite(rec["loss"]), rec
     # Without dynamic sampling each step generates exactly its batch: 8 prompts x 4 samples.
-    if name != "dapo":
+    if not name.startswith("dapo"):
         assert [x["batch_samples"] for x in r["records"]] == [32] * STEPS
     assert r["records"][-1]["samples"] == r["generated"]
 
@@ -113,8 +130,9 @@ def training_rewards(rewards: list[float], lengths: list[int]) -> list[float]:
     return [x - 0.5 * min(max(n - 2, 0) / 2, 1.0) for x, n in zip(rewards, lengths, strict=True)]
 
 
-def test_dynamic_sampling_trains_only_mixed_groups_and_counts_every_generated_sample(results):
-    r = results["dapo"]
+@pytest.mark.parametrize("name", ["dapo", "dapo-lora"])
+def test_dynamic_sampling_trains_only_mixed_groups_and_counts_every_generated_sample(results, name):
+    r = results[name]
     assert len(r["trained"]) == STEPS
     for batch in r["trained"]:
         shaped = training_rewards(batch["rewards"], batch["lengths"])
@@ -125,3 +143,16 @@ def test_dynamic_sampling_trains_only_mixed_groups_and_counts_every_generated_sa
     generated = r["generated"]
     assert r["records"][-1]["samples"] == generated >= STEPS * 32
     assert sum(x["batch_samples"] for x in r["records"]) == generated
+
+
+@pytest.mark.parametrize("name", LORA_RUNS)
+def test_with_lora_the_adapter_trains_and_the_base_stays(results, name):
+    full, r = results[name.removesuffix("-lora")]["moved"], results[name]["moved"]
+    policy = r["policy"]
+    # Only the adapter trains: all-linear rank 8 is a small share of the model; the full run trains it all.
+    assert full["policy"]["frozen_params"] == 0
+    assert 0 < policy["trained_params"] < 0.2 * policy["frozen_params"]
+    assert policy["trained"] > 0 and policy["frozen"] == 0.0, policy
+    if "critic" in r:  # PPO: the critic's body has an adapter of its own and its value head trains whole
+        assert 0 < r["critic"]["trained_params"] < 0.2 * r["critic"]["frozen_params"]
+        assert r["critic"]["trained"] > 0 and r["critic"]["frozen"] == 0.0, r["critic"]

@@ -1,7 +1,8 @@
 """Off-policy correction and several updates per batch (spec.algorithm.isCap, epochs, miniBatches) on
 real DeepSpeed ranks (CPU, gloo; tests/trainer/offpolicy_worker.py): the truncated importance weight
 against a float64 reference written out here, one epoch and one mini-batch bit for bit the on-policy
-step, epochs x miniBatches optimiser steps with a clip that acts, and two ranks against one."""
+step, epochs x miniBatches optimiser steps with a clip that acts, and two ranks against one; with spec.lora, a
+batch one weights version stale (algorithm.maxStaleness: 1) weighted against the adapter it was sampled with."""
 
 from __future__ import annotations
 
@@ -77,6 +78,46 @@ def is_cap_reference(model_path: Path, batch: dict) -> dict:
             "is_truncated_fraction": truncated / total, "rollout_logprobs": behaviour}
 
 
+def base_logprobs(model_path: Path, batches: list[dict]) -> list[list[list[float]]]:
+    """Each batch's response log-probs under the base model (float64): what the engines sample with at weights
+    version 0 with spec.lora, since a fresh adapter (B = 0) is the base and the first update sends the first."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float64)
+    with torch.no_grad():
+        return [[lp.tolist() for lp in reference_logprobs(model, b)] for b in batches]
+
+
+def stale_reference(model_path: Path, merged: dict[str, torch.Tensor], batch: dict, cap: float) -> dict:
+    """GRPO with truncated importance sampling, token-mean, in float64, for a batch sampled by an older policy
+    (its rollout_logprobs) and trained by the policy `merged` (the LoRA learner's weights, adapter merged in):
+    ratio 1 to pi_old = `merged`, each token weighted by min(pi_old / pi_behaviour, cap)."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float64)
+    missing, unexpected = model.load_state_dict({k: v.double() for k, v in merged.items()}, strict=False)
+    assert not unexpected and set(missing) <= {"lm_head.weight"}, (missing, unexpected)  # lm_head: tied
+    spp = batch["samples_per_prompt"]
+    rewards = torch.tensor(batch["rewards"], dtype=torch.float32)
+    adv, keep = A.grpo_advantages(rewards, spp).double(), A.groups_with_signal(rewards, spp)
+    with torch.no_grad():
+        old = reference_logprobs(model, batch)
+    kept = [i for i in range(len(rewards)) if keep[i]]
+    total = sum(len(batch["response_ids"][i]) for i in kept)
+    loss = weights = truncated = diff = 0.0
+    log_ratios = []
+    for i in kept:
+        for lp, behaviour in zip(old[i].tolist(), batch["rollout_logprobs"][i], strict=True):
+            w = min(math.exp(lp - behaviour), cap)
+            loss += w * -adv[i].item() / total
+            weights += w
+            truncated += math.exp(lp - behaviour) >= cap
+            diff += behaviour - lp
+            log_ratios.append(abs(lp - behaviour))
+    return {"loss": loss, "is_weight_mean": weights / total, "is_truncated_fraction": truncated / total,
+            "logprob_diff": diff / total, "max_abs_log_ratio": max(log_ratios)}
+
+
 def start(mode: str, args: dict, workdir: Path, world_size: int, threads: int) -> list:
     """`world_size` ranks of the worker on loopback (not waited for)."""
     return start_ranks(mode, args, workdir, world_size, WORKER, threads)
@@ -94,6 +135,12 @@ def lines(out: str, tag: str) -> list[dict]:
 BATCH = make_batch(0, 4, 4)  # four mixed groups
 # Two ranks, two mini-batches of five groups: [0, 1, 2] and [3, 4]; the ranks take groups 0, 2 | 1 and 3 | 4.
 RANKS_BATCH = make_batch(1, 5, 4)
+# One update ahead of the stale batch's sampler: a rank 8 adapter's first Adam step at lr 0.05 moves a token's
+# log-prob by up to 1.39 (stale_reference's max_abs_log_ratio from this module's lora_stale run; the test
+# checks it is far above its tolerances).
+STALE = make_batch(3, 4, 4)
+STALE_CAP = 1.5  # below the largest of the stale batch's weights, so the cap acts there too
+LORA = {"r": 8, "lora_alpha": 16, "lora_dropout": 0.0, "target_modules": "all-linear", "modules_to_save": None}
 SGD = {"extra_ds_config": {"optimizer": {"type": "SGD", "params": {"lr": SGD_LR}},
                            "zero_allow_untested_optimizer": True}, "lr": SGD_LR, "grad_clip": 1.0}
 
@@ -107,6 +154,7 @@ def results(small_model, tmp_path_factory) -> dict:
                 tmp, world_size=2, threads=1)
     reference = is_cap_reference(small_model, BATCH)
     capped = {**BATCH, "rollout_logprobs": reference["rollout_logprobs"]}
+    v0 = base_logprobs(small_model, [BATCH, STALE])
     runs = [
         {"name": "is_cap", "config": {**base, "is_cap": CAP, "measure_noise": False}, "batches": [capped],
          "without_logprobs": True},
@@ -119,11 +167,16 @@ def results(small_model, tmp_path_factory) -> dict:
         {"name": "ppo", "config": {**base, "algorithm": "ppo", "epochs": 2, "mini_batches": 2, "kl_coef": 0.01},
          "batches": [BATCH]},
         {"name": "one", "config": {**ranked, "zero_stage": 2}, "batches": [RANKS_BATCH]},
+        # maxStaleness 1 with spec.lora: step 1 trains a batch of version 0 (the base) on version 0, step 2 a
+        # batch of version 0 on version 1 (the adapter after step 1).
+        {"name": "lora_stale",
+         "config": {**base, "is_cap": STALE_CAP, "lr": 0.05, "measure_noise": False, "lora": LORA},
+         "batches": [{**BATCH, "rollout_logprobs": v0[0]}, {**STALE, "rollout_logprobs": v0[1]}]},
     ]
     one = start("runs", {"out": str(tmp), "runs": runs}, tmp, world_size=1, threads=1)
     single, *ranks = finish(one) + finish(two)
     return {"runs": {r["name"]: r for r in lines(single, "RESULT")}, "ranks": [lines(o, "RANK")[0] for o in ranks],
-            "reference": reference, "dir": tmp, "model": small_model}
+            "reference": reference, "dir": tmp, "model": small_model, "v0": v0}
 
 
 @pytest.mark.slow
@@ -200,6 +253,42 @@ def test_two_ranks_take_the_same_optimiser_steps_and_end_with_one_ranks_weights(
         update = (p.double() - initial[name].detach().double()).norm().item()
         diff = (rank0[name].double() - p.double()).norm().item()
         assert diff <= 1e-4 * max(update, 1e-6), (name, diff, update)
+
+
+@pytest.mark.slow
+def test_lora_learner_weights_a_stale_batch_by_the_adapter_it_was_sampled_with(results):
+    """spec.lora, algorithm.maxStaleness 1 and isCap: a batch sampled at weights version 0 and trained at
+    version 1 gets each token's weight min(pi_v1 / pi_v0, cap), pi_v1 the learner's adapter after one update
+    and pi_v0 the base (the fresh adapter), against float64 written out from the merged weights."""
+    run, tmp = results["runs"]["lora_stale"], results["dir"]
+    on_policy, stale = run["stats"]
+    # Version 0 on version 0: the fresh adapter is the base the engines sampled with, every weight 1.
+    assert on_policy["is_weight_mean"] == pytest.approx(1.0, abs=1e-5)
+    assert on_policy["logprob_abs_diff"] < 1e-5 and on_policy["is_truncated_fraction"] == 0.0
+    ref = stale_reference(results["model"], torch.load(tmp / "lora_stale-v1.pt"),
+                          {**STALE, "rollout_logprobs": results["v0"][1]}, STALE_CAP)
+    assert ref["max_abs_log_ratio"] > 0.05  # the batch is off-policy by far more than the tolerances below
+    for key in ("loss", "is_weight_mean", "logprob_diff"):
+        assert stale[key] == pytest.approx(ref[key], rel=1e-4, abs=1e-6), key
+    assert stale["is_truncated_fraction"] == pytest.approx(ref["is_truncated_fraction"])
+    assert 0 < stale["is_truncated_fraction"] < 1
+    assert stale["is_weight_mean"] != pytest.approx(1.0, abs=1e-3)
+    # The update trained the adapter: version 2 is not version 1.
+    v1, v2 = torch.load(tmp / "lora_stale-v1.pt"), torch.load(tmp / "lora_stale-v2.pt")
+    assert max(float((v2[k] - v1[k]).abs().max()) for k in v1) > 1e-4
+
+
+def test_a_lora_spec_with_staleness_gives_the_learner_its_adapter_and_is_cap():
+    """What the LoRA staleness test's learner is given, from a spec that validates (parse_spec runs the rules:
+    maxStaleness > 0 is refused colocated, so this is the disaggregated case)."""
+    from rlscale.spec import parse_spec
+    from rlscale.trainer.learner_config import LearnerConfig
+
+    spec = parse_spec({"model": {"path": "builtin:tiny-arith"}, "hardware": {"accelerator": "cpu"},
+                       "placement": "disaggregated", "lora": {"rank": 8, "alpha": 16},
+                       "algorithm": {"maxStaleness": 1, "isCap": 2.0}})
+    config = LearnerConfig.from_spec(spec, "/nowhere")
+    assert config.lora == LORA and config.is_cap == 2.0
 
 
 def test_mini_batches_hold_whole_groups_as_even_as_possible():
