@@ -15,7 +15,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -46,11 +46,59 @@ def member_init_infos(members: Sequence[Member], init_info: dict[str, Any]) -> d
     return out
 
 
+ALIVE_EVERY_S = 2.0  # how often a waiting phase asks which members are still alive
+
+
+def _alive_now(alive: Callable[[], Collection[str]]) -> set[str] | None:
+    try:
+        now = alive()
+    except Exception as exc:  # no answer about liveness is no news: the phase's own timeout still holds
+        log.debug("replica liveness: %s", exc)
+        return None
+    return None if now is None else set(now)
+
+
+def wait_for_acks(op: str, expected: set[str], acks_now: Callable[[], Mapping[str, Mapping[str, Any]]],
+                  timeout_s: float, alive: Callable[[], Collection[str]] | None = None,
+                  alive_every_s: float = ALIVE_EVERY_S) -> dict[str, Any]:
+    """Wait until every replica in `expected` answered `op` (acks_now(): replica -> its answer so far); their
+    results. A failed answer, a member that is no longer alive, or timeout_s without every answer raise
+    WeightTransferError. Without the liveness check, a replica killed between two updates (its pod deleted)
+    held the next update for timeout_s, then its abort and the group's shutdown as long again: 6 minutes of
+    a real-node run (tests/node/test_faults_k8s.py, the rollout pod's kill)."""
+    start = time.monotonic()
+    deadline, next_alive, wait = start + timeout_s, start + alive_every_s, 0.002
+    while True:
+        acks = acks_now()
+        failed = {r: a["error"] for r, a in acks.items() if a.get("error")}
+        if failed:
+            r, err = sorted(failed.items())[0]
+            raise WeightTransferError(f"replica {r}: {op} failed: {err}")
+        if expected <= set(acks):
+            return {r: acks[r].get("result") for r in expected}
+        now = time.monotonic()
+        if alive is not None and now >= next_alive:
+            next_alive = now + alive_every_s
+            live = _alive_now(alive)
+            gone = sorted(expected - set(acks) - live) if live is not None else []
+            if gone:
+                raise WeightTransferError(f"{op}: replica(s) {', '.join(gone)} gone before answering")
+        if now > deadline:
+            missing = sorted(expected - set(acks))
+            raise WeightTransferError(f"{op}: no answer from replica(s) {', '.join(missing)} in {timeout_s:.0f} s")
+        time.sleep(wait)
+        wait = min(wait * 2, 0.05)
+
+
 class ReplicaClient:
     """vLLM's VLLMWeightSyncClient over the WeightStore: each call returns once every member did it."""
 
-    def __init__(self, store: Any, members: Sequence[Member], timeout_s: float = 120.0):
-        self.store, self.members, self.timeout_s = store, list(members), timeout_s
+    def __init__(self, store: Any, members: Sequence[Member], timeout_s: float = 120.0,
+                 alive: Callable[[], Collection[str]] | None = None):
+        """`alive`: the ids of the replicas alive now (None where it cannot say), asked while a phase waits, so
+        that a member that died ends the wait at once instead of after timeout_s, and abort and shutdown wait
+        only for the members still there."""
+        self.store, self.members, self.timeout_s, self.alive = store, list(members), timeout_s, alive
         self.version: int | None = None  # what finish_weight_update makes the members' weights version
         self.results: dict[str, Any] = {}  # the members' answers to the last call
 
@@ -61,26 +109,20 @@ class ReplicaClient:
     def _call(self, op: str, payloads: Mapping[str, Any]) -> dict[str, Any]:
         import ray
 
+        if not payloads:
+            self.results = {}
+            return self.results
         seq = ray.get(self.store.post.remote(op, dict(payloads)))
-        deadline, wait = time.monotonic() + self.timeout_s, 0.002
-        while True:
-            acks = ray.get(self.store.acks.remote(seq))
-            failed = {r: a["error"] for r, a in acks.items() if a.get("error")}
-            if failed:
-                r, err = sorted(failed.items())[0]
-                raise WeightTransferError(f"replica {r}: {op} failed: {err}")
-            if len(acks) == len(payloads):
-                self.results = {r: a.get("result") for r, a in acks.items()}
-                return self.results
-            if time.monotonic() > deadline:
-                missing = sorted(set(payloads) - set(acks))
-                raise WeightTransferError(f"{op}: no answer from replica(s) {', '.join(missing)} "
-                                          f"in {self.timeout_s:.0f} s")
-            time.sleep(wait)
-            wait = min(wait * 2, 0.05)
+        self.results = wait_for_acks(op, set(payloads), lambda: ray.get(self.store.acks.remote(seq)),
+                                     self.timeout_s, self.alive)
+        return self.results
 
-    def _all(self, op: str, payload: Any = None) -> dict[str, Any]:
-        return self._call(op, {m.id: payload for m in self.members})
+    def _all(self, op: str, payload: Any = None, live_only: bool = False) -> dict[str, Any]:
+        members = self.members
+        if live_only and self.alive is not None:
+            now = _alive_now(self.alive)
+            members = members if now is None else [m for m in members if m.id in now]
+        return self._call(op, {m.id: payload for m in members})
 
     def init_weight_transfer_engine(self, init_info: dict[str, Any]) -> None:
         self._call("init", member_init_infos(self.members, init_info))
@@ -96,13 +138,13 @@ class ReplicaClient:
         self._all("finish", {"version": v})
 
     def shutdown_weight_transfer_engine(self) -> None:
-        self._all("shutdown")
+        self._all("shutdown", live_only=True)  # a replica that is gone has nothing left to shut down
 
     def abort(self) -> None:
         """Best effort after a broken update: members leave the update (their weights marked unusable until
         the next whole one) and close the group."""
         try:
-            self._all("abort")
+            self._all("abort", live_only=True)
         except Exception as exc:
             log.warning("weight transfer abort: %s", exc)
 

@@ -4,6 +4,7 @@ replicas in threads of this process, the buckets, the members' ranks, and the dr
 from __future__ import annotations
 
 import threading
+import time
 from types import SimpleNamespace
 
 import pytest
@@ -223,3 +224,46 @@ def test_shm_maps_each_bucket_in_place_and_a_rank_clears_its_stale_segments(monk
     name = trainer.seg.name
     trainer.shutdown()
     assert not Path(f"/dev/shm/{name}").exists()
+
+
+def test_a_member_that_dies_ends_the_wait_at_once_and_abort_skips_it(monkeypatch):
+    """A replica killed between two updates (its pod deleted) never answers: the wait ends when the replica
+    is no longer alive, not after the phase's timeout (the real node's faults run waited 120 s three times)."""
+    from rlscale.rollout.transfer.control import ReplicaClient, WeightTransferError, wait_for_acks
+
+    acks = {"a": {"result": 1}}
+    t0 = time.monotonic()
+    with pytest.raises(WeightTransferError, match="replica\\(s\\) b gone"):
+        wait_for_acks("start", {"a", "b"}, lambda: acks, timeout_s=30, alive=lambda: ["a"], alive_every_s=0.05)
+    assert time.monotonic() - t0 < 5
+    # Alive but slow: the timeout still decides; no liveness answer (or a failing one) is no news.
+    for alive in (lambda: ["a", "b"], lambda: None, lambda: 1 / 0):
+        t0 = time.monotonic()
+        with pytest.raises(WeightTransferError, match="no answer from replica\\(s\\) b in 0 s"):
+            wait_for_acks("start", {"a", "b"}, lambda: acks, timeout_s=0.3, alive=alive, alive_every_s=0.05)
+        assert time.monotonic() - t0 >= 0.3
+    assert wait_for_acks("finish", {"a"}, lambda: acks, timeout_s=1, alive=lambda: []) == {"a": 1}
+
+    # abort and shutdown post to the members still alive only; the other phases to every member.
+    posted = []
+
+    class Store:
+        class post:  # noqa: N801 - the Ray actor method's shape: .remote(...)
+            @staticmethod
+            def remote(op, payloads):
+                posted.append((op, sorted(payloads)))
+                return len(posted)
+
+        class acks:  # noqa: N801
+            @staticmethod
+            def remote(seq):
+                return {r: {"result": None} for r in posted[seq - 1][1]}
+
+    import ray
+
+    monkeypatch.setattr(ray, "get", lambda x: x)  # the stand-in store answers in place of Ray's object refs
+    client = ReplicaClient(Store, [Member("a"), Member("b")], timeout_s=1, alive=lambda: ["a"])
+    client.abort()
+    client.shutdown_weight_transfer_engine()
+    client.finish_weight_update("3")
+    assert posted == [("abort", ["a"]), ("shutdown", ["a"]), ("finish", ["a", "b"])]

@@ -123,7 +123,8 @@ class WeightPublisher:
         self.members: tuple[Member, ...] = ()
 
     def _open(self, members: Sequence[Member]) -> None:
-        self.client = ReplicaClient(self.store, members, self.timeout_s)
+        self.client = ReplicaClient(self.store, members, self.timeout_s,
+                                    alive=lambda: [m.id for m in self.members_now()])
         world = 1 + self.client.workers
 
         def make_info(rank: int) -> Any:
