@@ -4,10 +4,18 @@ pods and report through kubectl and its checkpoint claim (a hostPath on this mac
 from __future__ import annotations
 
 import json
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
+from hack import cluster as cp
+from hack.cluster import quickstart as qs
 from rlscale.operator import constants as C
-from tests.conftest import wait_for as wait  # noqa: F401  (the node tests' name for it)
+from tests.conftest import wait_for as wait
+
+RESTRICTED = {"pod-security.kubernetes.io/enforce": "restricted", "pod-security.kubernetes.io/warn": "restricted"}
+ENDED = (C.PHASE_BUDGET_EXHAUSTED, C.PHASE_SUCCEEDED, C.PHASE_FAILED)
 
 
 def read_jsonl(path: Path) -> list[dict]:
@@ -67,3 +75,35 @@ class RunView:
     def checkpoint_steps(self) -> list[int]:
         """The complete checkpoints on the claim (step-N folders), oldest first."""
         return sorted(int(p.name.split("-")[1]) for p in self.checkpoints.glob("step-*") if p.is_dir())
+
+
+@contextmanager
+def applied_run(cluster, ns: str, obj: dict, checkpoints: Path, poll: Callable[[], None] | None = None,
+                timeout: float = 1200) -> Iterator[tuple[RunView, float]]:
+    """The chart installed (a no-op when an earlier test installed it), namespace `ns` (Pod Security
+    restricted) with the README's claims (the model cache, the report on `checkpoints`), the RLRun `obj`
+    applied there and waited for until it ends (`poll()` each round while it runs, to read what goes with
+    its pods); yields its view and the seconds from apply to the end. The namespace and the claims' volumes
+    are deleted afterwards."""
+    kubectl = cluster.kubectl
+    qs.helm_install(cp.bin_dir() / "helm", cluster.kubeconfig)
+    kubectl("apply", "-f", "-", input=json.dumps({"apiVersion": "v1", "kind": "Namespace",
+                                                  "metadata": {"name": ns, "labels": RESTRICTED}}))
+    claims = qs.claims(ns, qs.model_cache(), checkpoints)
+    kubectl("apply", "-f", "-", input=json.dumps({"apiVersion": "v1", "kind": "List", "items": claims}))
+    view = RunView(kubectl, ns, obj["metadata"]["name"], checkpoints)
+    t0 = time.monotonic()
+    try:
+        kubectl("apply", "-n", ns, "-f", "-", input=json.dumps(obj))
+
+        def ended() -> bool:
+            if poll is not None:
+                poll()
+            return view.status().get("phase") in ENDED
+        wait(f"{view.run} to end", ended, timeout, 3)
+        yield view, time.monotonic() - t0
+    finally:
+        kubectl("delete", "namespace", ns, "--wait=false", check=False)
+        for item in claims:
+            if item["kind"] == "PersistentVolume":
+                kubectl("delete", "pv", item["metadata"]["name"], "--wait=false", "--ignore-not-found", check=False)

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import sys
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,11 +21,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from hack import cluster as cp
-from hack.cluster import quickstart as qs
 from rlscale.operator import builders as B
 from rlscale.operator import constants as C
-from tests.node.runs import RunView, wait
+from tests.node.runs import RunView, applied_run
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow, pytest.mark.timeout(1800)]
 
@@ -34,7 +31,6 @@ REPO = Path(__file__).resolve().parents[2]
 EXAMPLE = REPO / "examples/tools-quickstart.yaml"
 NS, RUN = "tools-e2e", "tools-quickstart"
 EVAL_EVERY, MAX_STEPS = 5, 10
-PSS = {"pod-security.kubernetes.io/enforce": "restricted", "pod-security.kubernetes.io/warn": "restricted"}
 
 
 def tools_run() -> dict:
@@ -69,39 +65,22 @@ class ToolsRun:
 
 @pytest.fixture(scope="module")
 def tools(node_cluster, images, tmp_path_factory) -> Iterator[ToolsRun]:
-    kubectl = node_cluster.kubectl
-    qs.helm_install(cp.bin_dir() / "helm", node_cluster.kubeconfig)  # a no-op when another test installed it
-    kubectl("apply", "-f", "-", input=json.dumps({"apiVersion": "v1", "kind": "Namespace",
-                                                  "metadata": {"name": NS, "labels": PSS}}))
-    checkpoints = tmp_path_factory.mktemp("tools-checkpoints")
-    kubectl("apply", "-f", "-", input=json.dumps({"apiVersion": "v1", "kind": "List",
-                                                  "items": qs.claims(NS, qs.model_cache(), checkpoints)}))
-    view = RunView(kubectl, NS, RUN, checkpoints)
-    facts = ToolsRun()
+    kubectl, facts = node_cluster.kubectl, ToolsRun()
     pod = f"{B.names(RUN)[C.ROLE_LEARNER]}-0"
-    t0 = time.monotonic()
-    try:
-        kubectl("apply", "-n", NS, "-f", "-", input=json.dumps(tools_run()))
+    view = RunView(kubectl, NS, RUN)
 
-        def ended():
-            out = kubectl("logs", pod, "-c", C.ROLE_LEARNER, "-n", NS, check=False)
-            if out.returncode == 0:
-                facts.learner_log = out.stdout  # read while the pod lives: the log goes with it
-            for p in view.running(C.ROLE_TOOLS):
-                facts.tool_pods.add(p["metadata"]["name"])
-                out = kubectl("logs", p["metadata"]["name"], "-n", NS, check=False)
-                facts.tool_log = out.stdout if out.returncode == 0 else facts.tool_log
-            return view.status().get("phase") in (C.PHASE_BUDGET_EXHAUSTED, C.PHASE_SUCCEEDED, C.PHASE_FAILED)
-        wait(f"{RUN} to end", ended, 1200, 3)
-        facts.seconds = time.monotonic() - t0
-        facts.status = view.status()
-        facts.records = view.logged()
+    def read_logs() -> None:
+        out = kubectl("logs", pod, "-c", C.ROLE_LEARNER, "-n", NS, check=False)
+        if out.returncode == 0:
+            facts.learner_log = out.stdout  # read while the pod lives: the log goes with it
+        for p in view.running(C.ROLE_TOOLS):
+            facts.tool_pods.add(p["metadata"]["name"])
+            out = kubectl("logs", p["metadata"]["name"], "-n", NS, check=False)
+            facts.tool_log = out.stdout if out.returncode == 0 else facts.tool_log
+    with applied_run(node_cluster, NS, tools_run(), tmp_path_factory.mktemp("tools-checkpoints"), read_logs) as (
+            run, seconds):
+        facts.seconds, facts.status, facts.records = seconds, run.status(), run.logged()
         yield facts
-    finally:
-        kubectl("delete", "namespace", NS, "--wait=false", check=False)
-        for item in qs.claims(NS, qs.model_cache(), checkpoints):
-            if item["kind"] == "PersistentVolume":
-                kubectl("delete", "pv", item["metadata"]["name"], "--wait=false", "--ignore-not-found", check=False)
 
 
 def evals(records: list[dict]) -> list[tuple[int, float]]:
