@@ -25,7 +25,7 @@ from concurrent.futures import ThreadPoolExecutor
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-from rlscale.trainer.tools.sandbox import PoolStats, ToolDef, ToolPool, ToolResult, tool_defs
+from rlscale.trainer.tools.sandbox import PoolStats, ToolCalls, ToolDef, ToolPool, ToolResult, tool_defs
 
 log = logging.getLogger("rlscale.tools")
 ANSWER_SLACK_S = 5.0  # past the tool's own timeout: the server's kill and replace, and the round trip
@@ -106,7 +106,7 @@ def serve_spec(spec: Any, port: int) -> int:
     return 0
 
 
-class RemoteToolPool:
+class RemoteToolPool(ToolCalls):
     """The driver's side: ToolPool's interface (tools, size, call, call_many, take_stats, close) over HTTP to the
     tool pods' Service at `url`. Never raises for a tool pod's fault: the call gets an error observation."""
 
@@ -138,14 +138,11 @@ class RemoteToolPool:
                                    "rlscale.dev/role=tools)")
             time.sleep(2.0)
 
-    def call_many(self, calls: Sequence[tuple[str, dict]]) -> list[ToolResult]:
-        return list(self._executor.map(lambda c: self.call(*c), calls))
-
     def call(self, name: str, arguments: dict) -> ToolResult:
-        tool = self.tools.get(name)
-        if tool is None:
-            return ToolResult(f"error: there is no tool named {name!r}; the tools are {', '.join(self.tools)}",
-                              "refused")
+        refused = self.unknown(name)
+        if refused is not None:
+            return refused
+        tool = self.tools[name]
         t0 = time.perf_counter()
         result = self._post(tool, arguments)
         result.seconds = result.seconds or (time.perf_counter() - t0)

@@ -113,7 +113,29 @@ class _Worker:
             f.close()
 
 
-class ToolPool:
+class ToolCalls:
+    """What a pool of tools shares, wherever its calls run: `tools` by name, `call` (one call, never raising
+    for a tool's fault) and `_executor`, the threads `call_many` runs calls on."""
+
+    tools: dict[str, ToolDef]
+    _executor: ThreadPoolExecutor
+
+    def call(self, name: str, arguments: dict) -> ToolResult:
+        raise NotImplementedError
+
+    def call_many(self, calls: Sequence[tuple[str, dict]]) -> list[ToolResult]:
+        """Each (tool name, arguments) called on the pool's threads; results in order."""
+        return list(self._executor.map(lambda c: self.call(*c), calls))
+
+    def unknown(self, name: str) -> ToolResult | None:
+        """The refusal of a call to a tool the spec does not name (None for one it does)."""
+        if name in self.tools:
+            return None
+        return ToolResult(f"error: there is no tool named {name!r}; the tools are {', '.join(self.tools)}",
+                          "refused")
+
+
+class ToolPool(ToolCalls):
     """Calls tools in `workers` worker processes, in parallel; `call_many` never raises for a tool's fault."""
 
     def __init__(self, tools: Sequence[ToolDef], workers: int = 2, memory_mb: int = 1024,
@@ -130,15 +152,11 @@ class ToolPool:
         self._lock = threading.Lock()
         self._executor = ThreadPoolExecutor(self.size, thread_name_prefix="tool")
 
-    def call_many(self, calls: Sequence[tuple[str, dict]]) -> list[ToolResult]:
-        """Each (tool name, arguments) called in a worker; results in order."""
-        return list(self._executor.map(lambda c: self.call(*c), calls))
-
     def call(self, name: str, arguments: dict) -> ToolResult:
-        tool = self.tools.get(name)
-        if tool is None:
-            return ToolResult(f"error: there is no tool named {name!r}; the tools are {', '.join(self.tools)}",
-                              "refused")
+        refused = self.unknown(name)
+        if refused is not None:
+            return refused
+        tool = self.tools[name]
         worker = self.idle.get()
         try:
             if worker is None:
