@@ -146,14 +146,7 @@ class RemoteToolPool(ToolCalls):
         t0 = time.perf_counter()
         result = self._post(tool, arguments)
         result.seconds = result.seconds or (time.perf_counter() - t0)
-        with self._lock:
-            s = self.stats
-            s.calls += 1
-            s.seconds += result.seconds
-            s.errors += result.kind == "error"
-            s.timeouts += result.kind == "timeout"
-            s.deaths += result.kind == "died"
-        return result
+        return self.count(result)
 
     def _post(self, tool: ToolDef, arguments: dict) -> ToolResult:
         body = json.dumps({"tool": tool.name, "arguments": arguments}).encode()

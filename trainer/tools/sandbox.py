@@ -115,10 +115,12 @@ class _Worker:
 
 class ToolCalls:
     """What a pool of tools shares, wherever its calls run: `tools` by name, `call` (one call, never raising
-    for a tool's fault) and `_executor`, the threads `call_many` runs calls on."""
+    for a tool's fault), `_executor` (the threads `call_many` runs calls on) and `stats` under `_lock`."""
 
     tools: dict[str, ToolDef]
+    stats: PoolStats
     _executor: ThreadPoolExecutor
+    _lock: threading.Lock
 
     def call(self, name: str, arguments: dict) -> ToolResult:
         raise NotImplementedError
@@ -126,6 +128,17 @@ class ToolCalls:
     def call_many(self, calls: Sequence[tuple[str, dict]]) -> list[ToolResult]:
         """Each (tool name, arguments) called on the pool's threads; results in order."""
         return list(self._executor.map(lambda c: self.call(*c), calls))
+
+    def count(self, result: ToolResult) -> ToolResult:
+        """`result` counted in the pool's stats (calls from several threads); returned."""
+        with self._lock:
+            s = self.stats
+            s.calls += 1
+            s.seconds += result.seconds
+            s.errors += result.kind == "error"
+            s.timeouts += result.kind == "timeout"
+            s.deaths += result.kind == "died"
+        return result
 
     def unknown(self, name: str) -> ToolResult | None:
         """The refusal of a call to a tool the spec does not name (None for one it does)."""
@@ -166,14 +179,7 @@ class ToolPool(ToolCalls):
             result, worker = self._call(worker, tool, arguments)
         finally:
             self.idle.put(worker)
-        with self._lock:
-            s = self.stats
-            s.calls += 1
-            s.seconds += result.seconds
-            s.errors += result.kind == "error"
-            s.timeouts += result.kind == "timeout"
-            s.deaths += result.kind == "died"
-        return result
+        return self.count(result)
 
     def _call(self, worker: _Worker, tool: ToolDef, arguments: dict) -> tuple[ToolResult, _Worker | None]:
         req = {"tool": tool.name, "arguments": arguments, "cpu_seconds": tool.timeout_s,
