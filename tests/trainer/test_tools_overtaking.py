@@ -106,7 +106,7 @@ def test_a_slow_tool_holds_back_only_its_own_trajectory(tok, tools):
     slow_at = next(when for when, ctx in later if any(c.startswith("347") for c in ctx))
     fast_at = [when for when, ctx in later if not any(c.startswith("347") for c in ctx)]
     # The fast trajectories' second turns went out before the slow tool answered, the slow one's after it.
-    slow_answered = max(slow.answered.values())
+    slow_answered = slow.answered[call("347*58")]
     assert fast_at and max(fast_at) < slow_answered - 0.5 and slow_at >= slow_answered
     assert g0[0].tool_wall > 0.5 and g1[0].tool_wall < 0.5  # the wait was the slow trajectory's
 
