@@ -4,8 +4,13 @@ tool call holds back its own trajectory and not the batch.
 
 The calling thread is the dispatcher. Whenever trajectories wait for a turn and fewer than `calls_in_flight`
 generate calls are out, it sends all of them (one call per distinct token limit, as the turn-by-turn loop does),
-so the engine still sees many sequences at once: those whose observations came in together, and the whole batch
-at the first turn. The answers (generated turns, tool outputs, environment steps) come back as events on one
+so the engine still sees many sequences at once: the whole batch at the first turn, and later those whose answers
+came in together. "Together" is a short gather: a call goes when no trajectory is still with its tools, when no
+answer came in for GATHER_S, or when the first one waiting has waited as long as the last generate call took. A
+call sent for the first answer alone would hold the engine for a whole call while the answers just behind it
+wait (measured: with every tool call taking the same 0.5 s, sending at once made the batch 10% slower than turn
+by turn, `bench/multiturn.py --tool-latency 1 --tool-spread equal`); waiting longer than a call takes cannot
+gain more than it costs. The answers (generated turns, tool outputs, environment steps) come back as events on one
 queue; everything that touches a trajectory or the tokenizer runs in the dispatcher.
 
 - Tools: each trajectory's calls go to the tool pool from a thread of its own (the pool's calls run in parallel,
@@ -29,6 +34,7 @@ from typing import Any
 from rlscale.trainer.tools.environments import PluginEnvironments
 
 TOOL_THREADS = 64  # trajectories whose tool calls may be out at once (each thread waits on the pool's workers)
+GATHER_S = 0.02  # a pause in the answers this long ends the gather (module docstring)
 
 
 def run_overtaking(mt: Any, prompts: list[list[int]], trajs: list[Any], envs: PluginEnvironments | None, *,
@@ -38,15 +44,18 @@ def run_overtaking(mt: Any, prompts: list[list[int]], trajs: list[Any], envs: Pl
     ready = [i for i, t in enumerate(trajs) if not t.done]
     with_tools: set[int] = set()
     out = 0  # generate calls out
+    call_s = 0.0  # how long the last generate call took: the longest a ready trajectory waits for others
+    ready_since = last_answer = time.perf_counter()
     generating = ThreadPoolExecutor(mt.calls_in_flight, thread_name_prefix="rlscale-turns")
     stepping = ThreadPoolExecutor(1 if envs is not None else max(1, min(len(trajs), TOOL_THREADS)),
                                   thread_name_prefix="rlscale-steps")
 
     def call(idx: list[int], contexts: list[list[int]], limit: int, seeds: list[int] | None) -> None:
         try:
+            t0 = time.perf_counter()
             groups = mt.inner.generate(contexts, 1, temperature=temperature, top_p=top_p, max_new_tokens=limit,
                                        seed=seeds, version=version)
-            events.put(("turns", (idx, groups)))
+            events.put(("turns", (idx, groups, time.perf_counter() - t0)))
         except BaseException as exc:  # noqa: BLE001 - raised again by the dispatcher
             events.put(("error", exc))
 
@@ -58,7 +67,11 @@ def run_overtaking(mt: Any, prompts: list[list[int]], trajs: list[Any], envs: Pl
 
     try:
         while ready or with_tools or out:
+            wait = None  # how long to wait for an event: None, until one comes
             if ready and out < mt.calls_in_flight:
+                now = time.perf_counter()
+                wait = min(GATHER_S - (now - last_answer), call_s - (now - ready_since)) if with_tools else 0.0
+            if wait is not None and wait <= 0:  # the ready trajectories go
                 by_limit: dict[int, list[int]] = {}
                 for i in ready:
                     limit = mt.limit(prompts[i], trajs[i], max_new_tokens)
@@ -72,7 +85,10 @@ def run_overtaking(mt: Any, prompts: list[list[int]], trajs: list[Any], envs: Pl
                 continue
             idle = list(with_tools) if not out else []
             t0 = time.perf_counter()
-            got = [events.get()]
+            try:
+                got = [events.get(timeout=wait)]
+            except queue.Empty:  # the gather is over: the ready trajectories go
+                got = []
             while not events.empty():  # whatever came in together goes out together
                 got.append(events.get_nowait())
             for i in idle:
@@ -82,7 +98,7 @@ def run_overtaking(mt: Any, prompts: list[list[int]], trajs: list[Any], envs: Pl
                     raise payload
                 if kind == "turns":
                     out -= 1
-                    idx, groups = payload
+                    idx, groups, call_s = payload
                     for i, group in zip(idx, groups, strict=True):
                         text = mt.took_turn(trajs[i], group[0], version)
                         if not trajs[i].done:
@@ -92,7 +108,10 @@ def run_overtaking(mt: Any, prompts: list[list[int]], trajs: list[Any], envs: Pl
                     i, text, answer = payload
                     with_tools.discard(i)
                     mt.answered(trajs[i], prompts[i], text, answer, 0.0)
+                    last_answer = time.perf_counter()
                     if not trajs[i].done:
+                        if not ready:
+                            ready_since = last_answer
                         ready.append(i)
     finally:
         generating.shutdown(wait=True, cancel_futures=True)
