@@ -259,6 +259,10 @@ class TaskSpec(_Model):
     turn_discount: float = Field(1.0, gt=0, le=1, description="rewardToGo under a group algorithm (grpo, rloo, "
                                  "reinforce++-baseline): each later turn's reward counts turnDiscount^(turns later); "
                                  "ppo and reinforce++ discount per token with algorithm.gamma instead.")
+    overtake_turns: bool = Field(False, description="Send each trajectory's next turn as soon as its own tools or "
+                                 "environment answer, instead of after every trajectory's (docs/tools.md, \"The "
+                                 "rollout loop\"): faster when tool latencies vary, a little slower when they are "
+                                 "equal.")
     max_trajectory_tokens: PosInt | None = Field(None, description="Tokens after the prompt per trajectory, the "
                                                  "model's and the observations' (unset: model.maxLength bounds it).")
     tool_workers: int = Field(0, ge=0, le=256, description="Sandboxed tool worker processes; 0: one per core.")

@@ -99,6 +99,14 @@ def _rule_turn_discount(s: Any):
     return None
 
 
+def _rule_overtake_needs_turns(s: Any):
+    t = s.task
+    if t.overtake_turns and (t.max_turns or 1) <= 1:
+        return _err("task.overtakeTurns", True, "is set, but a trajectory has one turn (task.maxTurns "
+                    f"{t.max_turns}): there is no next turn to send early", "raise task.maxTurns with task.tools or "
+                    "task.environment, or remove overtakeTurns")
+
+
 def tool_rules() -> list[Rule]:
     """Unique tool names; turns need something to answer them; tools or an environment; a budget for a turn."""
     return [
@@ -130,4 +138,8 @@ def tool_rules() -> list[Rule]:
              f"!(self.algorithm.name in {_cel_list(PER_TOKEN_RETURNS)}))", "task.turnDiscount needs task.turnCredit "
              "rewardToGo and a group algorithm (ppo and reinforce++ discount with algorithm.gamma)",
              _rule_turn_discount),
+        Rule("task.overtakeTurns", "!self.task.overtakeTurns || (has(self.task.maxTurns) && self.task.maxTurns > 1) "
+             "|| (has(self.task.tools) && size(self.task.tools) > 0) || has(self.task.environment)",
+             "task.overtakeTurns needs more than one turn (task.tools or task.environment)",
+             _rule_overtake_needs_turns),
     ]

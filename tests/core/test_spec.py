@@ -133,6 +133,7 @@ CROSS_FIELD = [
     ({"task": {"environment": "m:Env", "turnDiscount": 0.9}}, "spec.task.turnDiscount", "set task.turnCredit"),
     ({"task": {"environment": "m:Env", "turnCredit": "rewardToGo", "turnDiscount": 0.9},
       "algorithm": {"name": "reinforce++"}}, "spec.task.turnDiscount", "set algorithm.gamma"),
+    ({"task": {"overtakeTurns": True}}, "spec.task.overtakeTurns", "raise task.maxTurns"),
     ({"learner": {"pod": {"env": [{"name": "RLSCALE_PLUGINS", "value": "/x"}]}}}, "spec.learner.pod.env",
      "choose another name"),
     ({"learner": {"pod": {"env": [{"name": "WORLD_SIZE", "value": "3"}]}}}, "spec.learner.pod.env",

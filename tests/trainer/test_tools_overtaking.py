@@ -167,3 +167,14 @@ def test_an_error_in_a_call_or_a_step_reaches_the_caller(tok, tools):
     with pytest.raises(ValueError, match="junk"):
         r.generate(prompts(tok, ["1+1="]), 2, temperature=1.0, top_p=1.0, max_new_tokens=16)
     assert Turn("").done is False
+
+
+def test_the_spec_turns_it_on(tok):
+    from rlscale.spec import parse_spec
+    from rlscale.trainer.tools.setup import multi_turn
+
+    task = {"environment": "tests.trainer.test_tools_loop:GuessEnv", "maxTurns": 3}
+    for on in (False, True):
+        spec = parse_spec({"hardware": {"accelerator": "cpu"}, "task": {**task, "overtakeTurns": on}})
+        r = multi_turn(spec, ScriptedPolicy(tok, lambda text: "7"), tok, [], lambda t, p: [])
+        assert r.overtake is on
