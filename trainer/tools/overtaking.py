@@ -40,79 +40,105 @@ GATHER_S = 0.02  # a pause in the answers this long ends the gather (module docs
 def run_overtaking(mt: Any, prompts: list[list[int]], trajs: list[Any], envs: PluginEnvironments | None, *,
                    temperature: float, top_p: float, max_new_tokens: int, seed: int | None, version: int) -> None:
     """Run every trajectory of `trajs` (MultiTurnRollout `mt`'s) to its end; see the module docstring."""
-    events: queue.Queue = queue.Queue()
-    ready = [i for i, t in enumerate(trajs) if not t.done]
-    with_tools: set[int] = set()
-    out = 0  # generate calls out
-    call_s = 0.0  # how long the last generate call took: the longest a ready trajectory waits for others
-    ready_since = last_answer = time.perf_counter()
-    generating = ThreadPoolExecutor(mt.calls_in_flight, thread_name_prefix="rlscale-turns")
-    stepping = ThreadPoolExecutor(1 if envs is not None else max(1, min(len(trajs), TOOL_THREADS)),
-                                  thread_name_prefix="rlscale-steps")
+    sampling = {"temperature": temperature, "top_p": top_p, "version": version}
+    _Dispatcher(mt, prompts, trajs, envs, sampling, max_new_tokens, seed).run()
 
-    def call(idx: list[int], contexts: list[list[int]], limit: int, seeds: list[int] | None) -> None:
+
+class _Dispatcher:
+    """The state of one batch's overtaking loop: which trajectories wait for a turn (`ready`), which are with
+    their tools or environment (`with_tools`), how many generate calls are out; the events they answer with."""
+
+    def __init__(self, mt: Any, prompts: list[list[int]], trajs: list[Any], envs: PluginEnvironments | None,
+                 sampling: dict[str, Any], max_new_tokens: int, seed: int | None):
+        self.mt, self.prompts, self.trajs, self.envs = mt, prompts, trajs, envs
+        self.sampling, self.max_new_tokens, self.seed = sampling, max_new_tokens, seed
+        self.events: queue.Queue = queue.Queue()
+        self.ready = [i for i, t in enumerate(trajs) if not t.done]
+        self.with_tools: set[int] = set()
+        self.out = 0  # generate calls out
+        self.call_s = 0.0  # how long the last generate call took: the longest a ready trajectory waits for others
+        self.ready_since = self.last_answer = time.perf_counter()
+
+    def run(self) -> None:
+        generating = ThreadPoolExecutor(self.mt.calls_in_flight, thread_name_prefix="rlscale-turns")
+        stepping = ThreadPoolExecutor(1 if self.envs is not None else max(1, min(len(self.trajs), TOOL_THREADS)),
+                                      thread_name_prefix="rlscale-steps")
         try:
-            t0 = time.perf_counter()
-            groups = mt.inner.generate(contexts, 1, temperature=temperature, top_p=top_p, max_new_tokens=limit,
-                                       seed=seeds, version=version)
-            events.put(("turns", (idx, groups, time.perf_counter() - t0)))
-        except BaseException as exc:  # noqa: BLE001 - raised again by the dispatcher
-            events.put(("error", exc))
-
-    def step(i: int, text: str) -> None:
-        try:
-            events.put(("answer", (i, text, mt.step(envs, [i], [text])[0])))
-        except BaseException as exc:  # noqa: BLE001 - raised again by the dispatcher
-            events.put(("error", exc))
-
-    try:
-        while ready or with_tools or out:
-            wait = None  # how long to wait for an event: None, until one comes
-            if ready and out < mt.calls_in_flight:
-                now = time.perf_counter()
-                wait = min(GATHER_S - (now - last_answer), call_s - (now - ready_since)) if with_tools else 0.0
-            if wait is not None and wait <= 0:  # the ready trajectories go
-                by_limit: dict[int, list[int]] = {}
-                for i in ready:
-                    limit = mt.limit(prompts[i], trajs[i], max_new_tokens)
-                    if limit > 0:
-                        by_limit.setdefault(limit, []).append(i)
-                ready = []
-                for limit, idx in by_limit.items():
-                    seeds = None if seed is None else [mt.turn_seed(seed, trajs[i].turns, i) for i in idx]
-                    generating.submit(call, idx, [prompts[i] + trajs[i].token_ids for i in idx], limit, seeds)
-                    out += 1
-                continue
-            idle = list(with_tools) if not out else []
-            t0 = time.perf_counter()
-            try:
-                got = [events.get(timeout=wait)]
-            except queue.Empty:  # the gather is over: the ready trajectories go
-                got = []
-            while not events.empty():  # whatever came in together goes out together
-                got.append(events.get_nowait())
-            for i in idle:
-                trajs[i].tool_wall += (time.perf_counter() - t0) / len(idle)
-            for kind, payload in got:
-                if kind == "error":
-                    raise payload
-                if kind == "turns":
-                    out -= 1
-                    idx, groups, call_s = payload
-                    for i, group in zip(idx, groups, strict=True):
-                        text = mt.took_turn(trajs[i], group[0], version)
-                        if not trajs[i].done:
-                            with_tools.add(i)
-                            stepping.submit(step, i, text)
+            while self.ready or self.with_tools or self.out:
+                wait = None  # how long to wait for an event: None, until one comes
+                if self.ready and self.out < self.mt.calls_in_flight:
+                    now = time.perf_counter()
+                    wait = min(GATHER_S - (now - self.last_answer), self.call_s - (now - self.ready_since)) \
+                        if self.with_tools else 0.0
+                if wait is not None and wait <= 0:  # the ready trajectories go
+                    self._send(generating)
                 else:
-                    i, text, answer = payload
-                    with_tools.discard(i)
-                    mt.answered(trajs[i], prompts[i], text, answer, 0.0)
-                    last_answer = time.perf_counter()
+                    self._take(self._events(wait), stepping)
+        finally:
+            generating.shutdown(wait=True, cancel_futures=True)
+            stepping.shutdown(wait=True, cancel_futures=True)
+
+    def _send(self, generating: ThreadPoolExecutor) -> None:
+        """Every ready trajectory's next turn, in one call per distinct token limit."""
+        by_limit: dict[int, list[int]] = {}
+        for i in self.ready:
+            limit = self.mt.limit(self.prompts[i], self.trajs[i], self.max_new_tokens)
+            if limit > 0:
+                by_limit.setdefault(limit, []).append(i)
+        self.ready = []
+        for limit, idx in by_limit.items():
+            seeds = None if self.seed is None else [self.mt.turn_seed(self.seed, self.trajs[i].turns, i) for i in idx]
+            generating.submit(self._call, idx, [self.prompts[i] + self.trajs[i].token_ids for i in idx], limit, seeds)
+            self.out += 1
+
+    def _call(self, idx: list[int], contexts: list[list[int]], limit: int, seeds: list[int] | None) -> None:
+        try:
+            t0 = time.perf_counter()
+            groups = self.mt.inner.generate(contexts, 1, max_new_tokens=limit, seed=seeds, **self.sampling)
+            self.events.put(("turns", (idx, groups, time.perf_counter() - t0)))
+        except BaseException as exc:  # noqa: BLE001 - raised again by the dispatcher
+            self.events.put(("error", exc))
+
+    def _step(self, i: int, text: str) -> None:
+        try:
+            self.events.put(("answer", (i, text, self.mt.step(self.envs, [i], [text])[0])))
+        except BaseException as exc:  # noqa: BLE001 - raised again by the dispatcher
+            self.events.put(("error", exc))
+
+    def _events(self, wait: float | None) -> list[tuple[str, Any]]:
+        """The next event and whatever came in with it ([] when `wait` ran out: the gather is over); the wait
+        counted as the tool wall of the trajectories with their tools while no call was out."""
+        idle = list(self.with_tools) if not self.out else []
+        t0 = time.perf_counter()
+        try:
+            got = [self.events.get(timeout=wait)]
+        except queue.Empty:
+            got = []
+        while not self.events.empty():  # whatever came in together goes out together
+            got.append(self.events.get_nowait())
+        for i in idle:
+            self.trajs[i].tool_wall += (time.perf_counter() - t0) / len(idle)
+        return got
+
+    def _take(self, got: list[tuple[str, Any]], stepping: ThreadPoolExecutor) -> None:
+        mt, trajs = self.mt, self.trajs
+        for kind, payload in got:
+            if kind == "error":
+                raise payload
+            if kind == "turns":
+                self.out -= 1
+                idx, groups, self.call_s = payload
+                for i, group in zip(idx, groups, strict=True):
+                    text = mt.took_turn(trajs[i], group[0], self.sampling["version"])
                     if not trajs[i].done:
-                        if not ready:
-                            ready_since = last_answer
-                        ready.append(i)
-    finally:
-        generating.shutdown(wait=True, cancel_futures=True)
-        stepping.shutdown(wait=True, cancel_futures=True)
+                        self.with_tools.add(i)
+                        stepping.submit(self._step, i, text)
+                continue
+            i, text, answer = payload
+            self.with_tools.discard(i)
+            mt.answered(trajs[i], self.prompts[i], text, answer, 0.0)
+            self.last_answer = time.perf_counter()
+            if not trajs[i].done:
+                if not self.ready:
+                    self.ready_since = self.last_answer
+                self.ready.append(i)
