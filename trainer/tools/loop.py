@@ -8,8 +8,10 @@ call `generate` as for single-turn prompts and get trajectories back, each with 
 the observations'), a mask (1 on the model's tokens: only they train; rlscale.trainer.batching.pack), the
 sampler's logprobs (0.0 on observation tokens), and what it did: turns, tool calls, tool errors, seconds in
 tools, the weights version of its last turn. A turn is one generate call that ends at EOS (the model's
-end of turn) or at the turn's token limit; the next waits for every trajectory's observation, so a turn
-takes as long as its slowest tool call (bounded by the tools' timeouts).
+end of turn) or at the turn's token limit; turn by turn (the default) the next waits for every trajectory's
+observation, so a turn takes as long as its slowest tool call (bounded by the tools' timeouts); with
+`overtake` (spec.task.overtakeTurns) each trajectory's next turn goes as soon as its own observation is in
+(rlscale.trainer.tools.overtaking).
 """
 
 from __future__ import annotations
