@@ -11,7 +11,9 @@ trajectory at the end of `rlscale run examples/tools-quickstart.yaml`, docs/tool
 the warm start as it is (about one call in seven); `--model DIR` takes another model of the same tokenizer.
 
 Rows (each over the same prompts):
-  multi-turn, in flight    MultiTurnRollout with every unfinished trajectory in each turn's generate call
+  multi-turn, in flight    MultiTurnRollout turn by turn: every unfinished trajectory in each turn's generate call
+  multi-turn, overtaking   MultiTurnRollout(overtake=True): each trajectory's next turn sent as soon as its own
+                           tool answers (trainer/tools/overtaking.py), whatever is ready in one call
   multi-turn, one at a time   the same, one trajectory after another
   single-turn, in flight   the same prompts in one generate call, each sample exactly as many generated tokens
                            as its multi-turn trajectory generated (ignore_eos): equal generated tokens, one turn
@@ -24,6 +26,12 @@ the tool calls, Python between turns).
 
     .venv/bin/python bench/multiturn.py                          # 64 trajectories, 3 repetitions (~1-2 min)
     .venv/bin/python bench/multiturn.py --trajectories 128 --reps 5
+    .venv/bin/python bench/multiturn.py --tool-latency 1 --tool-spread uniform   # a remote tool: 0-1 s a call
+
+`--tool-latency X` delays each tool call's answer by X/2 s (`--tool-spread equal`) or by a uniform 0-X s drawn
+per call (`uniform`), as a tool behind the network would (wall-clock, no CPU); the turn-by-turn loop waits for
+the turn's slowest answer, the overtaking one for each trajectory's own. With a latency the one-at-a-time rows
+are left out unless `--one-at-a-time` (each trajectory would wait for its own calls in turn).
 """
 
 from __future__ import annotations
@@ -31,12 +39,15 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import os
+import random
 import statistics
+import threading
 import time
 from collections.abc import Sequence
 from typing import Any
 
-ROWS = ("multi-turn, in flight", "multi-turn, one at a time", "single-turn, in flight", "single-turn, one at a time")
+ROWS = ("multi-turn, in flight", "multi-turn, overtaking", "multi-turn, one at a time", "single-turn, in flight",
+        "single-turn, one at a time")
 
 
 def parse_args(argv=None):
@@ -47,6 +58,10 @@ def parse_args(argv=None):
     p.add_argument("--unforced", action="store_true", help="sample the first turn freely (mostly single-turn)")
     p.add_argument("--max-new-tokens", type=int, default=12, help="per turn (examples/tools-quickstart.yaml's)")
     p.add_argument("--cpu-threads", type=int, default=1, help="engine threads (EngineConfig.cpu_threads)")
+    p.add_argument("--tool-latency", type=float, default=0.0, help="seconds added to tool calls (see --tool-spread)")
+    p.add_argument("--tool-spread", choices=("equal", "uniform"), default="equal",
+                   help="equal: every call latency/2; uniform: each call 0-latency s")
+    p.add_argument("--one-at-a-time", action="store_true", help="run the one-at-a-time rows with a tool latency too")
     return p.parse_args(argv)
 
 
@@ -81,6 +96,7 @@ class EnginePort:
     def __init__(self, engine: Any, firsts: set[tuple[int, ...]], force: Sequence[int] = ()):
         self.engine, self.firsts, self.force = engine, firsts, list(force)
         self.seconds, self.calls = 0.0, 0
+        self.lock = threading.Lock()  # the overtaking loop may call from several threads
 
     def generate(self, prompt_token_ids, samples_per_prompt, *, temperature, top_p, max_new_tokens, seed=None,
                  version=0):
@@ -92,12 +108,40 @@ class EnginePort:
         out = self.engine.generate([list(p) + extra for p in prompt_token_ids], samples_per_prompt,
                                    temperature=temperature, top_p=top_p, max_new_tokens=max_new_tokens - len(extra),
                                    seed=seed)
-        self.seconds += time.perf_counter() - t0
-        self.calls += 1
+        with self.lock:
+            self.seconds += time.perf_counter() - t0
+            self.calls += 1
         if not extra:
             return out
         return [[dataclasses.replace(s, token_ids=extra + s.token_ids, logprobs=[0.0] * len(extra) + s.logprobs)
                  for s in g] for g in out]
+
+
+class LatencyTools:
+    """The tools with each call's answer delayed as a remote tool's would be (--tool-latency): a turn's calls
+    answered after the longest of their delays. A call's delay follows from its text and `salt`, so both loops
+    meet the same delays."""
+
+    def __init__(self, inner: Any, latency: float, spread: str, salt: int = 0):
+        self.inner, self.latency, self.spread, self.salt = inner, latency, spread, salt
+
+    @property
+    def pool(self) -> Any:
+        return self.inner.pool
+
+    def delay(self, text: str) -> float:
+        if self.latency <= 0:
+            return 0.0
+        if self.spread == "equal":
+            return self.latency / 2
+        return random.Random(f"{self.salt}:{text}").uniform(0.0, self.latency)
+
+    def step_many(self, texts: list[str]) -> list[Any]:
+        out = self.inner.step_many(texts)
+        delays = [self.delay(t) for t, o in zip(texts, out, strict=True) if o.calls]
+        if delays:
+            time.sleep(max(delays))
+        return out
 
 
 def generated_lengths(trajectories: Sequence[Any], forced: int) -> list[int]:
@@ -137,13 +181,18 @@ def medians(runs: Sequence[dict[str, float]]) -> dict[str, float]:
 
 
 def ratios(table: dict[str, dict[str, float]]) -> dict[str, float]:
-    """The two headline ratios (samples/s): multi-turn in flight over single-turn in flight at equal generated
-    tokens, and in flight over one at a time (multi-turn; single-turn's too)."""
-    m, m1 = table["multi-turn, in flight"], table["multi-turn, one at a time"]
-    s, s1 = table["single-turn, in flight"], table["single-turn, one at a time"]
-    return {"multi_vs_single": m["samples_per_s"] / s["samples_per_s"],
-            "in_flight_vs_one": m["samples_per_s"] / m1["samples_per_s"],
-            "single_in_flight_vs_one": s["samples_per_s"] / s1["samples_per_s"]}
+    """The headline ratios (samples/s): multi-turn in flight over single-turn in flight at equal generated
+    tokens, overtaking over turn by turn, and in flight over one at a time (multi-turn; single-turn's too),
+    for the rows the table has."""
+    m, m1 = table["multi-turn, in flight"], table.get("multi-turn, one at a time")
+    s, s1 = table["single-turn, in flight"], table.get("single-turn, one at a time")
+    out = {"multi_vs_single": m["samples_per_s"] / s["samples_per_s"]}
+    if "multi-turn, overtaking" in table:
+        out["overtaking_vs_turns"] = table["multi-turn, overtaking"]["samples_per_s"] / m["samples_per_s"]
+    if m1 is not None and s1 is not None:
+        out.update(in_flight_vs_one=m["samples_per_s"] / m1["samples_per_s"],
+                   single_in_flight_vs_one=s["samples_per_s"] / s1["samples_per_s"])
+    return out
 
 
 def format_table(table: dict[str, dict[str, float]]) -> str:
@@ -208,38 +257,53 @@ def main(argv=None) -> int:
     counter = StepCounter(engine)
     port = EnginePort(engine, {tuple(p) for p in ids}, force)
     pool = ToolPool([ToolDef("calculator", builtin="calculator", max_output_chars=64)], workers=1)
-    rollout = MultiTurnRollout(port, tok, max_turns=2, max_tokens=36, max_length=48, tools=ToolEnvironment(pool, tok))
+    tools = LatencyTools(ToolEnvironment(pool, tok), args.tool_latency, args.tool_spread)
+    loop = dict(max_turns=2, max_tokens=36, max_length=48, tools=tools)
+    rollout = MultiTurnRollout(port, tok, **loop)
+    overtaking = MultiTurnRollout(port, tok, overtake=True, **loop)
+    one_at_a_time = args.tool_latency <= 0 or args.one_at_a_time
     try:
         run_multi(rollout, port, counter, ids, True, args.max_new_tokens, seed=10_000)  # warm-up: kernels, shapes
-        runs: dict[str, list[dict]] = {name: [] for name in ROWS}
+        run_multi(overtaking, port, counter, ids, True, args.max_new_tokens, seed=10_000)
+        names = [n for n in ROWS if one_at_a_time or "one at a time" not in n]
+        runs: dict[str, list[dict]] = {name: [] for name in names}
         calls = []
         for rep in range(args.reps):
-            seed = 1000 * rep
-            row, trajs = run_multi(rollout, port, counter, ids, True, args.max_new_tokens, seed)
-            runs[ROWS[0]].append(row)
-            calls.append(tool_metrics(trajs)["calls_per_trajectory"])
-            lengths = generated_lengths(trajs, len(force))
-            runs[ROWS[2]].append(run_single(engine, counter, ids, lengths, True, seed))
-            runs[ROWS[1]].append(run_multi(rollout, port, counter, ids, False, args.max_new_tokens, seed)[0])
-            runs[ROWS[3]].append(run_single(engine, counter, ids, lengths, False, seed))
-            if runs[ROWS[2]][-1]["gen_tokens"] != row["gen_tokens"]:
-                raise RuntimeError(f"unequal tokens: single-turn {runs[ROWS[2]][-1]['gen_tokens']}, "
-                                   f"multi-turn {row['gen_tokens']}")
+            seed = tools.salt = 1000 * rep
+            # Turn by turn and overtaking alternate which goes first, so neither always meets a warmer machine.
+            pair = [(ROWS[0], rollout), (ROWS[1], overtaking)][:: 1 if rep % 2 == 0 else -1]
+            for name, r in pair:
+                row, trajs = run_multi(r, port, counter, ids, True, args.max_new_tokens, seed)
+                runs[name].append(row)
+                if name == ROWS[0]:
+                    first, calls = row, calls + [tool_metrics(trajs)["calls_per_trajectory"]]
+                    lengths = generated_lengths(trajs, len(force))
+            runs[ROWS[3]].append(run_single(engine, counter, ids, lengths, True, seed))
+            if one_at_a_time:
+                runs[ROWS[2]].append(run_multi(rollout, port, counter, ids, False, args.max_new_tokens, seed)[0])
+                runs[ROWS[4]].append(run_single(engine, counter, ids, lengths, False, seed))
+            if runs[ROWS[3]][-1]["gen_tokens"] != first["gen_tokens"]:
+                raise RuntimeError(f"unequal tokens: single-turn {runs[ROWS[3]][-1]['gen_tokens']}, "
+                                   f"multi-turn {first['gen_tokens']}")
     finally:
         pool.close()
         engine.close()
     table = {name: medians(rs) for name, rs in runs.items()}
     r = ratios(table)
     policy = "warm start, sampled" if args.unforced else "warm start, call forced"
+    latency = (f"tool latency {args.tool_spread} {args.tool_latency:g} s" if args.tool_latency > 0
+               else "no added tool latency")
     print(f"multi-turn bench: {path}, {policy}; {args.trajectories} trajectories x {args.reps} reps (medians), "
-          f"1 vLLM CPU engine ({args.cpu_threads} thread), calculator in 1 sandboxed worker")
+          f"1 vLLM CPU engine ({args.cpu_threads} thread), calculator in 1 sandboxed worker, {latency}")
     print(f"load average (1 min) {load0:.1f} at start, {os.getloadavg()[0]:.1f} at end, on {os.cpu_count()} cores; "
           f"calls per trajectory {statistics.median(calls):.2f}; tool wall s per in-flight run "
-          f"{table[ROWS[0]]['tool_wall_s']:.2f}")
+          f"{table[ROWS[0]]['tool_wall_s']:.2f} (turn by turn), {table[ROWS[1]]['tool_wall_s']:.2f} (overtaking)")
     print(format_table(table))
     print(f"multi-turn vs single-turn at equal generated tokens (in flight), samples/s: x{r['multi_vs_single']:.2f}")
-    print(f"many in flight vs one at a time (multi-turn), samples/s: x{r['in_flight_vs_one']:.1f} "
-          f"(single-turn: x{r['single_in_flight_vs_one']:.1f})")
+    print(f"overtaking vs turn by turn (multi-turn), samples/s: x{r['overtaking_vs_turns']:.2f}")
+    if "in_flight_vs_one" in r:
+        print(f"many in flight vs one at a time (multi-turn), samples/s: x{r['in_flight_vs_one']:.1f} "
+              f"(single-turn: x{r['single_in_flight_vs_one']:.1f})")
     print(f"({time.perf_counter() - t_start:.0f} s)")
     return 0
 

@@ -22,7 +22,7 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy  # noq
 
 from rlscale.metrics_names import ROLLOUT_PREFIX  # noqa: E402
 from rlscale.roles import ROLLOUT_RESOURCE  # noqa: E402
-from rlscale.rollout.engine import EngineConfig, Sample  # noqa: E402
+from rlscale.rollout.engine import EngineConfig, Sample, prompt_seeds  # noqa: E402
 from rlscale.rollout.placement import ServingState, here, hosting_pods, live, serve_actor_names  # noqa: E402
 from rlscale.rollout.replica_sync import WeightStore, wait_for_version  # noqa: E402
 from rlscale.rollout.transfer.buckets import DEFAULT_BUCKET_BYTES  # noqa: E402
@@ -291,6 +291,7 @@ class RolloutClient:
         self.retries = 0  # requests resent after their replica died
         self.attached = False  # deploy() found a kept app with this engine and used its replicas
         self._retries_lock = threading.Lock()
+        self._behind_lock = threading.Lock()
 
     @classmethod
     def deploy(
@@ -541,23 +542,28 @@ class RolloutClient:
         temperature: float = 1.0,
         top_p: float = 1.0,
         max_new_tokens: int = 64,
-        seed: int | None = None,
+        seed: int | Sequence[int] | None = None,
         version: int | None = None,
         stop_token_ids: list[int] | None = None,
         top_k: int | None = None,
         min_p: float | None = None,
         repetition_penalty: float | None = None,
     ) -> list[list[Sample]]:
-        """Per prompt its samples, generated with weights version >= `version` (default: newest published)."""
+        """Per prompt its samples, generated with weights version >= `version` (default: newest published).
+        `seed`: a base seed for the call, or one per prompt. Safe to call from several threads at once (the
+        multi-turn loop's overtaking calls): each call has its own requests, and one thread at a time runs the
+        catch-up hook."""
         if version is None:
             version = self._published if self._published is not None else self.options.initial_version
         if self.on_behind is not None and self.behind():
-            self.on_behind()
+            with self._behind_lock:  # concurrent calls: one catch-up, the others wait for it
+                if self.behind():
+                    self.on_behind()
         prompts = [list(map(int, p)) for p in prompt_token_ids]
         if not prompts:
             return []
         # Seeds per prompt make the result independent of how prompts are chunked.
-        seeds = None if seed is None else [seed + i * samples_per_prompt for i in range(len(prompts))]
+        seeds = None if seed is None else prompt_seeds(seed, len(prompts), samples_per_prompt)
         k = max(1, min(len(prompts), self.options.num_replicas * self.options.requests_per_replica))
         bounds = [round(i * len(prompts) / k) for i in range(k + 1)]
         requests = [

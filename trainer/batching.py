@@ -6,6 +6,8 @@ from dataclasses import dataclass
 
 import torch
 
+from rlscale.trainer.turn_credit import step_token_rewards
+
 
 @dataclass
 class RolloutBatch:
@@ -17,7 +19,9 @@ class RolloutBatch:
     truncated (optional) marks the samples cut at the response length limit (DAPO's overlong
     filtering leaves them out of the loss); response_mask (optional, multi-turn rollouts:
     rlscale.trainer.tools) is 1 on the model's response tokens and 0 on tool and observation tokens,
-    which then carry no loss, KL, entropy or advantage.
+    which then carry no loss, KL, entropy or advantage. turn_starts and turn_rewards (optional, together:
+    spec.task.turnCredit rewardToGo) are, per sample, where each model turn starts in the response and the
+    environment's reward for it (rlscale.trainer.turn_credit).
     """
 
     prompt_ids: list[list[int]]
@@ -27,6 +31,8 @@ class RolloutBatch:
     rollout_logprobs: list[list[float]] | None = None
     truncated: list[bool] | None = None
     response_mask: list[list[int]] | None = None
+    turn_starts: list[list[int]] | None = None
+    turn_rewards: list[list[float]] | None = None
 
     def __post_init__(self):
         n = len(self.prompt_ids)
@@ -47,17 +53,33 @@ class RolloutBatch:
             raise ValueError("RolloutBatch: response_mask must have one 0/1 entry per response token of every sample")
         if any(len(r) == 0 for r in self.response_ids):
             raise ValueError("RolloutBatch: an empty response; every sample needs at least one token (EOS)")
+        self._check_turns()
+
+    def _check_turns(self) -> None:
+        if (self.turn_starts is None) != (self.turn_rewards is None):
+            raise ValueError("RolloutBatch: turn_starts and turn_rewards go together; pass both or neither")
+        if self.turn_starts is None:
+            return
+        if self.response_mask is None:
+            raise ValueError("RolloutBatch: turn_starts need a response_mask (the turns' model tokens)")
+        for i, (s, r) in enumerate(zip(self.turn_starts, self.turn_rewards, strict=True)):
+            n = len(self.response_ids[i])
+            if len(s) != len(r) or not s or any(b < a for a, b in zip(s, s[1:], strict=False)) or not 0 <= s[0] \
+                    or s[-1] > n:
+                raise ValueError(f"RolloutBatch: sample {i}'s turn_starts {s} (rewards {r}) must not fall, lie within "
+                                 f"its {n} response tokens and have one reward per turn")
 
     @classmethod
     def from_dict(cls, d: dict) -> RolloutBatch:
         """From a dict of the fields (JSON-carried batches): prompt_ids, response_ids, rewards,
         samples_per_prompt and optional rollout_logprobs and truncated."""
         unknown = set(d) - {"prompt_ids", "response_ids", "rewards", "samples_per_prompt", "rollout_logprobs",
-                            "truncated", "response_mask"}
+                            "truncated", "response_mask", "turn_starts", "turn_rewards"}
         if unknown or "samples_per_prompt" not in d:
             raise ValueError(f"RolloutBatch: unknown keys {sorted(unknown)} or no samples_per_prompt in the batch "
                              "dict; use the RolloutBatch field names")
         logprobs, truncated, rmask = d.get("rollout_logprobs"), d.get("truncated"), d.get("response_mask")
+        starts, turn_rewards = d.get("turn_starts"), d.get("turn_rewards")
         return cls(
             prompt_ids=[list(map(int, p)) for p in d["prompt_ids"]],
             response_ids=[list(map(int, r)) for r in d["response_ids"]],
@@ -66,6 +88,8 @@ class RolloutBatch:
             rollout_logprobs=[list(map(float, lp)) for lp in logprobs] if logprobs is not None else None,
             truncated=[bool(t) for t in truncated] if truncated is not None else None,
             response_mask=[list(map(int, m)) for m in rmask] if rmask is not None else None,
+            turn_starts=[list(map(int, s)) for s in starts] if starts is not None else None,
+            turn_rewards=[list(map(float, r)) for r in turn_rewards] if turn_rewards is not None else None,
         )
 
     def __len__(self) -> int:
@@ -97,6 +121,7 @@ class MicroBatch:
     returns: torch.Tensor | None = None
     kl: torch.Tensor | None = None
     old_logprobs: torch.Tensor | None = None  # [B, T] pi_old: the learner's, before the step's first update
+    step_rewards: torch.Tensor | None = None  # [B, T] each turn's environment reward on its last model token
 
 
 def micro_batches(indices: list[int], size: int, count: int) -> list[list[int]]:
@@ -186,6 +211,7 @@ def pack(batch: RolloutBatch, indices: list[int], advantages: torch.Tensor, devi
     Ranks must run the same number of backward passes (ZeRO 2/3 reduce in each), so a
     rank with fewer samples runs placeholders whose mask is all zero. `rewards` are the training
     rewards (default: the batch's); a sample whose `in_loss` is False gets an all-zero mask too.
+    `advantages` are per sample [N] or per token [N, longest response] (per-turn credit).
     """
     placeholder = not indices
     rows = indices or [0]
@@ -214,6 +240,12 @@ def pack(batch: RolloutBatch, indices: list[int], advantages: torch.Tensor, devi
             rollout_lp[b, : len(lp)] = torch.tensor(lp, dtype=torch.float32)
     source = torch.tensor(batch.rewards, dtype=torch.float32) if rewards is None else rewards.float()
     adv = advantages[rows].float() * weight.view(-1, *([1] * (advantages.dim() - 1)))
+    if adv.dim() == 2:  # per token over the whole batch's width: this micro-batch's responses
+        adv = adv[:, :resp_len]
+    steps = None
+    if batch.turn_starts is not None:
+        steps = torch.stack([step_token_rewards(batch.turn_rewards[i], batch.turn_starts[i], batch.response_mask[i],
+                                                resp_len) for i in rows])
     to = lambda t: t.to(device) if t is not None else None  # noqa: E731
     return MicroBatch(
         input_ids=to(input_ids),
@@ -225,4 +257,5 @@ def pack(batch: RolloutBatch, indices: list[int], advantages: torch.Tensor, devi
         rewards=to(source[rows]),
         num_samples=int(weight.sum().item()),
         rollout_logprobs=to(rollout_lp),
+        step_rewards=to(steps),
     )

@@ -40,7 +40,7 @@ from rlscale.trainer.ports import Learner, Rollout
 from rlscale.trainer.rewards import Reward, RewardError, resolve_reward, score, score_terms
 from rlscale.trainer.sinks import ClosesRewardPool, PrometheusSink, RunLog, Sink
 from rlscale.trainer.tasks import Problem, PromptIterator
-from rlscale.trainer.tools.loop import add_env_rewards, decode_samples, response_masks, tool_metrics
+from rlscale.trainer.tools.loop import add_env_rewards, decode_samples, response_masks, tool_metrics, turn_credit_fields
 from rlscale.trainer.trackers import tracker_sinks
 
 log = logging.getLogger("rlscale.driver")
@@ -274,7 +274,8 @@ class Driver:
                              response_ids=[s.token_ids for s in r.samples], rewards=r.rewards, samples_per_prompt=n,
                              rollout_logprobs=rollout_logprobs(r.samples),
                              truncated=[s.finish_reason == "length" for s in r.samples],
-                             response_mask=response_masks(r.samples))
+                             response_mask=response_masks(r.samples),
+                             **(turn_credit_fields(r.samples) if spec.task.turn_credit == "rewardToGo" else {}))
         stats = self.learner.step(batch, lr=st.learning_rate)
         t3 = time.perf_counter()
         skipped = bool(stats.get("skipped"))

@@ -47,6 +47,7 @@ class LearnerConfig:
     value_coef: float = 0.5
     value_clip: float | None = 0.2  # None: no clip
     std_normalize: bool = True
+    turn_discount: float = 1.0  # spec.task.turnDiscount (per-turn credit under a group algorithm)
     drop_uniform_groups: bool = True  # groups whose samples all score the same teach nothing
     mask_truncated: bool = False  # DAPO's overlong filtering: truncated responses leave the loss
     overlong_buffer: int = 0  # DAPO's L_cache; 0: no overlong penalty
@@ -119,6 +120,7 @@ class LearnerConfig:
             value_coef=a.value_coef,
             value_clip=a.value_clip or None,
             std_normalize=a.std_normalize,
+            turn_discount=spec.task.turn_discount,
             drop_uniform_groups=a.drop_uniform_groups,
             mask_truncated=a.mask_truncated_completions,
             overlong_buffer=a.overlong_buffer.length if a.overlong_buffer else 0,

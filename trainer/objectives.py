@@ -16,6 +16,7 @@ from rlscale.spec.algorithm import ALGORITHMS, GROUP_ALGORITHMS
 from rlscale.trainer import advantages as V
 from rlscale.trainer import algorithms as A
 from rlscale.trainer import losses as L
+from rlscale.trainer import turn_credit as T
 from rlscale.trainer.batching import MicroBatch, RolloutBatch
 
 # (model, micro-batch) -> per-token log-probs of the response tokens
@@ -79,12 +80,16 @@ class GroupBaseline(_TokenRatio):
     gspo: GRPO's advantages with GSPO's sequence-level ratio (rlscale.trainer.losses.gspo_policy_loss).
     rloo: A_i = r_i - 1/(k-1) sum_{j != i} r_j (leave-one-out baseline); token ratios.
     reinforce++-baseline: A_i = r_i - mean(group), whitened over every token of the trained batch.
+
+    With per-turn credit (the batch has turn_starts: spec.task.turnCredit rewardToGo) the advantages are per
+    token: each turn's return against the same turn index's in the group (rlscale.trainer.turn_credit).
     """
 
     name: str = "grpo"
     std_normalize: bool = True
     drop_uniform_groups: bool = True  # groups whose samples all score the same teach nothing
     kl_coef: float = 0.0
+    turn_discount: float = 1.0  # spec.task.turnDiscount: a later turn's reward in an earlier turn's return
     uses_critic: bool = False
     kl_in_loss: bool = True
 
@@ -97,6 +102,8 @@ class GroupBaseline(_TokenRatio):
         spp = batch.samples_per_prompt
         rewards = torch.tensor(batch.rewards, dtype=torch.float32) if rewards is None else rewards
         in_loss = torch.ones(len(batch), dtype=torch.bool) if in_loss is None else in_loss
+        if batch.turn_starts is not None:
+            return self._turn_advantages(batch, rewards, in_loss)
         if self.drop_uniform_groups:
             kept = A.groups_with_signal(rewards, spp)
         else:
@@ -109,6 +116,25 @@ class GroupBaseline(_TokenRatio):
         else:
             advantages = A.grpo_advantages(rewards, spp, normalize_std=self.std_normalize)
         return advantages, kept[::spp].nonzero().flatten().tolist()
+
+    def _turn_advantages(self, batch: RolloutBatch, rewards: torch.Tensor,
+                         in_loss: torch.Tensor) -> tuple[torch.Tensor, list[int]]:
+        """Per token [N, longest response]: each turn's return baselined per group and turn index."""
+        if self.name == "gspo":
+            raise ValueError("spec.task.turnCredit: rewardToGo gives each turn its own advantage, but gspo has one "
+                             "ratio per sequence; use algorithm.name grpo, or turnCredit: trajectory")
+        spp = batch.samples_per_prompt
+        returns = [T.turn_returns(total, steps, self.turn_discount)
+                   for total, steps in zip(rewards.tolist(), batch.turn_rewards, strict=True)]
+        how = {"rloo": "rloo", "reinforce++-baseline": "centred"}.get(
+            self.name, "grpo" if self.std_normalize else "centred")
+        per_turn, signal = T.group_turn_advantages(returns, spp, how)
+        keep = signal if self.drop_uniform_groups else [True] * len(signal)
+        if self.name == "reinforce++-baseline":
+            weights = [float(keep[i // spp] and bool(in_loss[i])) for i in range(len(batch))]
+            per_turn = T.whitened_turns(per_turn, batch.turn_starts, batch.response_mask, weights)
+        lengths = [len(r) for r in batch.response_ids]
+        return T.per_token(per_turn, batch.turn_starts, lengths), [g for g, k in enumerate(keep) if k]
 
     def prepare(self, packed, logprobs, values, policy, reference, all_sum=None) -> None:
         pass
@@ -159,7 +185,7 @@ class PPO(_PerTokenReturns):
         for mb in packed:
             mb.old_values = values(mb) * mb.mask
             kl = _reward_kl(mb, logprobs, policy, reference)
-            rewards = A.token_rewards(mb.rewards, mb.mask, kl=kl, kl_coef=self.kl_coef)
+            rewards = _token_rewards(mb, kl, self.kl_coef)
             mb.advantages, mb.returns = A.gae(rewards, mb.old_values, mb.mask, gamma=self.gamma, lam=self.lam)
             all_adv.append((mb.advantages, mb.mask))
         white = A.whiten(torch.cat([a.flatten() for a, _ in all_adv]), torch.cat([m.flatten() for _, m in all_adv]))
@@ -188,7 +214,7 @@ class ReinforcePP(_PerTokenReturns):
         moments = torch.zeros(3, dtype=torch.float64)
         for mb in packed:
             kl = _reward_kl(mb, logprobs, policy, reference)
-            rewards = A.token_rewards(mb.rewards, mb.mask, kl=kl, kl_coef=self.kl_coef)
+            rewards = _token_rewards(mb, kl, self.kl_coef)
             returns.append(V.reward_to_go(rewards, mb.mask, self.gamma))
             moments += V.token_moments(returns[-1], mb.mask).cpu()
         moments = all_sum(moments) if all_sum is not None else moments
@@ -197,6 +223,15 @@ class ReinforcePP(_PerTokenReturns):
 
     def total_loss(self, stats: dict[str, float]) -> float:
         return stats["policy_loss"]
+
+
+def _token_rewards(mb: MicroBatch, kl: torch.Tensor | None, kl_coef: float) -> torch.Tensor:
+    """The per-token rewards: the training reward on the last model token, less kl_coef x KL; with per-turn
+    credit each turn's environment reward on its own last model token and the rest of the reward on the last."""
+    if mb.step_rewards is None:
+        return A.token_rewards(mb.rewards, mb.mask, kl=kl, kl_coef=kl_coef)
+    steps = mb.step_rewards * mb.mask
+    return A.token_rewards(mb.rewards - steps.sum(dim=1), mb.mask, kl=kl, kl_coef=kl_coef) + steps
 
 
 def _reward_kl(mb: MicroBatch, logprobs: Logprobs, policy: Any, reference: Any | None) -> torch.Tensor | None:
@@ -214,7 +249,8 @@ def objective_for(config: Any) -> GroupBaseline | PPO | ReinforcePP:
     name = config.algorithm
     if name in GROUP_ALGORITHMS:
         return GroupBaseline(name=name, std_normalize=config.std_normalize,
-                             drop_uniform_groups=config.drop_uniform_groups, kl_coef=config.kl_coef)
+                             drop_uniform_groups=config.drop_uniform_groups, kl_coef=config.kl_coef,
+                             turn_discount=config.turn_discount)
     if name == "ppo":
         return PPO(gamma=config.gamma, lam=config.lam, kl_coef=config.kl_coef)
     if name == "reinforce++":

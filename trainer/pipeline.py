@@ -45,6 +45,8 @@ class Sample:
     tool_seconds: float = 0.0
     tool_wall: float = 0.0
     env_reward: float = 0.0
+    turn_starts: list[int] | None = None  # per-turn credit: where each model turn starts, and its step reward
+    turn_rewards: list[float] | None = None
 
 
 @dataclass(frozen=True)
@@ -108,6 +110,8 @@ def _sample_state(s: Any) -> dict:
         out.update(mask=[int(m) for m in s.mask], text=s.text, turns=int(s.turns), tool_calls=int(s.tool_calls),
                    tool_errors=int(s.tool_errors), tool_seconds=float(s.tool_seconds), tool_wall=float(s.tool_wall),
                    env_reward=float(s.env_reward))
+        if getattr(s, "turn_starts", None) is not None:  # per-turn credit's turns (none in an older checkpoint)
+            out.update(turn_starts=[int(x) for x in s.turn_starts], turn_rewards=[float(x) for x in s.turn_rewards])
     return out
 
 

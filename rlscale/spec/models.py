@@ -14,7 +14,7 @@ from rlscale.spec.algorithm import AlgorithmSpec, DynamicSamplingSpec, OverlongB
 from rlscale.spec.base import Auto, PosInt, _Model  # noqa: F401  (the models' base, re-exported)
 from rlscale.spec.lora import LoRASpec
 from rlscale.spec.syntax import MAX_GPUS_PER_POD, RESOURCE_NAMES, RESOURCE_PREFIXES  # noqa: F401 (re-exported)
-from rlscale.spec.tools import TOOL_SERVER_ENV, ToolSandboxSpec, ToolSpec, default_turns
+from rlscale.spec.tools import TOOL_SERVER_ENV, TURN_CREDITS, ToolSandboxSpec, ToolSpec, default_turns
 
 API_GROUP = "rlscale.dev"
 API_VERSION = "v1alpha1"
@@ -250,6 +250,19 @@ class TaskSpec(_Model):
                                     "reward, done); its rewards add to task.reward's.")
     max_turns: int | None = Field(None, ge=1, le=64, description="Model turns per trajectory. Unset: 4 with tools or "
                                   "an environment, else 1.")
+    turn_credit: Literal[TURN_CREDITS] = Field(  # type: ignore[valid-type]
+        "trajectory", description="How an environment's per-turn rewards reach the model's turns: trajectory, every "
+        "token gets the trajectory's reward (its steps' rewards summed with task.reward's); rewardToGo, each turn's "
+        "tokens get the return from that turn on (the step rewards of that turn and later ones, plus task.reward's "
+        "score), baselined and normalised per prompt group and turn index (docs/tools.md). rewardToGo needs "
+        "task.environment and is refused with gspo (one advantage per sequence).")
+    turn_discount: float = Field(1.0, gt=0, le=1, description="rewardToGo under a group algorithm (grpo, rloo, "
+                                 "reinforce++-baseline): each later turn's reward counts turnDiscount^(turns later); "
+                                 "ppo and reinforce++ discount per token with algorithm.gamma instead.")
+    overtake_turns: bool = Field(False, description="Send each trajectory's next turn as soon as its own tools or "
+                                 "environment answer, instead of after every trajectory's (docs/tools.md, \"The "
+                                 "rollout loop\"): faster when tool latencies vary, a little slower when they are "
+                                 "equal.")
     max_trajectory_tokens: PosInt | None = Field(None, description="Tokens after the prompt per trajectory, the "
                                                  "model's and the observations' (unset: model.maxLength bounds it).")
     tool_workers: int = Field(0, ge=0, le=256, description="Sandboxed tool worker processes; 0: one per core.")

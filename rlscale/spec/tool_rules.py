@@ -1,12 +1,15 @@
 """spec.task's multi-turn rules (checked in Python and emitted as CEL, like rules.py's): each tool one kind and
-one name, turns need something to answer them, tools or an environment, a trajectory budget a turn fits."""
+one name, turns need something to answer them, tools or an environment, a trajectory budget a turn fits, per-turn
+credit where it can be carried out."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from rlscale.spec.rule_base import Rule, _err
+from rlscale.spec.rule_base import Rule, _cel_list, _err
 from rlscale.spec.tools import BUILTIN_TOOLS
+
+PER_TOKEN_RETURNS = ("ppo", "reinforce++")  # per-token returns, discounted by algorithm.gamma
 
 
 def _rule_one_kind(s: Any):
@@ -68,6 +71,42 @@ def _rule_pod_fields_need_pods(s: Any):
     return None
 
 
+def _rule_turn_credit(s: Any):
+    t = s.task
+    if t.turn_credit == "trajectory":
+        return None
+    if not t.environment:
+        return _err("task.turnCredit", t.turn_credit, "credits per-turn rewards, but there is no task.environment "
+                    "to give them (tools give none: every turn before the last would get the trajectory's reward)",
+                    "set task.environment to a class whose step() returns per-turn rewards, or remove turnCredit")
+    if s.algorithm.name == "gspo":
+        return _err("task.turnCredit", t.turn_credit, "cannot be expressed by algorithm.name gspo: GSPO has one "
+                    "importance ratio and so one advantage per sequence, not one per turn",
+                    "use algorithm.name grpo (token ratios, the same group baseline), or remove turnCredit")
+    return None
+
+
+def _rule_turn_discount(s: Any):
+    t, name = s.task, s.algorithm.name
+    if t.turn_discount == 1.0:
+        return None
+    if t.turn_credit != "rewardToGo":
+        return _err("task.turnDiscount", t.turn_discount, "discounts the turns' returns, but task.turnCredit is "
+                    "trajectory (one reward per trajectory)", "set task.turnCredit: rewardToGo, or remove turnDiscount")
+    if name in PER_TOKEN_RETURNS:
+        return _err("task.turnDiscount", t.turn_discount, f"is not used by algorithm.name {name}, which discounts "
+                    "per token with algorithm.gamma", "remove turnDiscount and set algorithm.gamma")
+    return None
+
+
+def _rule_overtake_needs_turns(s: Any):
+    t = s.task
+    if t.overtake_turns and (t.max_turns or 1) <= 1:
+        return _err("task.overtakeTurns", True, "is set, but a trajectory has one turn (task.maxTurns "
+                    f"{t.max_turns}): there is no next turn to send early", "raise task.maxTurns with task.tools or "
+                    "task.environment, or remove overtakeTurns")
+
+
 def tool_rules() -> list[Rule]:
     """Unique tool names; turns need something to answer them; tools or an environment; a budget for a turn."""
     return [
@@ -92,4 +131,15 @@ def tool_rules() -> list[Rule]:
              "!has(self.task.toolSandbox.replicas))",
              "task.toolSandbox.runtimeClassName and replicas need task.toolSandbox.isolation: pod",
              _rule_pod_fields_need_pods),
+        Rule("task.turnCredit", "self.task.turnCredit == 'trajectory' || (has(self.task.environment) && "
+             "self.algorithm.name != 'gspo')", "task.turnCredit rewardToGo needs task.environment and an algorithm "
+             "other than gspo", _rule_turn_credit),
+        Rule("task.turnDiscount", "self.task.turnDiscount == 1.0 || (self.task.turnCredit == 'rewardToGo' && "
+             f"!(self.algorithm.name in {_cel_list(PER_TOKEN_RETURNS)}))", "task.turnDiscount needs task.turnCredit "
+             "rewardToGo and a group algorithm (ppo and reinforce++ discount with algorithm.gamma)",
+             _rule_turn_discount),
+        Rule("task.overtakeTurns", "!self.task.overtakeTurns || (has(self.task.maxTurns) && self.task.maxTurns > 1) "
+             "|| (has(self.task.tools) && size(self.task.tools) > 0) || has(self.task.environment)",
+             "task.overtakeTurns needs more than one turn (task.tools or task.environment)",
+             _rule_overtake_needs_turns),
     ]

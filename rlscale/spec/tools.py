@@ -14,6 +14,7 @@ BUILTIN_TOOLS = ("calculator", "python")
 TOOL_NAME_RE = r"^[A-Za-z_][A-Za-z0-9_-]{0,63}$"
 PLUGIN_RE = r"^[A-Za-z_][A-Za-z0-9_.]*:[A-Za-z_][A-Za-z0-9_]*$"
 DEFAULT_TOOL_TURNS = 4  # task.maxTurns with tools or an environment and no maxTurns
+TURN_CREDITS = ("trajectory", "rewardToGo")  # task.turnCredit (docs/tools.md, "Credit per turn")
 # task.toolSandbox.isolation "pod": the tool pods' HTTP port, and the learner pods' variable naming the tool
 # Service's URL (the operator sets it; rlscale.trainer.tools.setup reads it).
 TOOL_SERVER_PORT = 8700

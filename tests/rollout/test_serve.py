@@ -78,6 +78,27 @@ def test_requests_get_the_version_they_ask_for(client, model_dirs):
         client.generate([PROMPT], max_new_tokens=2, version=7)
 
 
+def test_calls_from_several_threads_at_once_each_get_their_own_samples(client):
+    """The multi-turn loop's overtaking sends generate calls from several threads, with one seed per prompt
+    (rlscale.trainer.tools.overtaking): each call gets the samples it gets alone, and a call of all the prompts
+    with their seeds as a list gets the same again."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    prompts = [PROMPT[: 10 + 3 * j] for j in range(6)]
+    seeds = [500 + 7 * j for j in range(6)]
+
+    def one(j: int) -> list[int]:
+        (group,) = client.generate([prompts[j]], 1, temperature=1.0, top_p=1.0, max_new_tokens=8, seed=[seeds[j]])
+        return group[0].token_ids
+
+    alone = [one(j) for j in range(6)]
+    with ThreadPoolExecutor(6) as pool:
+        together = list(pool.map(one, range(6)))
+    assert together == alone and len({tuple(t) for t in alone}) > 1
+    batch = client.generate(prompts, 1, temperature=1.0, top_p=1.0, max_new_tokens=8, seed=seeds)
+    assert [g[0].token_ids for g in batch] == alone
+
+
 def test_replica_metrics_are_served(client):
     import urllib.request
 

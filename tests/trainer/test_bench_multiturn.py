@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import sys
+import time
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -35,14 +36,37 @@ def test_ratios_and_table_name_every_row():
         return multiturn.summarise(samples=10, turns=1.0, gen_tokens=100, wall_s=10 / sps, engine_s=1.0,
                                    engine_calls=1, steps=10, seqs=100)
 
-    table = dict(zip(multiturn.ROWS, [row(20.0), row(4.0), row(40.0), row(5.0)], strict=True))
+    table = dict(zip(multiturn.ROWS, [row(20.0), row(30.0), row(4.0), row(40.0), row(5.0)], strict=True))
     r = multiturn.ratios(table)
     assert r["multi_vs_single"] == pytest.approx(0.5)
+    assert r["overtaking_vs_turns"] == pytest.approx(1.5)
     assert r["in_flight_vs_one"] == pytest.approx(5.0)
     assert r["single_in_flight_vs_one"] == pytest.approx(8.0)
     text = multiturn.format_table(table)
     assert all(name in text for name in multiturn.ROWS)
     assert len(text.splitlines()) == 1 + len(multiturn.ROWS)
+    # With a tool latency the one-at-a-time rows are left out, and so are their ratios.
+    short = {k: v for k, v in table.items() if "one at a time" not in k}
+    assert set(multiturn.ratios(short)) == {"multi_vs_single", "overtaking_vs_turns"}
+
+
+def test_tool_latency_per_call():
+    class Tools:
+        pool = None
+
+        def step_many(self, texts):
+            return [SimpleNamespace(calls=int("call" in t)) for t in texts]
+
+    equal = multiturn.LatencyTools(Tools(), 0.2, "equal")
+    assert equal.delay("call a") == equal.delay("call b") == pytest.approx(0.1)
+    spread = multiturn.LatencyTools(Tools(), 1.0, "uniform", salt=3)
+    delays = [spread.delay(f"call {i}") for i in range(50)]
+    assert all(0.0 <= d <= 1.0 for d in delays) and max(delays) - min(delays) > 0.5
+    assert spread.delay("call 7") == delays[7]  # the same call meets the same delay in both loops
+    assert multiturn.LatencyTools(Tools(), 0.0, "uniform").delay("call") == 0.0
+    t0 = time.perf_counter()
+    equal.step_many(["answer", "call x"])  # one call: the turn waits for its delay
+    assert time.perf_counter() - t0 >= 0.1
 
 
 def test_medians_per_key():

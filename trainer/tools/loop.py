@@ -8,8 +8,10 @@ call `generate` as for single-turn prompts and get trajectories back, each with 
 the observations'), a mask (1 on the model's tokens: only they train; rlscale.trainer.batching.pack), the
 sampler's logprobs (0.0 on observation tokens), and what it did: turns, tool calls, tool errors, seconds in
 tools, the weights version of its last turn. A turn is one generate call that ends at EOS (the model's
-end of turn) or at the turn's token limit; the next waits for every trajectory's observation, so a turn
-takes as long as its slowest tool call (bounded by the tools' timeouts).
+end of turn) or at the turn's token limit; turn by turn (the default) the next waits for every trajectory's
+observation, so a turn takes as long as its slowest tool call (bounded by the tools' timeouts); with
+`overtake` (spec.task.overtakeTurns) each trajectory's next turn goes as soon as its own observation is in
+(rlscale.trainer.tools.overtaking).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rlscale.trainer.tools.environments import PluginEnvironments, ToolEnvironment, Turn
+from rlscale.trainer.tools.overtaking import run_overtaking
 
 log = logging.getLogger("rlscale.tools")
 _TURN_SEED = 1_000_003  # each turn's seeds apart from the last's
@@ -42,6 +45,8 @@ class Trajectory:
     tool_seconds: float = 0.0  # summed over its calls
     tool_wall: float = 0.0  # its share of the wall seconds its turns waited for tools (the planner's figure)
     env_reward: float = 0.0
+    turn_starts: list[int] = field(default_factory=list)  # where each model turn starts in token_ids
+    turn_rewards: list[float] = field(default_factory=list)  # the environment's reward for each model turn
     weights_version: int = 0
     done: bool = False
 
@@ -56,8 +61,12 @@ class MultiTurnRollout:
 
     def __init__(self, inner: Any, tokenizer: Any, *, max_turns: int, max_tokens: int, max_length: int,
                  tools: ToolEnvironment | None = None, environment: Callable[[], Any] | None = None,
-                 environment_name: str = "", rows: Mapping[tuple, Mapping] | None = None):
+                 environment_name: str = "", rows: Mapping[tuple, Mapping] | None = None, overtake: bool = False,
+                 calls_in_flight: int = 1):
         object.__setattr__(self, "inner", inner)
+        # overtake: each trajectory's next turn sent as soon as its answer is in, with at most calls_in_flight
+        # generate calls out at once (overtaking.py); else turn by turn, every trajectory in each turn's call.
+        self.overtake, self.calls_in_flight = overtake, max(1, int(calls_in_flight))
         self.tok, self.max_turns, self.max_tokens, self.max_length = tokenizer, max_turns, max_tokens, max_length
         self.tools, self.environment, self.environment_name = tools, environment, environment_name
         self.rows = rows or {}
@@ -79,34 +88,81 @@ class MultiTurnRollout:
         if envs is not None:
             for i, p in enumerate(prompts):
                 self._observe(trajs[i], p, envs.reset(i, self.rows.get(tuple(p), {"prompt_ids": p})))
+        sampling = {"temperature": temperature, "top_p": top_p, "max_new_tokens": max_new_tokens, "seed": seed,
+                    "version": version}
+        try:
+            if self.overtake:
+                run_overtaking(self, prompts, trajs, envs, **sampling)
+            else:
+                self._turn_by_turn(prompts, trajs, envs, **sampling)
+        finally:
+            if envs is not None:
+                envs.close()
+        return [trajs[k:k + samples_per_prompt] for k in range(0, len(trajs), samples_per_prompt)]
+
+    def _turn_by_turn(self, prompts: list[list[int]], trajs: list[Trajectory], envs: PluginEnvironments | None,
+                      **sampling: Any) -> None:
+        """Every unfinished trajectory's turn in one generate call, then every observation, then the next turn."""
         for turn in range(self.max_turns):
             active = [i for i, t in enumerate(trajs) if not t.done]
             if not active:
                 break
-            texts = self._turn(prompts, trajs, active, turn, temperature=temperature, top_p=top_p,
-                               max_new_tokens=max_new_tokens, seed=seed, version=version)
+            texts = self._turn(prompts, trajs, active, turn, **sampling)
             going = [i for i in active if not trajs[i].done]
             t0 = time.perf_counter()
-            answers = (envs.step_many(going, [texts[i] for i in going]) if envs is not None
-                       else self.tools.step_many([texts[i] for i in going]) if self.tools is not None
-                       else [Turn("", done=True) for _ in going])
+            answers = self.step(envs, going, [texts[i] for i in going])
             wall = (time.perf_counter() - t0) / max(1, len(going))
             for i, got in zip(going, answers, strict=True):
-                t = trajs[i]
-                t.text, t.env_reward = texts[i], t.env_reward + got.reward
-                t.tool_calls += got.calls
-                t.tool_errors += got.errors
-                t.tool_seconds += got.tool_seconds
-                t.tool_wall += wall
-                if got.done:
-                    t.done = True
-                elif turn == self.max_turns - 1:  # a call left unanswered: maxTurns cut it
-                    t.done, t.finish_reason = True, "length"
-                else:
-                    self._observe(t, prompts[i], got.observation)
+                self.answered(trajs[i], prompts[i], texts[i], got, wall)
+
+    def step(self, envs: PluginEnvironments | None, keys: list[int], texts: list[str]) -> list[Turn]:
+        """The environment's (or the tools') answers to these trajectories' turns."""
         if envs is not None:
-            envs.close()
-        return [trajs[k:k + samples_per_prompt] for k in range(0, len(trajs), samples_per_prompt)]
+            return envs.step_many(keys, texts)
+        if self.tools is not None:
+            return self.tools.step_many(texts)
+        return [Turn("", done=True) for _ in keys]
+
+    def answered(self, t: Trajectory, prompt: list[int], text: str, got: Turn, wall: float) -> None:
+        """A trajectory's turn answered: its rewards and tool figures counted; it ends (done, or cut at maxTurns
+        with a call left unanswered), or its observation is appended for the next turn."""
+        t.text, t.env_reward = text, t.env_reward + got.reward
+        t.turn_rewards[-1] += got.reward
+        t.tool_calls += got.calls
+        t.tool_errors += got.errors
+        t.tool_seconds += got.tool_seconds
+        t.tool_wall += wall
+        if got.done:
+            t.done = True
+        elif t.turns >= self.max_turns:  # a call left unanswered: maxTurns cut it
+            t.done, t.finish_reason = True, "length"
+        else:
+            self._observe(t, prompt, got.observation)
+
+    @staticmethod
+    def turn_seed(seed: int, turn: int, index: int) -> int:
+        """Trajectory `index`'s seed at `turn` (0-based) when it goes alone or in order (overtaking.py)."""
+        return seed + turn * _TURN_SEED + index
+
+    def limit(self, prompt: list[int], t: Trajectory, max_new_tokens: int) -> int:
+        """The next turn's token limit; a trajectory without room for one ends, cut (and gets 0)."""
+        used = len(prompt) + len(t.token_ids)
+        room = min(max_new_tokens, self.max_tokens - len(t.token_ids), self.max_length - used)
+        if room <= 0:
+            t.done, t.finish_reason = True, "length"
+        return max(room, 0)
+
+    def took_turn(self, t: Trajectory, s: Any, version: int) -> str:
+        """A generated turn appended to its trajectory; returns its text."""
+        t.turn_starts.append(len(t.token_ids))
+        t.turn_rewards.append(0.0)
+        t.add(s.token_ids, s.logprobs, model=True)
+        t.turns += 1
+        t.weights_version = int(getattr(s, "weights_version", version))
+        text = self.tok.decode(s.token_ids, skip_special_tokens=True)
+        if s.finish_reason == "length":  # cut inside the turn: no call is made from half a turn
+            t.done, t.finish_reason, t.text = True, "length", text
+        return text
 
     def _turn(self, prompts: list[list[int]], trajs: list[Trajectory], active: list[int], turn: int, *,
               temperature: float, top_p: float, max_new_tokens: int, seed: int | None, version: int) -> dict[int, str]:
@@ -114,11 +170,8 @@ class MultiTurnRollout:
         their turns appended; returns each one's text of the turn."""
         by_limit: dict[int, list[int]] = {}
         for i in active:
-            used = len(prompts[i]) + len(trajs[i].token_ids)
-            limit = min(max_new_tokens, self.max_tokens - len(trajs[i].token_ids), self.max_length - used)
-            if limit <= 0:  # no room for another turn
-                trajs[i].done, trajs[i].finish_reason = True, "length"
-            else:
+            limit = self.limit(prompts[i], trajs[i], max_new_tokens)
+            if limit > 0:
                 by_limit.setdefault(limit, []).append(i)
 
         def run(limit: int, idx: list[int]):
@@ -131,13 +184,7 @@ class MultiTurnRollout:
             outs = list(pool.map(lambda kv: run(*kv), by_limit.items()))
         for idx, groups in zip(by_limit.values(), outs, strict=True):
             for i, group in zip(idx, groups, strict=True):
-                s, t = group[0], trajs[i]
-                t.add(s.token_ids, s.logprobs, model=True)
-                t.turns += 1
-                t.weights_version = int(getattr(s, "weights_version", version))
-                texts[i] = self.tok.decode(s.token_ids, skip_special_tokens=True)
-                if s.finish_reason == "length":  # cut inside the turn: no call is made from half a turn
-                    t.done, t.finish_reason, t.text = True, "length", texts[i]
+                texts[i] = self.took_turn(trajs[i], group[0], version)
         return texts
 
     def _observe(self, t: Trajectory, prompt: list[int], text: str) -> None:
@@ -175,6 +222,17 @@ def response_masks(samples: Sequence[Any]) -> list[list[int]] | None:
     if not any(getattr(s, "mask", None) is not None for s in samples):
         return None
     return [list(s.mask) if getattr(s, "mask", None) is not None else [1] * len(s.token_ids) for s in samples]
+
+
+def turn_credit_fields(samples: Sequence[Any]) -> dict[str, list]:
+    """RolloutBatch's turn_starts and turn_rewards (spec.task.turnCredit rewardToGo): where each sample's model
+    turns start and the environment's reward for each."""
+    if any(not getattr(s, "turn_starts", None) for s in samples):
+        raise ValueError("spec.task.turnCredit: rewardToGo needs each sample's turns (a multi-turn trajectory with "
+                         "task.environment); this batch has samples without them (a batch generated by an older "
+                         "version?); set turnCredit: trajectory to train it")
+    return {"turn_starts": [list(s.turn_starts) for s in samples],
+            "turn_rewards": [[float(r) for r in s.turn_rewards] for s in samples]}
 
 
 def tool_metrics(samples: Sequence[Any]) -> dict[str, float]:

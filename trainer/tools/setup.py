@@ -67,4 +67,4 @@ def multi_turn(spec: Any, rollout: Any, tokenizer: Any, problems: Sequence[Any],
     max_tokens = t.max_trajectory_tokens or spec.model.max_length
     return MultiTurnRollout(rollout, tokenizer, max_turns=t.max_turns, max_tokens=max_tokens,
                             max_length=spec.model.max_length, tools=tools, environment=env,
-                            environment_name=t.environment or "", rows=rows)
+                            environment_name=t.environment or "", rows=rows, overtake=t.overtake_turns)
