@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import torch
 
-from rlscale.trainer.turn_credit import step_token_rewards
+from rlscale.trainer.tools.credit import step_token_rewards
 
 
 @dataclass

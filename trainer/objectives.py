@@ -16,8 +16,8 @@ from rlscale.spec.algorithm import ALGORITHMS, GROUP_ALGORITHMS
 from rlscale.trainer import advantages as V
 from rlscale.trainer import algorithms as A
 from rlscale.trainer import losses as L
-from rlscale.trainer import turn_credit as T
 from rlscale.trainer.batching import MicroBatch, RolloutBatch
+from rlscale.trainer.tools import credit as T
 
 # (model, micro-batch) -> per-token log-probs of the response tokens
 Logprobs = Callable[[Any, MicroBatch], torch.Tensor]

@@ -12,10 +12,10 @@ import pytest
 import torch
 
 from rlscale.trainer import algorithms as A
-from rlscale.trainer import turn_credit as T
 from rlscale.trainer.advantages import reward_to_go
 from rlscale.trainer.batching import RolloutBatch, pack
 from rlscale.trainer.objectives import GroupBaseline, _token_rewards
+from rlscale.trainer.tools import credit as T
 
 EPS = 1e-6
 
