@@ -16,6 +16,8 @@ from typing import Any
 
 import pytest
 
+from tests.lanes import LANES, lane_of
+
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = ROOT / "examples"
 
@@ -75,3 +77,18 @@ def http_get(port: int, path: str) -> tuple[int, str]:
             return r.status, r.read().decode()
     except urllib.error.HTTPError as e:
         return e.code, e.read().decode()
+
+
+def pytest_addoption(parser):
+    parser.addoption("--lane", choices=LANES, default=None,
+                     help="run only this lane's tests (tests/lanes.py; `make test` runs both side by side)")
+
+
+def pytest_collection_modifyitems(config, items):
+    """--lane: keep the lane's tests and report the others as deselected (so -m, -k and paths still apply)."""
+    lane = config.getoption("--lane")
+    if lane is None:
+        return
+    # Node ids are relative to the rootdir, the repository root (pyproject.toml's pytest section).
+    config.hook.pytest_deselected(items=[item for item in items if lane_of(item.nodeid) != lane])
+    items[:] = [item for item in items if lane_of(item.nodeid) == lane]

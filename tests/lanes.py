@@ -1,0 +1,24 @@
+"""`make test`'s two lanes (hack/test-lanes.sh runs one pytest process per lane, side by side).
+
+Most of the suite's wall time is waiting: pods starting, API-server round trips, image imports, Ray
+and vLLM start-ups. So the suite runs as two pytest processes at once, split by folder:
+
+- k8s: what needs a control plane, a node or the images (tests/operator, tests/node, tests/images);
+- local: everything else (the unit tests, the vLLM/Ray/DeepSpeed tests, tests/e2e).
+
+The split keeps each shared host resource in one lane: every Ray cluster on this host (local Ray
+heads pick ports that collide when two start at once, tests/rollout/test_scaling.py) is in the local
+lane, every podman build and containerd (the node's, tests/images') in the k8s lane; the kwok control
+plane and the real node's pick free ports and run side by side. Each lane starts its session fixtures
+once (the kwok cluster, the node cluster, Prometheus, shared engines)."""
+
+from __future__ import annotations
+
+LANES = ("k8s", "local")
+K8S_DIRS = ("tests/operator/", "tests/node/", "tests/images/")
+
+
+def lane_of(nodeid: str) -> str:
+    """The lane of a test, from its node id (the path relative to the repository root first)."""
+    path = nodeid.split("::", 1)[0].replace("\\", "/").removeprefix("./")
+    return "k8s" if path.startswith(K8S_DIRS) else "local"
