@@ -22,3 +22,35 @@ def lane_of(nodeid: str) -> str:
     """The lane of a test, from its node id (the path relative to the repository root first)."""
     path = nodeid.split("::", 1)[0].replace("\\", "/").removeprefix("./")
     return "k8s" if path.startswith(K8S_DIRS) else "local"
+
+
+def lane_seconds(rows: list[dict]) -> dict[str, dict[str, float]]:
+    """Seconds per lane and file from a profile's rows (hack/pytest_timelog.py: {"id": nodeid, "s": seconds})."""
+    out: dict[str, dict[str, float]] = {lane: {} for lane in LANES}
+    for r in rows:
+        files = out[lane_of(r["id"])]
+        path = r["id"].split("::", 1)[0]
+        files[path] = files.get(path, 0.0) + float(r["s"])
+    return out
+
+
+def main(argv: list[str]) -> int:
+    """python -m tests.lanes PROFILE.jsonl...: each lane's summed test seconds, its largest files first
+    (what one lane would take alone; a lane's wall time is its sum plus collection)."""
+    import json
+
+    if not argv:
+        print("usage: python -m tests.lanes PROFILE.jsonl... (written by hack/pytest_timelog.py)")
+        return 2
+    rows = [json.loads(ln) for p in argv for ln in open(p) if ln.strip()]
+    for lane, files in lane_seconds(rows).items():
+        print(f"{lane}: {sum(files.values()) / 60:.1f} min in {len(files)} files")
+        for path, s in sorted(files.items(), key=lambda kv: -kv[1])[:8]:
+            print(f"  {s / 60:6.1f} min  {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    import sys
+
+    raise SystemExit(main(sys.argv[1:]))

@@ -53,3 +53,19 @@ def test_an_unknown_lane_is_refused_naming_the_choices():
                        cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert r.returncode == 4
     assert "--lane" in r.stderr and "'gpu'" in r.stderr and "k8s" in r.stderr and "local" in r.stderr, r.stderr
+
+
+def test_a_profile_sums_per_lane_and_file(tmp_path, capsys):
+    from tests.lanes import lane_seconds, main
+
+    rows = [{"id": "tests/node/test_a.py::t1", "s": 60.0}, {"id": "tests/node/test_a.py::t2", "s": 30.0},
+            {"id": "tests/e2e/test_b.py::t", "s": 120.0}, {"id": "tests/operator/test_c.py::t[x]", "s": 6.0}]
+    got = lane_seconds(rows)
+    assert got == {"k8s": {"tests/node/test_a.py": 90.0, "tests/operator/test_c.py": 6.0},
+                   "local": {"tests/e2e/test_b.py": 120.0}}
+    p = tmp_path / "t.jsonl"
+    p.write_text("".join(__import__("json").dumps(r) + "\n" for r in rows))
+    assert main([str(p)]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0] == "k8s: 1.6 min in 2 files" and out[1].split() == ["1.5", "min", "tests/node/test_a.py"]
+    assert "local: 2.0 min in 1 files" in out
