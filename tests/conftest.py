@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from tests.lanes import LANES, lane_of
+from tests.lanes import K8S_DIRS, LANES, lane_of
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = ROOT / "examples"
@@ -82,6 +82,23 @@ def http_get(port: int, path: str) -> tuple[int, str]:
 def pytest_addoption(parser):
     parser.addoption("--lane", choices=LANES, default=None,
                      help="run only this lane's tests (tests/lanes.py; `make test` runs both side by side)")
+
+
+def pytest_ignore_collect(collection_path, config):
+    """--lane: the other lane's folders and files are not even imported (collecting the local lane's modules
+    imports torch, vLLM and transformers: about 20 s of CPU the k8s lane needs none of)."""
+    lane = config.getoption("--lane")
+    if lane is None:
+        return None
+    try:
+        rel = collection_path.resolve().relative_to(ROOT).as_posix()
+    except ValueError:
+        return None
+    if collection_path.is_dir():
+        rel += "/"
+    if any(d.startswith(rel) for d in K8S_DIRS):  # tests/ itself holds both lanes
+        return None
+    return True if lane_of(rel) != lane else None
 
 
 def pytest_collection_modifyitems(config, items):

@@ -38,8 +38,9 @@ def collected(*args: str) -> set[str]:
 
 
 def test_the_lanes_split_a_selection_without_loss_or_overlap():
-    """Collected for real through the conftest hook: the two lanes together are the selection, apart."""
-    args = ("tests/test_lanes.py", "tests/operator/test_status.py", "tests/core/test_cli.py")
+    """Collected for real through the conftest hooks: the two lanes together are the selection, apart. Folders
+    (their files skipped unimported by the other lane) and a file named on the command line (deselected)."""
+    args = ("tests/plan", "tests/images", "tests/test_lanes.py", "tests/operator/test_status.py")
     whole = collected(*args)
     lanes = {lane: collected("--lane", lane, *args) for lane in LANES}
     assert lanes["k8s"] and lanes["local"], lanes
