@@ -31,7 +31,9 @@ def start_target() -> float:
     0.77 at 15,360 samples, this test on that machine). The test proves the mechanism (Ctrl-C,
     resume, a target reached and scraped), not a level (tests/trainer/test_grpo_learns.py does),
     so +0.02: the 8x8 run of `rlscale sweep examples/quickstart.yaml` (quickstart-p8-sqrt-s0)
-    held 0.73 and 0.744 at 2,048 and 4,096 samples. With evals every 10 steps (window 2) the run
+    held 0.73 and 0.744 at 2,048 and 4,096 samples; this test at +0.05 ended at step 120 in 330 s, at
+    +0.02 at step 70 in 226 s (`pytest tests/e2e/test_embedded_run.py -k interrupt --durations=0`,
+    one after the other on a 2-core machine). With evals every 10 steps (window 2) the run
     cannot end before step 20, after the test has interrupted it at step 13, whatever the eval
     noise (sd 0.024) does."""
     from rlscale.trainer.builtin import ensure_builtin_model
