@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from tests.lanes import K8S_DIRS, LANES, lane_of
+from tests.lanes import LANES, LanePlugin
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = ROOT / "examples"
@@ -60,6 +60,17 @@ def root() -> Path:
     return ROOT
 
 
+def pytest_addoption(parser):
+    parser.addoption("--lane", choices=LANES, default=None,
+                     help="run only this lane's tests (tests/lanes.py; `make test` runs both side by side)")
+
+
+def pytest_configure(config):
+    # A plugin of its own, not hooks here: this file's other collection hooks stay free for other uses.
+    if config.getoption("--lane"):
+        config.pluginmanager.register(LanePlugin(config.getoption("--lane"), ROOT), "rlscale-lane")
+
+
 @pytest.fixture(autouse=True)
 def _autograd_back_on():
     """One pytest process runs rollout and learner tests: a test that turns autograd off globally
@@ -77,35 +88,3 @@ def http_get(port: int, path: str) -> tuple[int, str]:
             return r.status, r.read().decode()
     except urllib.error.HTTPError as e:
         return e.code, e.read().decode()
-
-
-def pytest_addoption(parser):
-    parser.addoption("--lane", choices=LANES, default=None,
-                     help="run only this lane's tests (tests/lanes.py; `make test` runs both side by side)")
-
-
-def pytest_ignore_collect(collection_path, config):
-    """--lane: the other lane's folders and files are not even imported (collecting the local lane's modules
-    imports torch, vLLM and transformers: about 20 s of CPU the k8s lane needs none of)."""
-    lane = config.getoption("--lane")
-    if lane is None:
-        return None
-    try:
-        rel = collection_path.resolve().relative_to(ROOT).as_posix()
-    except ValueError:
-        return None
-    if collection_path.is_dir():
-        rel += "/"
-    if any(d.startswith(rel) for d in K8S_DIRS):  # tests/ itself holds both lanes
-        return None
-    return True if lane_of(rel) != lane else None
-
-
-def pytest_collection_modifyitems(config, items):
-    """--lane: keep the lane's tests and report the others as deselected (so -m, -k and paths still apply)."""
-    lane = config.getoption("--lane")
-    if lane is None:
-        return
-    # Node ids are relative to the rootdir, the repository root (pyproject.toml's pytest section).
-    config.hook.pytest_deselected(items=[item for item in items if lane_of(item.nodeid) != lane])
-    items[:] = [item for item in items if lane_of(item.nodeid) == lane]

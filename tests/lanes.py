@@ -14,6 +14,8 @@ once (the kwok cluster, the node cluster, Prometheus, shared engines)."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 LANES = ("k8s", "local")
 K8S_DIRS = ("tests/operator/", "tests/node/", "tests/images/")
 
@@ -22,6 +24,31 @@ def lane_of(nodeid: str) -> str:
     """The lane of a test, from its node id (the path relative to the repository root first)."""
     path = nodeid.split("::", 1)[0].replace("\\", "/").removeprefix("./")
     return "k8s" if path.startswith(K8S_DIRS) else "local"
+
+
+class LanePlugin:
+    """--lane's hooks (tests/conftest.py registers them): the other lane's folders and files are not even
+    imported (collecting the local lane's modules imports torch, vLLM and transformers: about 20 s of CPU the
+    k8s lane needs none of), and what is still collected (a file named on the command line) is deselected."""
+
+    def __init__(self, lane: str, root: Path):
+        self.lane, self.root = lane, root
+
+    def pytest_ignore_collect(self, collection_path: Path, config):
+        try:
+            rel = collection_path.resolve().relative_to(self.root).as_posix()
+        except ValueError:
+            return None
+        if collection_path.is_dir():
+            rel = "" if rel == "." else rel + "/"
+        if any(d.startswith(rel) for d in K8S_DIRS):  # tests/ itself holds both lanes
+            return None
+        return True if lane_of(rel) != self.lane else None
+
+    def pytest_collection_modifyitems(self, config, items):
+        # Node ids are relative to the rootdir, the repository root (pyproject.toml's pytest section).
+        config.hook.pytest_deselected(items=[item for item in items if lane_of(item.nodeid) != self.lane])
+        items[:] = [item for item in items if lane_of(item.nodeid) == self.lane]
 
 
 def lane_seconds(rows: list[dict]) -> dict[str, dict[str, float]]:
