@@ -63,10 +63,11 @@ run: venv
 	$(RLSCALE) run $(RUN_SPEC)
 
 ## make crd: regenerate the CRD and the README spec table from rlscale/spec/.
-## make test: install, build/start what the tests need, run the whole suite.
+## make test: install, build/start what the tests need, run the whole suite in two pytest processes side by
+## side (hack/test-lanes.sh; tests/lanes.py: the k8s lane tests/operator, node, images; the local lane the rest).
 test: venv k8s prometheus images
 	$(VENV)/bin/ruff check .
-	$(PY) -m pytest $(PYTEST_ARGS)
+	PY=$(PY) bash hack/test-lanes.sh $(PYTEST_ARGS)
 
 ## make unit: the fast tests only (no cluster, no vLLM, no training), tests/operator's pure ones
 ## included: 1,142 tests in 142 s wall on a 2-core machine beside two heavy jobs (`time make unit`). promtool checks

@@ -16,6 +16,8 @@ from typing import Any
 
 import pytest
 
+from tests.lanes import LANES, LanePlugin
+
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = ROOT / "examples"
 
@@ -56,6 +58,17 @@ def rlscale_cli(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess:
 @pytest.fixture
 def root() -> Path:
     return ROOT
+
+
+def pytest_addoption(parser):
+    parser.addoption("--lane", choices=LANES, default=None,
+                     help="run only this lane's tests (tests/lanes.py; `make test` runs both side by side)")
+
+
+def pytest_configure(config):
+    # A plugin of its own, not hooks here: this file's other collection hooks stay free for other uses.
+    if config.getoption("--lane"):
+        config.pluginmanager.register(LanePlugin(config.getoption("--lane"), ROOT), "rlscale-lane")
 
 
 @pytest.fixture(autouse=True)

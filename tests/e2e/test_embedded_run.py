@@ -28,13 +28,18 @@ def start_target() -> float:
     the shipped build of version 2 (target 0.6) stopped at 0.724. Near 0.8 GRPO is
     slow: from 0.724 the 32x8 runs took 10-15k samples to 0.77 and 30-46k to 0.8, so +0.10
     would not be reached within the test's 400 steps of 16x8, while +0.05 took 120 (0.724 ->
-    0.77 at 15,360 samples, this test on that machine). With evals every 10 steps (window 2)
-    the run cannot end before step 20, after the test has interrupted it at step 13, whatever
-    the eval noise (sd 0.024) does."""
+    0.77 at 15,360 samples, this test on that machine). The test proves the mechanism (Ctrl-C,
+    resume, a target reached and scraped), not a level (tests/trainer/test_grpo_learns.py does),
+    so +0.02: the 8x8 run of `rlscale sweep examples/quickstart.yaml` (quickstart-p8-sqrt-s0)
+    held 0.73 and 0.744 at 2,048 and 4,096 samples; this test at +0.05 ended at step 120 in 330 s, at
+    +0.02 at step 70 in 226 s (`pytest tests/e2e/test_embedded_run.py -k interrupt --durations=0`,
+    one after the other on a 2-core machine). With evals every 10 steps (window 2) the run
+    cannot end before step 20, after the test has interrupted it at step 13, whatever the eval
+    noise (sd 0.024) does."""
     from rlscale.trainer.builtin import ensure_builtin_model
 
     info = json.loads((ensure_builtin_model("builtin:tiny-arith") / "rlscale-builtin.json").read_text())
-    return max(0.48, round(float(info["accuracy"]) + 0.05, 2))
+    return max(0.48, round(float(info["accuracy"]) + 0.02, 2))
 
 
 def small_run(tmp_path: Path, target: float) -> Path:
