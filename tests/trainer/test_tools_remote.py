@@ -79,6 +79,7 @@ def test_calls_answer_over_http(remote):
     assert remote.call("nope", {}).kind == "refused"
 
 
+@pytest.mark.slow  # waits out a timeout or a killed worker by design (seconds): `make test`, not `make unit`
 @pytest.mark.parametrize("code", ["while True: pass", "import time\ntime.sleep(60)"])
 def test_a_hanging_tool_is_stopped_at_its_timeout(remote, code):
     t0 = time.monotonic()
