@@ -130,7 +130,7 @@ class _Misbehaving(BaseHTTPRequestHandler):
 def misbehaving():
     srv = ThreadingHTTPServer(("127.0.0.1", 0), _Misbehaving)
     srv.daemon_threads = True
-    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    threading.Thread(target=srv.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
     yield srv
     srv.shutdown()
     srv.server_close()
