@@ -52,7 +52,9 @@ class ProbeServer:
         self._metrics = make_wsgi_app(registry if registry is not None else CollectorRegistry())
         self._check: Callable[[], bool] = check or _never
         self._httpd = make_server(addr, port, self._app, _Server, handler_class=_QuietHandler)
-        self._thread = threading.Thread(target=self._httpd.serve_forever, name="probe-server", daemon=True)
+        # Polled every 50 ms rather than http.server's 0.5 s, so close() (a pod's stop) returns at once.
+        self._thread = threading.Thread(target=self._httpd.serve_forever, kwargs={"poll_interval": 0.05},
+                                        name="probe-server", daemon=True)
         self._thread.start()
 
     @property

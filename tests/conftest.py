@@ -88,3 +88,10 @@ def http_get(port: int, path: str) -> tuple[int, str]:
             return r.status, r.read().decode()
     except urllib.error.HTTPError as e:
         return e.code, e.read().decode()
+
+
+def pytest_ignore_collect(collection_path, config):
+    """Under -m, a file none of whose tests the expression can select is not imported (tests/unit_collect.py)."""
+    from tests.unit_collect import ignore_file
+
+    return True if ignore_file(collection_path, config.option.markexpr) else None

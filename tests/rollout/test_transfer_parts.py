@@ -16,6 +16,10 @@ from rlscale.rollout.transfer.control import Member, member_init_infos
 from rlscale.trainer.transfer.gloo_trainer import GlooTrainerInitInfo, GlooTrainerWeightTransferEngine
 from rlscale.trainer.transfer.sources import TensorsSource
 
+# vLLM's weight-transfer base classes cost 3-7 s to import and some cases wait out a timeout: `make test`,
+# not `make unit`.
+pytestmark = pytest.mark.slow
+
 
 def weights(seed: int = 0) -> dict[str, torch.Tensor]:
     g = torch.Generator().manual_seed(seed)

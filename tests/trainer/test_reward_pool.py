@@ -50,6 +50,7 @@ def rows(completions, answers=None):
     return (["p"] * n, completions, answers or ["2"] * n, [True] * n, [{} for _ in range(n)])
 
 
+@pytest.mark.slow  # waits out a timeout or a killed worker by design (seconds): `make test`, not `make unit`
 def test_a_call_stuck_in_c_is_killed_and_scores_the_timeout_score(reward):
     reward.timeout_score = -1.0
     pids = {w.proc.pid for w in reward.pool.workers}
@@ -69,6 +70,7 @@ def test_a_call_stuck_in_c_is_killed_and_scores_the_timeout_score(reward):
     assert score_terms(reward, *rows(many, many)).rewards == [2 * len(c) + 0.5 for c in many]
 
 
+@pytest.mark.slow  # waits out a timeout or a killed worker by design (seconds): `make test`, not `make unit`
 def test_without_a_timeout_score_a_stuck_call_stops_the_run_naming_it(reward):
     reward.timeout_score = None
     try:
@@ -91,6 +93,7 @@ def test_failures_in_a_worker_stop_the_run_naming_the_sample(reward, completion,
     assert score_terms(reward, *rows(["12"], ["3"])).rewards == [4.0]
 
 
+@pytest.mark.slow  # waits out a timeout or a killed worker by design (seconds): `make test`, not `make unit`
 def test_a_worker_killed_by_a_signal_is_a_fault_of_the_run_not_of_the_reward(reward):
     """The OOM killer's SIGKILL: not RewardError (which fails the run for good) but an error the run's
     restart path takes, so the run resumes from its checkpoint, as when the learner itself is killed."""

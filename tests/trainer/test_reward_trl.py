@@ -119,6 +119,7 @@ def test_in_the_worker_process_once_a_batch_and_closed_with_the_run(trl_module):
     assert r.batch_pool is None and not worker.is_alive()
 
 
+@pytest.mark.slow  # waits out a timeout or a killed worker by design (seconds): `make test`, not `make unit`
 def test_a_batch_past_its_timeout_is_killed_and_scores_the_timeout_score(trl_module):
     r = resolve_reward("trl_rewards:slow", timeout_s=0.5)  # 2 completions: 1 s for the batch
     assert r.start_pool(timeout_score=-1.0)

@@ -38,6 +38,7 @@ def test_the_tool_model_ships_so_no_pod_runs_its_7_minute_recipe(tmp_path):
     assert "shipped" in next(x for x in builtin.check_sources() if x.startswith("builtin:tiny-tools"))
 
 
+@pytest.mark.slow  # installs and scores the shipped model (seconds): `make test`, not `make unit`
 def test_install_replaces_an_unshipped_build_and_scores_as_recorded(tmp_path):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 

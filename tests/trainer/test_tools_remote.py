@@ -79,6 +79,7 @@ def test_calls_answer_over_http(remote):
     assert remote.call("nope", {}).kind == "refused"
 
 
+@pytest.mark.slow  # waits out a timeout or a killed worker by design (seconds): `make test`, not `make unit`
 @pytest.mark.parametrize("code", ["while True: pass", "import time\ntime.sleep(60)"])
 def test_a_hanging_tool_is_stopped_at_its_timeout(remote, code):
     t0 = time.monotonic()
@@ -129,7 +130,7 @@ class _Misbehaving(BaseHTTPRequestHandler):
 def misbehaving():
     srv = ThreadingHTTPServer(("127.0.0.1", 0), _Misbehaving)
     srv.daemon_threads = True
-    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    threading.Thread(target=srv.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
     yield srv
     srv.shutdown()
     srv.server_close()

@@ -36,6 +36,7 @@ def test_calls_answer_and_errors_are_observations(pool):
     assert pool.call("calculator", {"expression": "2**1000"}).kind == "error"
 
 
+@pytest.mark.slow  # waits out a timeout or a killed worker by design (seconds): `make test`, not `make unit`
 def test_a_hanging_call_is_stopped_at_its_timeout(pool):
     for code in ("while True: pass", "import time\ntime.sleep(60)"):
         r = pool.call("python", {"code": code})

@@ -136,7 +136,7 @@ class RemoteToolPool(ToolCalls):
                 raise RuntimeError(f"spec.task.toolSandbox: no tool pod answered at {self.url} within {timeout:.0f} s "
                                    f"({last}); see the tool pods' events and logs (kubectl describe pods -l "
                                    "rlscale.dev/role=tools)")
-            time.sleep(2.0)
+            time.sleep(0.25)  # a tool pod answers within seconds of starting; the run waits for no more than that
 
     def call(self, name: str, arguments: dict) -> ToolResult:
         refused = self.unknown(name)
