@@ -99,13 +99,11 @@ def ordered_rollout(planned: int, current: int | None, report: Mapping[str, Any]
 
 def stopping(pods: Iterable[Mapping[str, Any]], workloads: Mapping[str, Mapping[str, Any]], now: str) -> int:
     """An ended run's rollout pods still there, while its Ray head is up: the head stays until they are
-    gone. On SIGTERM a rollout pod's `ray start --block` drains its node through the head's GCS (an idle
-    node: within a second); with the head already gone, the drain call waits out Ray's 60 s GCS reconnect
-    timeout before the pod stops, the head and the rollout pods having been scaled down together (60.0 s
-    against 0.9 s with the head up, `ray start --block` of Ray 2.60 with the rollout pods' drain setting,
-    SIGTERM after the head's `ray start --block` exited). A pod past its deletionTimestamp (its grace is
-    over: a lost node's) holds nothing; nor does a head already at zero (an operator restarted late must
-    not start a new one). `now`: ISO 8601 in UTC, as status.now_iso writes it."""
+    gone. On SIGTERM a rollout pod's `ray start --block` drains its node through the head's GCS; scaled
+    down together, the head went first and the drain call waited out Ray's 60 s GCS reconnect timeout
+    (60.1 s against 1.2 s with the head up: `python bench/ray_drain.py`, Ray 2.60). A pod past its
+    deletionTimestamp (its grace is over: a lost node's) holds nothing; nor does a head already at zero
+    (an operator restarted late must not start a new one). `now`: ISO 8601 in UTC (status.now_iso)."""
     if not int(((workloads.get(C.ROLE_RAY_HEAD) or {}).get("spec") or {}).get("replicas") or 0):
         return 0
     t = _iso(now)
