@@ -86,10 +86,12 @@ def desired_replicas(spec: RLRunSpec, plan: Plan | None, finished: bool = False,
     rollout replicas (this many) and the head stay until they are gone: rank 0's last step, and
     its checkpoint on SIGTERM, need both (stopped together, the replicas could go first and the
     step never finish); or the driver has not yet drained Serve to a smaller plan (ordered
-    scaling, operator/scaling.py). `plan` None: the Ray head's count alone is asked for. A colocated
-    plan has no rollout pods: its replicas run on the learner pods (operator/learner_pods.py)."""
+    scaling, operator/scaling.py). Once the run has ended, `draining` counts its rollout pods still
+    stopping: the head stays until they are gone (scaling.stopping). `plan` None: the
+    Ray head's count alone is asked for. A colocated plan has no rollout pods: its replicas run on the
+    learner pods (operator/learner_pods.py)."""
     if finished:
-        return {C.ROLE_RAY_HEAD: 0, C.ROLE_ROLLOUT: 0, C.ROLE_LEARNER: 0}
+        return {C.ROLE_RAY_HEAD: 1 if draining else 0, C.ROLE_ROLLOUT: 0, C.ROLE_LEARNER: 0}
     if spec.suspend or plan is None:
         out = {C.ROLE_RAY_HEAD: 1, C.ROLE_ROLLOUT: 0, C.ROLE_LEARNER: 0}
     else:

@@ -419,7 +419,7 @@ class Controller:
             return
         run, spec = o.run_ref(), o.spec
         desired = B.desired_replicas(spec, o.plan, False, o.admitted)
-        draining = None if o.finished else self._draining(o, desired)
+        draining = SC.stopping(o.pods, o.workloads, S.now_iso()) if o.finished else self._draining(o, desired)
         if draining is None and not o.finished:
             draining = self._ordered(o, desired[C.ROLE_ROLLOUT])
         for manifest in B.build_children(run, spec, o.plan, o.images, finished=o.finished,

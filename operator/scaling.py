@@ -11,6 +11,7 @@ docs/architecture.md, "Ordered scaling"."""
 
 from __future__ import annotations
 
+import datetime as dt
 import logging
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -94,6 +95,24 @@ def ordered_rollout(planned: int, current: int | None, report: Mapping[str, Any]
     keep = tuple(sorted(p["metadata"]["name"] for p in ours
                         if p["metadata"]["name"] in hosting and _cost(p) == DRAINED_COST))
     return RolloutScale(release=release, keep=keep)
+
+
+def stopping(pods: Iterable[Mapping[str, Any]], workloads: Mapping[str, Mapping[str, Any]], now: str) -> int:
+    """An ended run's rollout pods still there, while its Ray head is up: the head stays until they are
+    gone. On SIGTERM a rollout pod's `ray start --block` drains its node through the head's GCS; scaled
+    down together, the head went first and the drain call waited out Ray's 60 s GCS reconnect timeout
+    (60.1 s against 1.2 s with the head up: `python bench/ray_drain.py`, Ray 2.60). A pod past its
+    deletionTimestamp (its grace is over: a lost node's) holds nothing; nor does a head already at zero
+    (an operator restarted late must not start a new one). `now`: ISO 8601 in UTC (status.now_iso)."""
+    if not int(((workloads.get(C.ROLE_RAY_HEAD) or {}).get("spec") or {}).get("replicas") or 0):
+        return 0
+    t = _iso(now)
+    return sum(1 for p in pods if _role(p) == C.ROLE_ROLLOUT
+               and ((gone := (p.get("metadata") or {}).get("deletionTimestamp")) is None or _iso(gone) > t))
+
+
+def _iso(stamp: str) -> dt.datetime:
+    return dt.datetime.fromisoformat(stamp.replace("Z", "+00:00"))
 
 
 def mark_pods(api: KubeAPI, namespace: str, release: Iterable[str], keep: Iterable[str]) -> None:

@@ -135,9 +135,20 @@ def ray_head_command(ray_address: str | None, num_cpus: int | None = None,
     return cmd
 
 
+def ray_head_env(environ=None) -> dict[str, str]:
+    """The head pod's `ray start --head` environment: ray_node_env, and no drain on SIGTERM (unless the
+    environment sets one). Draining waits for the node's actors to move elsewhere, and the head's (Serve's
+    controller) have nowhere to go: the head stops once the run has ended (its last pods gone) or is
+    deleted, and its GCS is the cluster. Ray's default 30 s drain held the quickstart's ended run for
+    30 s (its head pod Terminating 30 s in tests/node/test_quickstart_k8s.py's pod timeline)."""
+    env = ray_node_env(environ)
+    env.setdefault("RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S", "0")
+    return env
+
+
 def ray_head_main(config_path: str | os.PathLike | None) -> int:
     """Become the run's Ray head: exec `ray start --head --block` so signals reach Ray directly."""
     cfg = load_run_config(config_path)
     cmd = ray_head_command(cfg.ray_address, cfg.local.head_cpus if cfg.local else None, cfg.object_store_bytes)
-    os.execvpe(cmd[0], cmd, ray_node_env())
+    os.execvpe(cmd[0], cmd, ray_head_env())
     return 0  # not reached

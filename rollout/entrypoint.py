@@ -52,6 +52,25 @@ def wait_for_head(address: str, timeout: float = HEAD_WAIT_S, poll: float = 2.0)
 
 def main(config_path: str | None = None) -> int:
     """Run a Ray worker node until killed (config from the path or $RLSCALE_CONFIG); returns its exit status."""
+    # Stops are handled from the start: the pod's process is PID 1, which the kernel spares every signal it
+    # has no handler for, so a SIGTERM before the node started was lost and the pod sat out its whole grace
+    # period (ROLLOUT_GRACE_S) before the kubelet's SIGKILL: a run failing at once kept its rollout pod
+    # Terminating for 3 minutes (tests/node/test_quickstart_k8s.py, bad-reward's pods). Before the node
+    # starts there is nothing to drain: the process exits at once; after, the signal goes to the node.
+    node: list[subprocess.Popen] = []
+    stopping: list[int] = []
+    starting = [False]  # the node's process is being started: a stop is passed on once it is there
+
+    def on_stop(signum, _frame):
+        stopping.append(signum)
+        if node:
+            if node[0].poll() is None:
+                node[0].send_signal(signal.SIGTERM)
+        elif not starting[0]:
+            raise SystemExit(0)
+
+    signal.signal(signal.SIGTERM, on_stop)
+    signal.signal(signal.SIGINT, on_stop)
     from rlscale.runconfig import load_run_config
     from rlscale.spec import SpecError
 
@@ -79,19 +98,13 @@ def main(config_path: str | None = None) -> int:
               file=sys.stderr)
         return 1
     cmd = ray_start_command(address, object_store_bytes=config.object_store_bytes)
-    proc = subprocess.Popen(cmd, env=ray_node_env())
-
-    # `ray start --block` stops its raylet and workers on SIGTERM; pass ours on so that
+    # `ray start --block` stops its raylet and workers on SIGTERM; on_stop passes ours on so that
     # killing this process (the runner's or the kubelet's way) leaves nothing behind.
-    stopping = []
-
-    def forward(signum, _frame):
-        stopping.append(signum)
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-
-    signal.signal(signal.SIGTERM, forward)
-    signal.signal(signal.SIGINT, forward)
+    starting[0] = True
+    proc = subprocess.Popen(cmd, env=ray_node_env())
+    node.append(proc)
+    if stopping:  # a stop while it was being started
+        proc.send_signal(signal.SIGTERM)
     rc = proc.wait()
     # Being told to stop is how this role is meant to end (ray exits 1 on SIGTERM);
     # anything else means the node died under us.

@@ -58,7 +58,9 @@ def main(config_path: str | None) -> int:
     In a pod, rank 0 reports an error that stops it to the RLRun before exiting. With several ranks
     a pod (LOCAL_WORLD_SIZE > 1) this process is their launcher."""
     from rlscale.trainer.launcher import is_launcher, launch
+    from rlscale.trainer.stops import exit_on_stop
 
+    exit_on_stop()  # a stop before the role's own handlers (trainer/stops.py)
     if is_launcher():
         return launch(learner_argv(config_path))
     try:

@@ -18,6 +18,7 @@ from rlscale.progress_report import ProgressReport
 from rlscale.records import StepRecord
 from rlscale.roles import RunEnd, ray_auth_env
 from rlscale.runconfig import ENV_CONFIG, RunConfig
+from rlscale.trainer import stops
 from rlscale.trainer.driver import Driver, permanent
 from rlscale.trainer.plan_source import FixedPlan, FollowOperator, PlanSource, Replanner
 from rlscale.trainer.sinks import KubeSink, Sink
@@ -114,21 +115,25 @@ def report_failure(exc: BaseException, last_record: StepRecord | None = None) ->
 
 
 def wait_for_termination() -> None:
-    """Block until SIGTERM or SIGINT (the kubelet's stop)."""
+    """Block until SIGTERM or SIGINT (the kubelet's stop); return at once when one came already
+    (trainer/stops.py: the kubelet sends one)."""
     from rlscale.trainer.gang import stop_head_watches
 
+    done = threading.Event()
+    for sig in stops.SIGNALS:
+        signal.signal(sig, stops.noted(lambda *_: done.set()))
+    if stops.STOPS:
+        log.info("run finished; already told to stop")
+        return
     log.info("run finished; waiting to be scaled to zero")
     stop_head_watches()
-    done = threading.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: done.set())
     done.wait()
 
 
 def install_stop_handlers(driver: Driver) -> None:
     """SIGTERM/SIGINT: finish the current step, checkpoint, exit 130."""
-    signal.signal(signal.SIGTERM, driver.request_stop)
-    signal.signal(signal.SIGINT, driver.request_stop)
+    for sig in stops.SIGNALS:
+        signal.signal(sig, stops.noted(driver.request_stop))
 
 
 # The planner's share of each rollout GPU (AcceleratorProfile.memory_utilization) when neither the spec

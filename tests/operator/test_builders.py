@@ -70,10 +70,12 @@ def test_stopping_learners_keep_their_rollout_replicas_until_they_are_gone():
     evicted = B.desired_replicas(spec(), PLAN, admitted=dict.fromkeys(B.QUEUED_ROLES, 0), draining=3)
     assert evicted == {C.ROLE_RAY_HEAD: 1, C.ROLE_ROLLOUT: 3, C.ROLE_LEARNER: 0}
     # Learners wanted: at least the plan's, or the replicas the driver has not drained yet (ordered
-    # scaling keeps 5 while the plan says 3); the run over: nothing to wait for.
+    # scaling keeps 5 while the plan says 3); the run over: no replica kept, only the head while its rollout pods
+    # stop (tests/operator/test_end_order.py).
     assert B.desired_replicas(spec(), PLAN, draining=1)[C.ROLE_ROLLOUT] == 3
     assert B.desired_replicas(spec(), PLAN, draining=5) == {C.ROLE_RAY_HEAD: 1, C.ROLE_ROLLOUT: 5, C.ROLE_LEARNER: 2}
-    assert set(B.desired_replicas(spec(suspend=True), PLAN, finished=True, draining=3).values()) == {0}
+    assert B.desired_replicas(spec(suspend=True), PLAN, finished=True, draining=3) == {
+        C.ROLE_RAY_HEAD: 1, C.ROLE_ROLLOUT: 0, C.ROLE_LEARNER: 0}
 
 
 def test_a_rollout_pod_drains_its_replica_on_a_stop_within_its_grace_period():
