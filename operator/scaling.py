@@ -103,12 +103,29 @@ def stopping(pods: Iterable[Mapping[str, Any]], workloads: Mapping[str, Mapping[
     down together, the head went first and the drain call waited out Ray's 60 s GCS reconnect timeout
     (60.1 s against 1.2 s with the head up: `python bench/ray_drain.py`, Ray 2.60). A pod past its
     deletionTimestamp (its grace is over: a lost node's) holds nothing; nor does a head already at zero
-    (an operator restarted late must not start a new one). `now`: ISO 8601 in UTC (status.now_iso)."""
+    (an operator restarted late must not start a new one), nor one asked to go over HEAD_HOLD_S ago.
+    `now`: ISO 8601 in UTC (status.now_iso)."""
     if not int(((workloads.get(C.ROLE_RAY_HEAD) or {}).get("spec") or {}).get("replicas") or 0):
         return 0
     t = _iso(now)
-    return sum(1 for p in pods if _role(p) == C.ROLE_ROLLOUT
-               and ((gone := (p.get("metadata") or {}).get("deletionTimestamp")) is None or _iso(gone) > t))
+    return sum(1 for p in pods if _role(p) == C.ROLE_ROLLOUT and _holds_head(p.get("metadata") or {}, t))
+
+
+# A rollout pod holds the head at most this long after its deletion was asked for: with the head up it drains
+# in about a second, but one stopped while it starts may sit out its whole grace (180 s), and the head with it
+# (seen in `make test` on a loaded machine: bad-reward's head still up 120 s after the run failed).
+HEAD_HOLD_S = 30
+
+
+def _holds_head(meta: Mapping[str, Any], now: dt.datetime) -> bool:
+    gone = meta.get("deletionTimestamp")
+    if gone is None:
+        return True
+    end = _iso(gone)
+    grace = meta.get("deletionGracePeriodSeconds")
+    if grace is not None:  # deletionTimestamp is the request plus the grace
+        end = min(end, end - dt.timedelta(seconds=int(grace)) + dt.timedelta(seconds=HEAD_HOLD_S))
+    return end > now
 
 
 def _iso(stamp: str) -> dt.datetime:

@@ -49,6 +49,19 @@ def test_rollout_pods_within_their_grace_hold_the_head_and_nothing_else_does():
     assert SC.stopping(pods, {}, NOW) == 0
 
 
+def test_a_rollout_pod_that_ignores_its_stop_holds_the_head_no_longer_than_head_hold_s():
+    def asked(seconds_ago: int, grace: int = 180) -> dict:
+        p = pod(C.ROLE_ROLLOUT, at(grace - seconds_ago))
+        p["metadata"]["deletionGracePeriodSeconds"] = grace
+        return p
+
+    assert SC.stopping([asked(5)], HEAD_UP, NOW) == 1
+    assert SC.stopping([asked(SC.HEAD_HOLD_S - 1)], HEAD_UP, NOW) == 1
+    assert SC.stopping([asked(SC.HEAD_HOLD_S + 1)], HEAD_UP, NOW) == 0
+    # A grace shorter than the hold ends it first.
+    assert SC.stopping([asked(11, grace=10)], HEAD_UP, NOW) == 0
+
+
 def test_an_ended_run_keeps_only_its_head_while_rollout_pods_stop():
     assert B.desired_replicas(None, None, finished=True, draining=2) == {
         C.ROLE_RAY_HEAD: 1, C.ROLE_ROLLOUT: 0, C.ROLE_LEARNER: 0}
