@@ -80,3 +80,22 @@ def run_ranks():
 def run_ranks_module():
     """run_ranks for module-scoped fixtures (one run shared by several tests)."""
     return _run_ranks
+
+
+@pytest.fixture(scope="module")
+def tok():
+    """The builtin tool task's tokenizer (the multi-turn loop's tests)."""
+    from rlscale.trainer.tools.task import build_tokenizer
+
+    return build_tokenizer()
+
+
+@pytest.fixture(scope="module")
+def tools(tok):
+    """A tool environment with the calculator in two sandboxed workers."""
+    from rlscale.trainer.tools.environments import ToolEnvironment
+    from rlscale.trainer.tools.sandbox import ToolDef, ToolPool
+
+    pool = ToolPool([ToolDef("calculator", builtin="calculator")], workers=2)
+    yield ToolEnvironment(pool, tok)
+    pool.close()

@@ -18,10 +18,8 @@ from rlscale.trainer.plan_source import FixedPlan
 from rlscale.trainer.rewards import resolve_reward
 from rlscale.trainer.sinks import RunLog
 from rlscale.trainer.tasks import Problem
-from rlscale.trainer.tools.environments import ToolEnvironment
 from rlscale.trainer.tools.loop import MultiTurnRollout, decode_samples, tool_metrics
-from rlscale.trainer.tools.sandbox import ToolDef, ToolPool
-from rlscale.trainer.tools.task import CALL_PREFIX, CALL_SUFFIX, build_tokenizer
+from rlscale.trainer.tools.task import CALL_PREFIX, CALL_SUFFIX
 from tests.conftest import EXAMPLES
 from tests.trainer.test_driver_step import FakeLearner, FakeRollout, Recorder
 
@@ -52,18 +50,6 @@ class ScriptedPolicy(FakeRollout):
 
 def call(expr: str) -> str:
     return f"<tool_call>{CALL_PREFIX}{expr}{CALL_SUFFIX}</tool_call>"
-
-
-@pytest.fixture(scope="module")
-def tok():
-    return build_tokenizer()
-
-
-@pytest.fixture(scope="module")
-def tools(tok):
-    pool = ToolPool([ToolDef("calculator", builtin="calculator")], workers=2)
-    yield ToolEnvironment(pool, tok)
-    pool.close()
 
 
 def rollout(tok, tools, first, **kw):

@@ -11,26 +11,12 @@ import time
 
 import pytest
 
-from rlscale.trainer.tools.environments import ToolEnvironment, Turn
+from rlscale.trainer.tools.environments import Turn
 from rlscale.trainer.tools.loop import _TURN_SEED, MultiTurnRollout
-from rlscale.trainer.tools.sandbox import ToolDef, ToolPool
-from rlscale.trainer.tools.task import build_tokenizer
 from tests.trainer.test_tools_loop import GuessEnv, ScriptedPolicy, call
 
 FIELDS = ("token_ids", "logprobs", "mask", "text", "turns", "tool_calls", "tool_errors", "finish_reason",
           "env_reward", "turn_starts", "turn_rewards", "weights_version", "done")
-
-
-@pytest.fixture(scope="module")
-def tok():
-    return build_tokenizer()
-
-
-@pytest.fixture(scope="module")
-def tools(tok):
-    pool = ToolPool([ToolDef("calculator", builtin="calculator")], workers=2)
-    yield ToolEnvironment(pool, tok)
-    pool.close()
 
 
 class Recording(ScriptedPolicy):

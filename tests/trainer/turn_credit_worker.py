@@ -15,10 +15,9 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-import torch
-
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from algorithm_worker import HFRollout, movement, snapshot  # noqa: E402 - beside this script
+import algorithm_worker  # noqa: E402 - beside this script
+from algorithm_worker import HFRollout, movement, snapshot  # noqa: E402
 
 
 class RetryEnv:
@@ -74,18 +73,5 @@ def run_one(run: dict, model: Path, tok, workdir: Path) -> dict:
             "seconds": time.perf_counter() - started}
 
 
-def main(args: dict) -> None:
-    from transformers import AutoTokenizer
-
-    from rlscale.trainer.builtin import ensure_builtin_model
-
-    torch.set_num_threads(2)
-    model = ensure_builtin_model("builtin:tiny-arith", progress=False)
-    tok = AutoTokenizer.from_pretrained(model)
-    workdir = Path(args["workdir"])
-    for run in args["runs"]:
-        print("RESULT " + json.dumps(run_one(run, model, tok, workdir)), flush=True)
-
-
 if __name__ == "__main__":
-    main(json.loads(Path(sys.argv[1]).read_text()))
+    algorithm_worker.main(json.loads(Path(sys.argv[1]).read_text()), run_one)
