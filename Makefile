@@ -63,11 +63,16 @@ run: venv
 	$(RLSCALE) run $(RUN_SPEC)
 
 ## make crd: regenerate the CRD and the README spec table from rlscale/spec/.
-## make test: install, build/start what the tests need, run the whole suite in two pytest processes side by
-## side (hack/test-lanes.sh; tests/lanes.py: the k8s lane tests/operator, node, images; the local lane the rest).
+## make test: install, build/start what the tests need, run the whole suite in one pytest process.
+## TEST_LANES=2 runs it as two pytest processes side by side instead (hack/test-lanes.sh; tests/lanes.py: the
+## k8s lane tests/operator, node, images; the local lane the rest): on 2 cores both lanes took 58.8 min, no
+## faster than one process (CI: 60 min), since each heavy file then ran at about half speed; on more cores
+## it overlaps what one process waits for.
+TEST_LANES ?= 1
 test: venv k8s prometheus images
 	$(VENV)/bin/ruff check .
-	PY=$(PY) bash hack/test-lanes.sh $(PYTEST_ARGS)
+	@if [ "$(TEST_LANES)" = 2 ]; then PY=$(PY) bash hack/test-lanes.sh $(PYTEST_ARGS); \
+	else $(PY) -m pytest $(PYTEST_ARGS); fi
 
 ## make unit: the fast tests only (no cluster, no vLLM, no training), tests/operator's pure ones
 ## included, in UNIT_WORKERS pytest-xdist workers. A file whose every test is slow or cluster is not even

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# make test's suite as two pytest processes side by side (tests/lanes.py says which tests go where and why):
+# make test TEST_LANES=2: the suite as two pytest processes side by side (tests/lanes.py says which tests go where and why):
 # the local lane streams here; the k8s lane writes $LANE_DIR/k8s.log, printed whole when both are done. Each
 # keeps its own -ra summary and durations. The exit status is the first failing lane's (1 when a test failed);
 # a lane that PYTEST_ARGS left empty (pytest's 5, "no tests collected") counts as passed unless both are.

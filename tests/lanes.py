@@ -1,4 +1,4 @@
-"""`make test`'s two lanes (hack/test-lanes.sh runs one pytest process per lane, side by side).
+"""`make test TEST_LANES=2`'s two lanes (hack/test-lanes.sh runs one pytest process per lane, side by side).
 
 Most of the suite's wall time is waiting: pods starting, API-server round trips, image imports, Ray
 and vLLM start-ups. So the suite runs as two pytest processes at once, split by folder:
