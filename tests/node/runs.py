@@ -7,6 +7,7 @@ import json
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from hack import cluster as cp
@@ -75,6 +76,16 @@ class RunView:
     def checkpoint_steps(self) -> list[int]:
         """The complete checkpoints on the claim (step-N folders), oldest first."""
         return sorted(int(p.name.split("-")[1]) for p in self.checkpoints.glob("step-*") if p.is_dir())
+
+
+@dataclass
+class RunFacts:
+    """What a module's run fixture read while its run went and once it ended."""
+
+    status: dict = field(default_factory=dict)
+    records: list[dict] = field(default_factory=list)  # report/metrics.jsonl on the checkpoint claim
+    learner_log: str = ""
+    seconds: float = 0.0  # from `kubectl apply` to the run's end
 
 
 @contextmanager

@@ -12,7 +12,6 @@ import json
 import re
 import sys
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
@@ -20,7 +19,7 @@ import yaml
 
 from rlscale.operator import builders as B
 from rlscale.operator import constants as C
-from tests.node.runs import applied_run
+from tests.node.runs import RunFacts, applied_run
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow, pytest.mark.timeout(1800)]
 
@@ -51,17 +50,9 @@ def lora_run() -> dict:
     return obj
 
 
-@dataclass
-class LoraRun:
-    status: dict = field(default_factory=dict)
-    records: list[dict] = field(default_factory=list)  # report/metrics.jsonl on the checkpoint claim
-    learner_log: str = ""
-    seconds: float = 0.0  # from `kubectl apply` to the run's end
-
-
 @pytest.fixture(scope="module")
-def lora(node_cluster, images, tmp_path_factory) -> Iterator[LoraRun]:
-    kubectl, facts = node_cluster.kubectl, LoraRun()
+def lora(node_cluster, images, tmp_path_factory) -> Iterator[RunFacts]:
+    kubectl, facts = node_cluster.kubectl, RunFacts()
     pod = f"{B.names(RUN)[C.ROLE_LEARNER]}-0"
 
     def read_log() -> None:

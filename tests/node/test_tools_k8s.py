@@ -23,7 +23,7 @@ import yaml
 
 from rlscale.operator import builders as B
 from rlscale.operator import constants as C
-from tests.node.runs import RunView, applied_run
+from tests.node.runs import RunFacts, RunView, applied_run
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow, pytest.mark.timeout(1800)]
 
@@ -54,11 +54,7 @@ def tools_run() -> dict:
 
 
 @dataclass
-class ToolsRun:
-    status: dict = field(default_factory=dict)
-    records: list[dict] = field(default_factory=list)  # report/metrics.jsonl on the checkpoint claim
-    learner_log: str = ""
-    seconds: float = 0.0  # from `kubectl apply` to the run's end
+class ToolsRun(RunFacts):
     tool_pods: set[str] = field(default_factory=set)  # tool pods seen Running
     tool_log: str = ""  # a tool pod's log
 
