@@ -21,7 +21,7 @@ class RolloutBatch:
     rlscale.trainer.tools) is 1 on the model's response tokens and 0 on tool and observation tokens,
     which then carry no loss, KL, entropy or advantage. turn_starts and turn_rewards (optional, together:
     spec.task.turnCredit rewardToGo) are, per sample, where each model turn starts in the response and the
-    environment's reward for it (rlscale.trainer.turn_credit).
+    environment's reward for it (rlscale.trainer.tools.credit).
     """
 
     prompt_ids: list[list[int]]

@@ -82,7 +82,7 @@ class GroupBaseline(_TokenRatio):
     reinforce++-baseline: A_i = r_i - mean(group), whitened over every token of the trained batch.
 
     With per-turn credit (the batch has turn_starts: spec.task.turnCredit rewardToGo) the advantages are per
-    token: each turn's return against the same turn index's in the group (rlscale.trainer.turn_credit).
+    token: each turn's return against the same turn index's in the group (rlscale.trainer.tools.credit).
     """
 
     name: str = "grpo"

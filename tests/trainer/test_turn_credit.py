@@ -1,4 +1,4 @@
-"""Per-turn credit (spec.task.turnCredit rewardToGo, rlscale.trainer.turn_credit): the returns per turn, their
+"""Per-turn credit (spec.task.turnCredit rewardToGo, rlscale.trainer.tools.credit): the returns per turn, their
 baselines per prompt group and turn index, the per-token advantages the learner packs, PPO's and REINFORCE++'s
 per-token rewards, and the turns as the loop records them, a checkpoint keeps them and the driver hands them
 over. Every expected number is worked out by hand in the comments."""
