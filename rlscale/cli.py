@@ -27,7 +27,7 @@ app = typer.Typer(
 out = Console()
 err = Console(stderr=True)
 
-# The default sweep: 14 runs of 24,576 samples, 66 min on 2 cores (docs/measurements.md, "The default sweep").
+# The default sweep: 14 runs of 24,576 samples, 38 min on 2 quiet cores (docs/measurements.md, "The default sweep").
 DEFAULT_SWEEP_SAMPLES = 24576
 DEFAULT_SWEEP_EVAL_SAMPLES = 2048
 FileArg = typer.Argument(..., help="An RLRun YAML file.", show_default=False)
@@ -315,7 +315,7 @@ def sweep(
                                   "algorithm.maxStaleness and the plan pinned there; the report fits the samples "
                                   "penalty (1 + p)^K and the patch carries p."),
     samples: int = typer.Option(DEFAULT_SWEEP_SAMPLES, "--samples", min=1,
-                                help="Sample budget of every run (the default sweep of the quickstart took 66 min "
+                                help="Sample budget of every run (the default sweep of the quickstart took 38 min "
                                 "on a 2-core AVX2 machine; its 0.8 target needs 30k-46k samples at 32x8)."),
     eval_samples: int = typer.Option(DEFAULT_SWEEP_EVAL_SAMPLES, "--eval-samples", min=1,
                                      help="Held-out eval every this many samples, rounded up to a multiple of "
