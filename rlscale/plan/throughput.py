@@ -201,8 +201,8 @@ class SystemModel:
     # ----------------------------------------------------------------- phases
 
     def generation(self, prompts: int, samples_per_prompt: int, replicas: int) -> Generation:
-        """Prefill (compute-bound, one per prompt thanks to prefix caching) plus decode iterations
-        at the KV-capped concurrency."""
+        """Prefill (compute-bound; a group shares its prompt's whole KV blocks by prefix caching) plus decode
+        iterations at the KV-capped concurrency."""
         bw, fl, mem = self.rollout_device(replicas)
         cap = max_concurrency(mem, self.engine_weight_bytes, self.kv_bytes, self.prompt_tokens + self.max_new_tokens)
         prompts_r = math.ceil(prompts / replicas)  # a group stays on one replica
@@ -215,12 +215,20 @@ class SystemModel:
         # batch (whichever replica has it)
         iterations = max(n * self.response_tokens / b, self.longest_response(prompts * samples_per_prompt))
         decode = iterations * (self.profile.decode_iteration_overhead_s + t_iter)
-        prefill = 2.0 * self.shape.active * prompts_r * self.prompt_tokens / fl
+        shared = self.shared_prompt_tokens
+        prefill = 2.0 * self.shape.active * (prompts_r * shared + n * (self.prompt_tokens - shared)) / fl
         # Turn k re-reads the context so far (prefix caching keeps the earlier turns'): one prefill and one call's
         # overhead per turn; the turns' tokens are decoded in `decode` already.
         seconds = (prefill + self.profile.generate_overhead_s) * self.turns + decode + self.tool_seconds
         tps = replicas * n * self.response_tokens / decode if decode > 0 else 0.0
         return Generation(seconds, b, "memory" if mem_t >= t_iter else "compute", tps)
+
+    @property
+    def shared_prompt_tokens(self) -> float:
+        """A prompt's tokens that its group prefills once: vLLM's prefix cache holds whole blocks only and always
+        computes a prompt's last token, so the rest is prefilled by every sample."""
+        block = self.profile.kv_block_tokens
+        return block * math.floor(max(self.prompt_tokens - 1.0, 0.0) / block)
 
     def turns_note(self, turns_measured: bool, tools_measured: bool) -> str:
         """What the plan's notes say of a multi-turn run's turns and tool seconds."""
@@ -265,7 +273,9 @@ class SystemModel:
         shards = world if (self.zero_stage >= 1 and not p.shared_host) else 1
         optimizer_bytes = OPTIMIZER_BYTES_PER_PARAM * self.trainable_params * models
         optimizer = optimizer_bytes / (p.memory_bandwidth * p.bandwidth_efficiency * shards)
-        return compute + micro + self.collective_seconds(samples, replicas) + optimizer + self.offload_seconds(replicas)
+        fixed = p.train_step_overhead_s
+        return (compute + micro + self.collective_seconds(samples, replicas) + optimizer + fixed
+                + self.offload_seconds(replicas))
 
     def micro_batches(self, samples: int, replicas: int) -> int:
         """Micro-batches each rank runs in a step: the ranks split the batch (on a cpu host they share the same

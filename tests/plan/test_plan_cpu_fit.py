@@ -1,6 +1,7 @@
 """The uncalibrated planner against what the quickstart measured on these 2-core machines
 (tests/plan/data/cpu_quickstart_measured.json, with the commands that measured each figure): the cpu profile's
-phase times, the samples-to-target it predicts for `make run`, and the staleness it chooses."""
+phase times at every batch of the default sweep, the samples-to-target it predicts for `make run`, and the
+staleness it chooses."""
 
 from __future__ import annotations
 
@@ -18,37 +19,49 @@ from rlscale.spec import load_rlrun
 from tests.conftest import EXAMPLES
 
 DATA = json.loads((Path(__file__).parent / "data" / "cpu_quickstart_measured.json").read_text())
-# How close the uncalibrated profile must come to each measured phase: the fit matches them at 32x8 (exactly
-# for train, and generate and eval within their two-point solution); 10% leaves room for rounding the
-# profile's numbers, not for another model.
-PHASE_TOLERANCE = 0.10
+# How close the uncalibrated profile must come to each batch's measured phases. bench/fit_cpu_profile.py's least
+# squares leaves at most 11.5% on generate (16x8: the four batches and the eval pull against each other), 5% on
+# train, 3% on sync, 7% on the step and 5% on the eval; each tolerance adds 3 points for rounding the profile's
+# numbers (they move a prediction by 1 point at most), not for another model.
+TOLERANCE = {"generate": 0.15, "train": 0.08, "sync": 0.05, "step": 0.10, "eval": 0.08}
 
 
-def quickstart(max_staleness: int = 0):
+def quickstart(max_staleness: int = 0, prompts: int | None = None):
     spec = load_rlrun(EXAMPLES / "quickstart.yaml").spec.model_copy(deep=True)
     spec.algorithm.max_staleness = max_staleness
+    if prompts is not None:  # the sweep's batches reach past the quickstart's maxPrompts 32
+        spec.batch.prompts, spec.batch.max_prompts = prompts, max(prompts, spec.batch.max_prompts)
     return spec
 
 
-def test_the_cpu_profile_predicts_the_measured_phases_of_the_quickstart():
-    measured = DATA["phases"]
-    plan = make_plan(quickstart())
-    assert (plan.prompts, plan.samples_per_prompt) == (measured["prompts"], measured["samples_per_prompt"])
+def sweep_batches() -> dict[int, dict[str, float]]:
+    """Per batch of the default sweep, each phase's mean over its two lr rules (the rules change the lr only)."""
+    by: dict[int, list[dict]] = {}
+    for row in DATA["sweep"]["phases"]:
+        by.setdefault(row["prompts"], []).append(row)
+    return {p: {k: statistics.fmean(r[k] for r in rows) for k in ("generate", "reward", "train", "sync")}
+            for p, rows in by.items()}
+
+
+@pytest.mark.parametrize("prompts", [8, 16, 32, 64])
+def test_the_cpu_profile_predicts_every_batch_of_the_default_sweep(prompts):
+    measured = sweep_batches()[prompts]
+    plan = make_plan(quickstart(prompts=prompts))
+    assert (plan.prompts, plan.samples_per_prompt, plan.calibrated) == (prompts, 8, False)
     pred = plan.predicted
-    for phase in ("generate", "train"):
-        assert getattr(pred, phase) == pytest.approx(measured[phase], rel=PHASE_TOLERANCE), phase
-    step = sum(measured[p] for p in ("generate", "reward", "train", "sync"))
-    assert pred.step_seconds == pytest.approx(step, rel=PHASE_TOLERANCE)
+    for phase in ("generate", "train", "sync"):
+        assert getattr(pred, phase) == pytest.approx(measured[phase], rel=TOLERANCE[phase]), phase
+    assert pred.step_seconds == pytest.approx(sum(measured.values()), rel=TOLERANCE["step"])
     evals = pred.eval_seconds_per_step * quickstart().target.eval_every  # one held-out eval
-    assert evals == pytest.approx(measured["eval"], rel=PHASE_TOLERANCE)
+    assert evals == pytest.approx(DATA["sweep"]["eval"], rel=TOLERANCE["eval"])
 
 
 def test_the_profile_holds_what_the_fit_script_fits():
-    """profiles.py's cpu numbers are what bench/fit_cpu_profile.py solves from the data, rounded."""
+    """profiles.py's cpu numbers are what bench/fit_cpu_profile.py fits to the sweep, rounded."""
     sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
     import fit_cpu_profile  # noqa: E402  (bench/ is not a package)
 
-    fitted = fit_cpu_profile.fit(DATA["phases"])
+    fitted = fit_cpu_profile.fit(DATA["sweep"])
     cpu = PROFILES["cpu"]
     for key, value in fitted.items():
         assert getattr(cpu, key) == pytest.approx(value, rel=0.02), key

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import pytest
 
@@ -117,9 +118,25 @@ def test_generation_hand_computed_one_replica():
     # all 64 sequences run at once, so the step lasts as long as the longest of them (test_plan_terms.py
     # checks expected_longest by hand), not the mean's 512 iterations
     decode = expected_longest(512, 1024, 64) * (p.decode_iteration_overhead_s + t_iter)
-    prefill = 2 * QWEN7B_PARAMS * 8 * 256 / fl  # one prefill per prompt (prefix cache)
+    # the prefix cache shares a prompt's whole 16-token blocks short of its last token (240 of 256) once per
+    # prompt; each of the 64 sequences prefills the other 16
+    prefill = 2 * QWEN7B_PARAMS * (8 * 240 + 64 * 16) / fl
     # plus the fixed cost of the call (the Serve round trip), whatever the batch
     assert m.generation(8, 8, 1).seconds == pytest.approx(decode + prefill + p.generate_overhead_s)
+
+
+@pytest.mark.parametrize(("accelerator", "prompt", "shared"), [
+    ("H100", 16, 0), ("H100", 17, 16), ("H100", 256, 240), ("H100", 257, 256),  # 16-token blocks, last token apart
+    ("cpu", 7, 0), ("cpu", 128, 0), ("cpu", 300, 256),  # vLLM's CPU blocks are 128 tokens
+])
+def test_a_group_shares_its_prompt_s_whole_kv_blocks_only(accelerator, prompt, shared):
+    m = _system({**GPU_7B, "hardware": {"accelerator": accelerator}})
+    m = replace(m, prompt_tokens=float(prompt))
+    assert m.shared_prompt_tokens == shared
+    # 8 samples of one prompt prefill the shared tokens once instead of 8 times; decoding is the same
+    unshared = replace(m, profile=replace(m.profile, kv_block_tokens=1 << 20))
+    saved = 2 * m.shape.active * shared * 7 / m.rollout_device(1)[1]
+    assert unshared.generation(1, 8, 1).seconds - m.generation(1, 8, 1).seconds == pytest.approx(saved, abs=1e-12)
 
 
 def test_train_seconds_scale_with_tokens_and_learners():

@@ -146,9 +146,10 @@ def test_transfer_backend_by_accelerator_and_placement():
     assert layout_model(base, cpu, "disaggregated").transfer_backend == "gloo"
     shm = layout_model(base, cpu, "colocated")
     assert shm.transfer_backend == "shm"
-    # shared memory on the host: a copy at 75% of the cpu profile's 20 GB/s, no wake, and the latency
+    # shared memory on the host: a copy at 75% of the cpu profile's 20 GB/s, no wake, and its latency (0.105 s,
+    # fitted to the default sweep's measured sync)
     w = shm.weight_bytes
-    assert shm.sync_seconds(1, 1) == pytest.approx(2 * w / (20e9 * 0.75) + 0.05)
+    assert shm.sync_seconds(1, 1) == pytest.approx(2 * w / (20e9 * 0.75) + 0.105)
 
 
 def test_activation_bytes_per_token_hf_qwen2():
