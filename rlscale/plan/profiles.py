@@ -30,8 +30,9 @@ class AcceleratorProfile:
     memory_utilization: float = 0.9  # vLLM's gpu_memory_utilization default
     decode_iteration_overhead_s: float = 1.5e-3  # scheduler + launch per decode iteration
     micro_batch_overhead_s: float = 5e-3  # per learner forward/backward call
-    # A learner step's fixed cost beside its compute, micro-batch calls and optimizer traffic (the batch's
-    # hand-over, the step's statistics); measured on cpu only, 0 where it is not.
+    # A learner step's fixed cost beside its compute, micro-batch calls and optimizer traffic: on cpu the default
+    # sweep's train seconds, linear in the batch, meet zero samples at about 50 ms (bench/fit_cpu_profile.py);
+    # 0 where it is not measured.
     train_step_overhead_s: float = 0.0
     sync_latency_s: float = 0.1  # fixed cost of a weight publish (handshake, reload)
     generate_overhead_s: float = 0.02  # fixed cost of a step's generation call: the Serve round trip
