@@ -95,16 +95,21 @@ def test_demonstrations_are_the_multi_turn_loops_trajectories_with_the_model_tur
     assert chat_tok.decode([t for t, lab in zip(*direct, strict=True) if lab != -100]) == "The answer is 20126."
 
 
-def test_collate_shares_the_prefix_up_to_the_position_before_the_first_label():
+def test_collate_shares_the_prefix_up_to_the_position_before_the_first_label_and_groups_by_length():
     rows = [([1, 2, 3, 4, 5, 6], [-100, -100, -100, -100, 5, 6]),
             ([1, 2, 3, 9, 7], [-100, -100, -100, -100, 7]),
-            ([1, 2, 3, 4, 8, 8, 8], [-100, -100, -100, 4, 8, 8, 8])]
+            ([1, 2, 3, 4, 8, 8, 8, 8, 8, 8], [-100, -100, -100, 4, 8, 8, 8, 8, 8, 8])]
     b = collate(rows, pad=0)
     # Rows share [1, 2, 3]; the third labels its 4th token, which the 3rd position predicts: the prefix stops at 2.
     assert b["prefix"].tolist() == [1, 2]
-    assert b["suffix"].tolist() == [[3, 4, 5, 6, 0], [3, 9, 7, 0, 0], [3, 4, 8, 8, 8]]
-    assert b["mask"].tolist() == [[1, 1, 1, 1, 0], [1, 1, 1, 0, 0], [1, 1, 1, 1, 1]]
-    assert b["labels"].tolist() == [[-100, -100, 5, 6, -100], [-100, -100, 7, -100, -100], [-100, 4, 8, 8, 8]]
+    # Suffixes of 4, 3 and 8 tokens: the 3 and 4 pad to each other, the 8 is a part of its own.
+    first, second = b["parts"]
+    assert first["rows"] == [1, 0] and second["rows"] == [2]
+    assert first["suffix"].tolist() == [[3, 9, 7, 0], [3, 4, 5, 6]]
+    assert first["mask"].tolist() == [[1, 1, 1, 0], [1, 1, 1, 1]]
+    assert first["labels"].tolist() == [[-100, -100, 7, -100], [-100, -100, 5, 6]]
+    assert second["suffix"].tolist() == [[3, 4, 8, 8, 8, 8, 8, 8]]
+    assert second["labels"].tolist() == [[-100, 4, 8, 8, 8, 8, 8, 8]]
     # One row: everything but the position before its first label is prefix.
     assert collate(rows[:1], pad=0)["prefix"].tolist() == [1, 2, 3]
 
@@ -115,10 +120,16 @@ def test_the_recipe_calls_on_its_share_of_demonstrations(chat_tok):
     calls = 0
     for k in range(0, len(problems), 50):
         batch = draw_batch(chat_tok, problems[k:k + 50], rng, SMOLLM2_TOOLS)
-        text = chat_tok.batch_decode(batch["suffix"].tolist(), skip_special_tokens=False)
-        calls += sum("<tool_call>" in t for t in text)
-        # Every row is labelled somewhere after the shared prefix, none on its padding.
-        assert ((batch["labels"] != -100) <= (batch["mask"] == 1)).all() and (batch["labels"] != -100).any(1).all()
+        assert sorted(i for part in batch["parts"] for i in part["rows"]) == list(range(50))
+        for part in batch["parts"]:
+            text = chat_tok.batch_decode(part["suffix"].tolist(), skip_special_tokens=False)
+            calls += sum("<tool_call>" in t for t in text)
+            # Every row is labelled somewhere after the shared prefix, none on its padding.
+            labelled = part["labels"] != -100
+            assert (labelled <= (part["mask"] == 1)).all() and labelled.any(1).all()
+        # Calls and direct answers are parts of their own: padding is under a fifth of the suffixes' tokens.
+        padded = sum(part["mask"].numel() for part in batch["parts"])
+        assert sum(int(part["mask"].sum()) for part in batch["parts"]) > 0.8 * padded
     assert abs(calls / len(problems) - SMOLLM2_TOOLS["call_share"]) < 0.07  # 400 draws: 3 standard errors
 
 
@@ -141,7 +152,7 @@ def test_the_shared_prefix_loss_and_gradients_are_the_whole_sequences():
             (head + [15, 16, 17, 22, 23, 24, 2], [-100] * 11 + [22, 23, 24, 2]),
             (head + [18, 25, 2], [-100] * 9 + [25, 2])]
     batch = collate(rows, pad=2)
-    assert len(batch["prefix"]) == 8
+    assert len(batch["prefix"]) == 8 and len(batch["parts"]) == 2  # suffixes of 5, 7 and 3 tokens
     shared = shared_prefix_loss(lm, batch)
     shared.backward()
     params = [p for p in model.parameters() if p.requires_grad]

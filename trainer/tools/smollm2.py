@@ -99,22 +99,51 @@ def demonstration(tok: Any, problem: Problem, call: bool, answer: str = SMOLLM2_
 
 def collate(rows: list[tuple[list[int], list[int]]], pad: int) -> dict[str, Any]:
     """A batch as the shared prefix (the longest common prefix of the rows, stopped before the position that
-    predicts the first labelled token) and the right-padded suffixes with their mask and labels."""
+    predicts the first labelled token) and `parts`: the rows' suffixes grouped by length (a call's trajectory is
+    three times a direct answer's; padding one to the other would waste most of the direct answers' compute),
+    each part right-padded, with its mask and labels and the rows' indices."""
     import torch
 
     first = min(next(i for i, lab in enumerate(labels) if lab != -100) for _, labels in rows)
     p = 0
     while p < first - 1 and all(r[0][p] == rows[0][0][p] for r in rows):
         p += 1
-    width = max(len(ids) for ids, _ in rows) - p
-    suffix, mask, labels = [], [], []
-    for ids, lab in rows:
-        n = len(ids) - p
-        suffix.append(ids[p:] + [pad] * (width - n))
-        mask.append([1] * n + [0] * (width - n))
-        labels.append(lab[p:] + [-100] * (width - n))
-    return {"prefix": torch.tensor(rows[0][0][:p]), "suffix": torch.tensor(suffix), "mask": torch.tensor(mask),
-            "labels": torch.tensor(labels)}
+    order = sorted(range(len(rows)), key=lambda i: len(rows[i][0]))
+    groups: list[list[int]] = []
+    for i in order:  # a new part where a row is over 1.5x the part's shortest suffix
+        if not groups or len(rows[i][0]) - p > 1.5 * (len(rows[groups[-1][0]][0]) - p):
+            groups.append([])
+        groups[-1].append(i)
+    parts = []
+    for idx in groups:
+        width = max(len(rows[i][0]) for i in idx) - p
+        suffix, mask, labels = [], [], []
+        for i in idx:
+            ids, lab = rows[i]
+            n = len(ids) - p
+            suffix.append(ids[p:] + [pad] * (width - n))
+            mask.append([1] * n + [0] * (width - n))
+            labels.append(lab[p:] + [-100] * (width - n))
+        parts.append({"rows": idx, "suffix": torch.tensor(suffix), "mask": torch.tensor(mask),
+                      "labels": torch.tensor(labels)})
+    return {"prefix": torch.tensor(rows[0][0][:p]), "parts": parts}
+
+
+def prefix_kv(body: Any, prefix: Any) -> list[tuple[Any, Any]]:
+    """Each layer's keys and values of the shared prefix, from one forward pass (with their gradients)."""
+    cache = body(input_ids=prefix[None], use_cache=True).past_key_values
+    return [(k, v) for k, v, *_ in cache]
+
+
+def suffix_hidden(body: Any, kv: list[tuple[Any, Any]], part: dict[str, Any]) -> Any:
+    """The last hidden states of a part's suffixes after the shared prefix, its keys and values repeated per row."""
+    import torch
+    from transformers import DynamicCache
+
+    b, p = part["suffix"].shape[0], kv[0][0].shape[2]
+    cache = DynamicCache([(k.expand(b, -1, -1, -1), v.expand(b, -1, -1, -1)) for k, v in kv])
+    mask = torch.cat([torch.ones(b, p, dtype=part["mask"].dtype), part["mask"]], dim=1)
+    return body(input_ids=part["suffix"], attention_mask=mask, past_key_values=cache, use_cache=True).last_hidden_state
 
 
 def shared_prefix_loss(causal_lm: Any, batch: dict[str, Any]) -> Any:
@@ -125,20 +154,17 @@ def shared_prefix_loss(causal_lm: Any, batch: dict[str, Any]) -> Any:
     import torch
 
     body, head = causal_lm.model, causal_lm.lm_head
-    b = batch["suffix"].shape[0]
-    p = batch["prefix"].shape[0]
-    cache = None
-    if p:
-        cache = body(input_ids=batch["prefix"][None], use_cache=True).past_key_values
-        cache.batch_repeat_interleave(b)
-    mask = torch.cat([torch.ones(b, p, dtype=batch["mask"].dtype), batch["mask"]], dim=1)
-    hidden = body(input_ids=batch["suffix"], attention_mask=mask, past_key_values=cache,
-                  use_cache=cache is not None).last_hidden_state
-    # Position j predicts token j + 1; the first suffix token's label is never set (collate stops the prefix early).
-    targets = batch["labels"][:, 1:]
-    keep = targets != -100
-    logits = head(hidden[:, :-1][keep])
-    return torch.nn.functional.cross_entropy(logits.float(), targets[keep])
+    kv = prefix_kv(body, batch["prefix"])
+    total, count = 0.0, 0
+    for part in batch["parts"]:
+        hidden = suffix_hidden(body, kv, part)
+        # Position j predicts token j + 1; a suffix's first token has no label (collate stops the prefix early).
+        targets = part["labels"][:, 1:]
+        keep = targets != -100
+        logits = head(hidden[:, :-1][keep])
+        total = total + torch.nn.functional.cross_entropy(logits.float(), targets[keep], reduction="sum")
+        count += int(keep.sum())
+    return total / count
 
 
 def draw_batch(tok: Any, problems: list[Problem], rng: np.random.Generator, recipe: dict) -> dict[str, Any]:
@@ -163,15 +189,14 @@ def call_decision(causal_lm: Any, tok: Any, problems: list[Problem], tool: str =
     # response token.
     rows = [(ids, [-100] * (len(ids) - 1) + [first]) for ids in (prompt_ids(tok, p, tool) for p in problems)]
     batch = collate(rows, tok.pad_token_id)
+    probs = []
     with torch.no_grad():
-        body, head = causal_lm.model, causal_lm.lm_head
-        b, p = batch["suffix"].shape[0], batch["prefix"].shape[0]
-        cache = body(input_ids=batch["prefix"][None], use_cache=True).past_key_values
-        cache.batch_repeat_interleave(b)
-        mask = torch.cat([torch.ones(b, p, dtype=batch["mask"].dtype), batch["mask"]], dim=1)
-        hidden = body(input_ids=batch["suffix"], attention_mask=mask, past_key_values=cache).last_hidden_state
-        last = batch["mask"].sum(1) - 1
-        probs = torch.softmax(head(hidden[torch.arange(b), last]).float(), dim=-1)
+        kv = prefix_kv(causal_lm.model, batch["prefix"])
+        for part in batch["parts"]:
+            hidden = suffix_hidden(causal_lm.model, kv, part)
+            last = part["mask"].sum(1) - 1
+            probs.append(torch.softmax(causal_lm.lm_head(hidden[torch.arange(len(last)), last]).float(), dim=-1))
+    probs = torch.cat(probs)
     return float(probs[:, first].mean()), float((probs.argmax(-1) == first).float().mean())
 
 
