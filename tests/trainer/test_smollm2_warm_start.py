@@ -92,7 +92,8 @@ def test_demonstrations_are_the_multi_turn_loops_trajectories_with_the_model_tur
     labelled = chat_tok.decode([t for t, lab in zip(*call, strict=True) if lab != -100], skip_special_tokens=False)
     assert labelled == ('<tool_call>{"name": "calculator", "arguments": {"expression": "347*58"}}</tool_call>'
                         "<|im_end|>The answer is 20126.<|im_end|>")
-    assert chat_tok.decode([t for t, lab in zip(*direct, strict=True) if lab != -100]) == "The answer is 20126."
+    assert chat_tok.decode([t for t, lab in zip(*direct, strict=True) if lab != -100],
+                           skip_special_tokens=True) == "The answer is 20126."
 
 
 def test_collate_shares_the_prefix_up_to_the_position_before_the_first_label_and_groups_by_length():

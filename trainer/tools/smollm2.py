@@ -47,11 +47,11 @@ SMOLLM2_TOOLS = {
     # peft's LoraConfig: rank 8 on the attention projections, 0.92M parameters (0.7% of the model).
     "lora": {"r": 8, "lora_alpha": 16, "lora_dropout": 0.0,
              "target_modules": ["q_proj", "k_proj", "v_proj", "o_proj"]},
-    "lr": 1e-3,
+    "lr": 2e-3,
     "warmup": 5,
     "batch": 16,
-    "steps": 40,
-    "eval_size": 32,
+    "steps": 60,
+    "eval_size": 16,
     "seed": 0,
     "version": 1,
 }
