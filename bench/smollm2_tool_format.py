@@ -1,4 +1,5 @@
-"""Does SmolLM2-135M-Instruct call the calculator as examples/smollm2-tools.yaml asks, with no warm start?
+"""Does SmolLM2-135M call the calculator as examples/smollm2-tools.yaml asks (its model, the warm start
+builtin:smollm2-135m-tools, or another with --model, e.g. builtin:smollm2-135m-instruct: the model untouched)?
 
 Samples the first turn of held-out prompts rendered exactly as the run renders them (build_task: the chat
 template, the Hermes tool block in the system message) and counts the turns holding a valid call, and the valid
@@ -9,6 +10,7 @@ this process, no vLLM; prints the counts so far after each prompt, then the tota
 
     .venv/bin/python bench/smollm2_tool_format.py                      # 6 prompts x 8 samples
     .venv/bin/python bench/smollm2_tool_format.py --one-shot
+    .venv/bin/python bench/smollm2_tool_format.py --model builtin:smollm2-135m-instruct   # before the warm start
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ def main(argv=None) -> int:
     ap.add_argument("--prompts", type=int, default=6)
     ap.add_argument("--samples", type=int, default=8)
     ap.add_argument("--one-shot", action="store_true")
+    ap.add_argument("--model", help="a builtin name or model directory instead of the example's model.path")
     a = ap.parse_args(argv)
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -53,7 +56,8 @@ def main(argv=None) -> int:
 
     torch.manual_seed(0)
     spec = load_rlrun(EXAMPLE).spec
-    path = ensure_builtin_model(spec.model.path, progress=False)
+    model_path = a.model or spec.model.path
+    path = ensure_builtin_model(model_path, progress=False) if model_path.startswith("builtin:") else Path(model_path)
     tok = AutoTokenizer.from_pretrained(str(path))
     model = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32).eval()
     # The run's rendering (build_task's) of the held-out rows only (not the 80,500 train prompts too).
@@ -61,7 +65,7 @@ def main(argv=None) -> int:
     raw = ToolArithmeticTask().eval[: a.prompts]  # the same held-out problems, unrendered
     assert all(r.prompt in p.prompt for r, p in zip(raw, problems, strict=True))
     gen = dict(eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id, max_new_tokens=spec.task.max_new_tokens)
-    n = calls = right_calls = tags = copied = 0
+    n = calls = right_calls = tags = copied = direct = direct_right = 0
     t0 = time.perf_counter()
     for p, r in zip(problems, raw, strict=True):
         prompt = p.prompt
@@ -81,6 +85,9 @@ def main(argv=None) -> int:
                     right_calls += calculate(str(ok[0].arguments.get("expression", ""))) == p.answer
                 except ValueError:
                     pass
+            elif CALL_OPEN not in text:  # an answer without a call: is it right (the product, by the model alone)?
+                direct += 1
+                direct_right += exact_match(p.prompt, text, p.answer) >= 1.0
         # The second turn alone: after the right call and the calculator's answer, is the result copied (greedy)?
         context = p.prompt + call_text(r) + tok.eos_token + observation_text([p.answer], tok)
         ids = tok(context, add_special_tokens=False, return_tensors="pt").input_ids
@@ -90,7 +97,8 @@ def main(argv=None) -> int:
         print(json.dumps({"prompts_so_far": problems.index(p) + 1, "samples": n, "valid_calls": calls,
                           "copied": copied}), flush=True)  # a loaded machine may time it out: what it got so far
     print(json.dumps({"samples": n, "with_tool_call_tag": tags, "valid_calls": calls, "right_calls": right_calls,
-                      "prompts": len(problems), "copied_after_a_forced_right_call": copied, "one_shot": a.one_shot,
+                      "direct_answers": direct, "direct_right": direct_right, "prompts": len(problems),
+                      "copied_after_a_forced_right_call": copied, "one_shot": a.one_shot, "model": model_path,
                       "prompt_tokens": len(tok(problems[0].prompt, add_special_tokens=False).input_ids),
                       "seconds": round(time.perf_counter() - t0, 1)}))
     return 0

