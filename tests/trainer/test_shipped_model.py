@@ -76,4 +76,4 @@ def test_a_damaged_shipped_file_is_refused(tmp_path):
     out = tmp_path / "out"
     out.mkdir()
     with pytest.raises(RuntimeError, match="the package is damaged"):
-        builtin.install_shipped(out, shipped)
+        builtin.install_shipped(out, shipped, "builtin:tiny-arith")
