@@ -12,6 +12,9 @@ unchanged, and the learner skips the step as it does for any batch without a mix
 
 "Mixed" is judged on the rewards the learner trains on: the task's plus DAPO's overlong
 penalty when spec.algorithm.overlongBuffer is set (rlscale.trainer.advantages.training_rewards).
+With per-turn credit (spec.task.turnCredit rewardToGo) a group whose trajectories end equal but
+whose turns' returns differ at some turn index that two or more of its samples reached is mixed too:
+those turns get advantages of their own (rlscale.trainer.tools.credit).
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from typing import Any
 import torch
 
 from rlscale.trainer.advantages import training_rewards
+from rlscale.trainer.tools.credit import group_turn_advantages, turn_returns
 from rlscale.trainer.tools.loop import decode_samples
 
 log = logging.getLogger("rlscale.driver")
@@ -54,11 +58,19 @@ class Round:
 
 
 def mixed_groups(rewards: list[float], lengths: list[int], spp: int, *, max_length: int, buffer: int,
-                 factor: float) -> list[int]:
-    """The group numbers whose training rewards are not all equal."""
+                 factor: float, turn_rewards: list[list[float]] | None = None, discount: float = 1.0) -> list[int]:
+    """The group numbers whose training rewards are not all equal or, given each sample's per-turn
+    environment rewards (per-turn credit), whose turns' returns differ at a turn index two or more of
+    its samples reached."""
     shaped = training_rewards(torch.tensor(rewards, dtype=torch.float32), torch.tensor(lengths),
                               max_length=max_length, buffer=buffer, factor=factor).view(-1, spp)
-    return ((shaped.max(dim=1).values - shaped.min(dim=1).values) > 0).nonzero().flatten().tolist()
+    mixed = ((shaped.max(dim=1).values - shaped.min(dim=1).values) > 0).tolist()
+    if turn_rewards is not None:
+        for g in range(len(mixed)):
+            if not mixed[g]:
+                returns = [turn_returns(float(shaped[g, j]), turn_rewards[g * spp + j], discount) for j in range(spp)]
+                mixed[g] = group_turn_advantages(returns, spp, "centred")[1][0]  # the learner's own test
+    return [g for g, m in enumerate(mixed) if m]
 
 
 def next_round_prompts(wanted: int, have: int, seen: int, mixed_seen: int) -> int:
@@ -81,9 +93,13 @@ class DynamicSampling:
         self.shape = dict(max_length=spec.task.max_new_tokens, buffer=ob.length if ob else 0,
                           factor=ob.penalty_factor if ob else 1.0)
         self.last: dict[str, float] = {}  # the last step's rounds, generated groups and mixed groups
+        self.per_turn = spec.task.turn_credit == "rewardToGo"
+        self.discount = spec.task.turn_discount
 
     def _mixed(self, r: Round) -> list[int]:
-        return mixed_groups(r.rewards, [len(s.token_ids) for s in r.samples], self.spp, **self.shape)
+        turns = [list(getattr(s, "turn_rewards", None) or []) for s in r.samples] if self.per_turn else None
+        return mixed_groups(r.rewards, [len(s.token_ids) for s in r.samples], self.spp, **self.shape,
+                            turn_rewards=turns, discount=self.discount)
 
     def __call__(self, driver: Any, first: Round, encode: Callable[[Any, Any], list[int]]) -> tuple[Round, list, float]:
         """(the step's round: at most N mixed groups, every sample generated this step, the further

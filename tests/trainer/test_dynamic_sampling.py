@@ -167,6 +167,20 @@ def test_mixed_is_judged_on_the_training_rewards():
     assert mixed_groups([1.0, 1.0], [1, 4], 2, max_length=4, buffer=0, factor=1.0) == []
 
 
+def test_with_per_turn_credit_equal_endings_whose_turns_differ_are_mixed():
+    """Per-turn credit: two trajectories of equal training reward 1, one through a turn the environment
+    rewarded 0.5 and one through turns it rewarded 0, return 0.5 and 1.0 from turn 1: that group teaches (the
+    learner's per-turn advantages are not zero there), so dynamic sampling keeps it; judged on the
+    trajectories' rewards alone it is uniform and would be dropped."""
+    shape = dict(max_length=8, buffer=0, factor=1.0)
+    assert mixed_groups([1.0, 1.0], [4, 4], 2, **shape) == []
+    assert mixed_groups([1.0, 1.0], [4, 4], 2, **shape, turn_rewards=[[0.5, 0.0], [0.0, 0.0]]) == [0]
+    # the same turns and totals: nothing to teach
+    assert mixed_groups([1.0, 1.0], [4, 4], 2, **shape, turn_rewards=[[0.5, 0.0], [0.5, 0.0]]) == []
+    # a turn index only one sample reached gives no baseline (as in the learner)
+    assert mixed_groups([1.0, 1.0], [4, 4], 2, **shape, turn_rewards=[[0.0], [0.0, 0.0]]) == []
+
+
 @pytest.mark.parametrize("wanted,have,seen,mixed,expected", [
     (8, 0, 8, 0, 8),     # nothing mixed yet: a whole batch
     (8, 4, 8, 4, 8),     # half mixed, 4 missing: 4 / 0.5 = 8
