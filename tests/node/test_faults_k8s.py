@@ -260,6 +260,7 @@ class FaultsRun:
         print(f"\nsamples lost per fault (checkpoint every {EVERY} steps of {f.batch} samples): "
               f"{json.dumps(f.lost, indent=1)}", file=sys.stderr)
         s.run(FINAL, self.read_final_state, needs=[TRAINING])  # the state after the faults, or none
+        print(f"\nthe faults scenario's steps, seconds:\n{s.timeline()}", file=sys.stderr)
 
     # What the steps share.
 
@@ -274,16 +275,19 @@ class FaultsRun:
 
     def episode(self, name: str, fault, recovered, timeout: float = 900) -> None:
         """Cause `fault`, wait until `recovered(last step logged when it struck)`, and record the
-        steps and samples it cost."""
+        steps and samples it cost, the seconds `fault` took (some wait for their moment) and the
+        seconds from its start to the recovery."""
         run = self.run
         redone_before = len(run.redone())
         t0 = time.monotonic()
         fault()
+        fault_s = time.monotonic() - t0
         last_before = run.logged()[-1]["step"]  # the fault may wait for its moment
         wait(f"the run to recover from: {name}", lambda: recovered(last_before), timeout, 2)
         new = run.redone()[redone_before:]
         self.facts.lost[name] = {"steps": len(new), "samples": sum(r["batch_samples"] for r in new),
-                                 "last step before": last_before, "recovered in s": round(time.monotonic() - t0)}
+                                 "last step before": last_before, "fault s": round(fault_s, 1),
+                                 "recovered in s": round(time.monotonic() - t0)}
         print(f"\n{name}: {json.dumps(self.facts.lost[name])}", file=sys.stderr)
 
     def learner_log(self) -> str:
