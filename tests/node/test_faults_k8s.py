@@ -283,7 +283,9 @@ class FaultsRun:
         fault()
         fault_s = time.monotonic() - t0
         last_before = run.logged()[-1]["step"]  # the fault may wait for its moment
-        wait(f"the run to recover from: {name}", lambda: recovered(last_before), timeout, 2)
+        # Polled every second: most conditions read the report's file first and ask the API server
+        # only once the steps are there.
+        wait(f"the run to recover from: {name}", lambda: recovered(last_before), timeout, 1)
         new = run.redone()[redone_before:]
         self.facts.lost[name] = {"steps": len(new), "samples": sum(r["batch_samples"] for r in new),
                                  "last step before": last_before, "fault s": round(fault_s, 1),
@@ -404,7 +406,7 @@ class FaultsRun:
         f.killed_rollout_pod = rollout_pod = run.running(C.ROLE_ROLLOUT)[0]["metadata"]["name"]
         self.episode(ROLLOUT_KILLED, lambda: self.kubectl("delete", "pod", "-n", NS, rollout_pod, "--grace-period=0",
                                                           "--force", "--wait=false"),
-                     lambda last: run.running(C.ROLE_ROLLOUT) and self.advanced_past(last))
+                     lambda last: self.advanced_past(last) and run.running(C.ROLE_ROLLOUT))
         f.learner_after_rollout_kill = self.uids(C.ROLE_LEARNER)
         f.rollout_pods_after_kill = [p["metadata"]["name"] for p in run.running(C.ROLE_ROLLOUT)]
         # The kill lands anywhere in a step: inside a generation request (~40% of a step here)
@@ -421,14 +423,18 @@ class FaultsRun:
         cid = learner["status"]["containerStatuses"][0]["containerID"].split("://", 1)[1]
 
         def sigkill():
-            # Between two checkpoints (two steps past one), so steps are really lost and redone.
-            wait("a step two past a checkpoint", lambda: run.logged()[-1]["step"] % EVERY == 2, 60, 0.1)
+            # Between two checkpoints, so steps are really lost and redone: one to three steps past
+            # one (the driver checkpoints step N right after logging it, so step N+1 logged means
+            # N's checkpoint is complete; at N+4 the next one might complete before the kill lands).
+            # From a random moment in the cycle of EVERY steps that waits 0.6 steps on average,
+            # against 2.5 for one exact step past a checkpoint.
+            wait("a step one to three past a checkpoint", lambda: 1 <= run.logged()[-1]["step"] % EVERY <= 3, 60, 0.1)
             sock = Path(self.c.containerd_socket)
             out = ni.ctr(sock, "task", "kill", "-s", "SIGKILL", cid)
             assert out.returncode == 0, out
 
         self.episode(LEARNER_KILLED, sigkill,
-                     lambda last: self.uids(C.ROLE_LEARNER).get(uid, -1) > restarts and self.advanced_past(last))
+                     lambda last: self.advanced_past(last) and self.uids(C.ROLE_LEARNER).get(uid, -1) > restarts)
         f.learner_log_after_kill = self.learner_log()
         f.resumed_after_kill = [int(m) for m in re.findall(r"resumed from step (\d+)", f.learner_log_after_kill)]
 
@@ -467,7 +473,7 @@ class FaultsRun:
             stop(self.c, ["kubelet"])
             time.sleep(KUBELET_DOWN_S)
             rn._start_kubelet(self.c)
-        self.episode(KUBELET_RESTARTED, bounce, lambda last: self.node_ready() and self.advanced_past(last))
+        self.episode(KUBELET_RESTARTED, bounce, lambda last: self.advanced_past(last) and self.node_ready())
         f.pods_after_kubelet = {role: self.uids(role) for role in ROLES}
 
     def node_ready(self) -> bool:
@@ -522,20 +528,40 @@ class FaultsRun:
                          for name, text in out.items()})
         print(f"\nthe run from a pod outside it: {json.dumps(said, indent=1)}", file=sys.stderr)
 
+    def restarts(self) -> dict[str, dict[str, int]]:
+        """role -> {pod uid: container restarts} of every pod of the run, ready or not (one API call)."""
+        out: dict[str, dict[str, int]] = {}
+        for p in self.run.pods():
+            out.setdefault(p["metadata"]["labels"].get(C.LABEL_ROLE, ""), {})[p["metadata"]["uid"]] = sum(
+                cs.get("restartCount", 0) for cs in p["status"].get("containerStatuses", []))
+        return out
+
     def kill_ray_head(self) -> None:
         """5. The Ray head killed. Steps go on at first (the driver's calls to the replicas need
-        no GCS); Ray's nodes give up on the lost GCS after its reconnect timeout (60 s), so the
-        run is judged well past that: every role running, and steps still being logged."""
+        no GCS); rank 0 leaves the lost cluster when HeadWatch sees the new head (it asks every
+        10 s), each rollout pod's `ray start --block` exits once its raylet gives up on the lost
+        GCS (Ray's 60 s reconnect timeout). The run is judged once every Ray node of the lost
+        cluster has left it that way (or, should one not say so, after that timeout plus a
+        minute): every role running, and steps still being logged."""
         run, f = self.run, self.facts
         head = run.running(C.ROLE_RAY_HEAD)[0]["metadata"]["name"]
         restarts_before = {role: sum(self.uids(role).values()) for role in (C.ROLE_LEARNER, C.ROLE_ROLLOUT)}
+        pods_before = {role: self.uids(role) for role in (C.ROLE_LEARNER, C.ROLE_ROLLOUT)}
         killed_at, settled = time.monotonic(), {}
 
+        def left_the_lost_cluster() -> bool:
+            """Rank 0 restarted, and each rollout pod restarted or was replaced."""
+            now = self.restarts()
+            learner, rollout = now.get(C.ROLE_LEARNER, {}), now.get(C.ROLE_ROLLOUT, {})
+            rank0_left = any(learner.get(uid, -1) > n for uid, n in pods_before[C.ROLE_LEARNER].items())
+            return rank0_left and all(rollout.get(uid, n + 1) > n for uid, n in pods_before[C.ROLE_ROLLOUT].items())
+
         def steady_after_head_loss(_last):
-            if time.monotonic() - killed_at < GCS_GIVE_UP_S + 60:
-                return False
-            settled.setdefault("step", run.logged()[-1]["step"])
-            return all(run.running(r) for r in ROLES) and self.advanced_past(settled["step"])
+            if "step" not in settled:
+                if time.monotonic() - killed_at < GCS_GIVE_UP_S + 60 and not left_the_lost_cluster():
+                    return False
+                settled.update(step=run.logged()[-1]["step"], after=round(time.monotonic() - killed_at, 1))
+            return self.advanced_past(settled["step"]) and all(run.running(r) for r in ROLES)
         # The learner's log is followed from before the kill, so the container that sees the head
         # go is read while it runs: `kubectl logs --previous` afterwards answered "unable to
         # retrieve container logs" in one CI run (a container that has just exited is the newest
@@ -554,6 +580,7 @@ class FaultsRun:
             f.learner_log_at_head_loss = follow_log.read_text()
         f.lost[HEAD_KILLED]["restarts"] = {role: sum(self.uids(role).values()) - n
                                            for role, n in restarts_before.items()}
+        f.lost[HEAD_KILLED]["judged from s"] = settled["after"]  # seconds after the kill
         print(f"ray head killed: {f.lost[HEAD_KILLED]}", file=sys.stderr)
         f.learner_states = [{k: cs.get(k) for k in ("restartCount", "state", "lastState")}
                             for cs in run.get("pod", f"{RUN}-learner-0")["status"]["containerStatuses"]]
