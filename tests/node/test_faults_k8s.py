@@ -538,11 +538,11 @@ class FaultsRun:
 
     def kill_ray_head(self) -> None:
         """5. The Ray head killed. Steps go on at first (the driver's calls to the replicas need
-        no GCS); rank 0 leaves the lost cluster when HeadWatch sees the new head (it asks every
-        10 s), each rollout pod's `ray start --block` exits once its raylet gives up on the lost
-        GCS (Ray's 60 s reconnect timeout). The run is judged once every Ray node of the lost
-        cluster has left it that way (or, should one not say so, after that timeout plus a
-        minute): every role running, and steps still being logged."""
+        no GCS); rank 0 and each rollout pod leave the lost cluster when their watch of the head
+        sees the new one (it asks every 10 s; a rollout pod's `ray start --block` would exit by
+        itself at Ray's 60 s GCS reconnect timeout). The run is judged once every Ray node of the
+        lost cluster has left it (or, should one not say so, after that timeout plus a minute):
+        every role running, and steps still being logged."""
         run, f = self.run, self.facts
         head = run.running(C.ROLE_RAY_HEAD)[0]["metadata"]["name"]
         restarts_before = {role: sum(self.uids(role).values()) for role in (C.ROLE_LEARNER, C.ROLE_ROLLOUT)}
