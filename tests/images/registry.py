@@ -49,9 +49,7 @@ def loopback_registry(d: Path) -> Iterator[str]:
     d.mkdir(parents=True, exist_ok=True)
     with open(d / "lock", "w") as lock, open(d / "registry.log", "w") as log:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
+        port = kept_port(d / "port")
         p = subprocess.Popen(["bash", str(HACK / "registry.sh"), f"127.0.0.1:{port}", str(d)], stdout=log,
                              stderr=log)
         try:
@@ -77,6 +75,24 @@ def loopback_registry(d: Path) -> Iterator[str]:
             gc = subprocess.run(["bash", str(HACK / "registry.sh"), "gc", str(d)], capture_output=True, text=True,
                                 timeout=600)
             assert gc.returncode == 0, f"registry.sh gc {d}: {gc.stderr[-2000:]}"
+
+
+def kept_port(path: Path) -> int:
+    """The port the registry listened on last time (kept in `path`) if it is free, else a free one (kept
+    for next time). podman's blob-info cache, which tells a push the layers a registry already holds,
+    keys them by the registry's host:port (a new port: every layer compressed and sent again)."""
+    try:
+        wanted = int(path.read_text())
+    except (OSError, ValueError):
+        wanted = 0
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", wanted))
+        except OSError:  # taken by something else now
+            s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    path.write_text(str(port))
+    return port
 
 
 def manifest(registry: str, repo: str, ref: str) -> tuple[str, dict] | None:
