@@ -93,7 +93,7 @@ def _since_start(name):
 
 def score(prompt, completion, answer, extra):
     if _since_start("oom-now"):
-        # Grow this process (the learner's rank 0, which scores) past its container's memory limit.
+        # Grow this process (a reward worker of the learner's rank 0) past its container's memory limit.
         hog = []
         while True:
             hog.append(b"x" * (64 << 20))
@@ -708,11 +708,13 @@ def test_an_oom_killed_learner_is_named_so_and_resumes(faults):
     assert said, (f.oom_degraded, f.oom_events)
     # From the newest checkpoint, at most EVERY steps back. Not on a multiple of EVERY: after the
     # suspension the run checkpoints every EVERY steps from the step it resumed at (28, 33, ... 53
-    # in one run). The step in flight when the trigger was written may still finish and checkpoint:
-    # generating ahead, rank 0 scores the next batch (and grows) while that step trains (one run:
-    # last logged step 36, resumed from the checkpoint of step 37).
+    # in one run). Two steps after the trigger may still finish and checkpoint: generating one step
+    # ahead, the step in flight and the next, whose batch was scored before the trigger, train while
+    # the first batch scored after it grows its reward worker (one run: last logged step 36,
+    # resumed from the checkpoint of step 37; another: 45, the worker killed as step 47 ended,
+    # resumed from 47).
     last = f.lost[OOM_KILLED]["last step before"]
-    assert f.resumed_after_oom and last - EVERY <= f.resumed_after_oom[-1] <= last + 1, (f.resumed_after_oom, last)
+    assert f.resumed_after_oom and last - EVERY <= f.resumed_after_oom[-1] <= last + 2, (f.resumed_after_oom, last)
 
 
 def test_an_oom_killed_learner_costs_at_most_one_interval(faults):
