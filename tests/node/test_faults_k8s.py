@@ -389,6 +389,14 @@ class FaultsRun:
                      lambda last: self.advanced_past(last) and self.uids(C.ROLE_LEARNER).get(uid, -1) > restarts)
         f.learner_log_after_kill = self.learner_log()
         f.resumed_after_kill = [int(m) for m in re.findall(r"resumed from step (\d+)", f.learner_log_after_kill)]
+        # Both ranks' logs, before and after the restart, kept with the scenario's files: where the
+        # gang restart's seconds go (the pods' logs go with them at the suspension that follows).
+        for rank in range(LEARNERS):
+            for previous in (True, False):
+                out = self.kubectl("logs", "-n", NS, f"{RUN}-learner-{rank}", "-c", "learner",
+                                   *(["--previous"] if previous else []), "--timestamps", check=False)
+                (self.workdir / f"learner-{rank}{'-previous' if previous else ''}-after-kill.log").write_text(
+                    out.stdout + out.stderr)
 
     def oom_learner(self) -> None:
         """4. Rank 0 grows past its container's memory limit (the plug-in's hog, on a trigger file):
