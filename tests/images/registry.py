@@ -86,6 +86,9 @@ def kept_port(path: Path) -> int:
     except (OSError, ValueError):
         wanted = 0
     with socket.socket() as s:
+        # As the registry binds it (Go sets SO_REUSEADDR): the port's connections of the last run, still
+        # in TIME_WAIT for a minute, do not make it taken (without it the run after was given a new port).
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             s.bind(("127.0.0.1", wanted))
         except OSError:  # taken by something else now
