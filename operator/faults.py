@@ -33,7 +33,8 @@ from . import constants as C
 
 # Restarts of different pods this close to a fault's first are that fault. The slowest follower of
 # one cause is a learner waiting out HeadWatch's 120 s patience (plus its 10 s probe) after a Ray
-# head loss; rollout pods go at Ray's 60 s GCS reconnect timeout, ranks of a gang restart within
+# head loss; rollout pods go once the new head answers (rollout/entrypoint.py watch_head; at Ray's
+# 60 s GCS reconnect timeout where that watch misses it), ranks of a gang restart within
 # seconds. 180 s leaves 50 s for the kubelet's restart and the pod event to reach the operator,
 # and is shorter than the crash-loop back-off soon gets (a crash-looping pod counts every restart
 # anyway).

@@ -8,6 +8,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 
 from rlscale.roles import NO_LOG_MONITOR, ROLLOUT_RESOURCE, ray_executable, ray_node_env
@@ -48,6 +49,40 @@ def wait_for_head(address: str, timeout: float = HEAD_WAIT_S, poll: float = 2.0)
             if time.monotonic() >= deadline:
                 return False
             time.sleep(poll)
+
+
+# A rollout pod that sees its head replaced leaves this long after: rank 0's own watch (every 10 s)
+# goes first, so its driver exits for a restart that says why, instead of failing a step on its
+# retries against replicas that are gone (5 retries, about 6 s; rollout/serve.py).
+LEAVE_AFTER_S = 15.0
+
+
+def watch_head(address: str, node: subprocess.Popen, stopping: list, exit_fn=None, make_watch=None,
+               retry_s: float = 10.0, leave_after_s: float = LEAVE_AFTER_S):
+    """Watch the run's Ray head as rank 0 does (rlscale.trainer.gang.HeadWatch), once its GCS answers: a
+    head replaced by a new pod is a new cluster this node is not part of, which `ray start --block`
+    noticed only when its raylet gave up on the lost GCS, at Ray's 60 s reconnect timeout, and the
+    run's new driver waited that long for a replica slot (tests/node/test_faults_k8s.py, the Ray head
+    killed). The watch ends this process with EXIT_GANG `leave_after_s` after it saw the new head; its
+    node goes with it (this process is the container's PID 1, so the kernel kills the rest) and the
+    restarted container joins the new head. A stop asked for, or a node that has ended, wins. Returns
+    the watch."""
+    from rlscale.trainer.gang import HeadWatch
+
+    def leave(code: int) -> None:
+        time.sleep(leave_after_s)
+        if not stopping and node.poll() is None:
+            (exit_fn or os._exit)(code)
+    watch = (make_watch or HeadWatch.for_address)(address, exit_fn=leave)
+
+    def start() -> None:
+        while not stopping and node.poll() is None:
+            try:
+                return watch.start()
+            except Exception:  # the GCS does not answer yet (the node is still joining)
+                time.sleep(retry_s)
+    threading.Thread(target=start, name="ray-head-watch-start", daemon=True).start()
+    return watch
 
 
 def main(config_path: str | None = None) -> int:
@@ -105,7 +140,12 @@ def main(config_path: str | None = None) -> int:
     node.append(proc)
     if stopping:  # a stop while it was being started
         proc.send_signal(signal.SIGTERM)
+    from rlscale.roles import ray_auth_env
+
+    os.environ.update(ray_auth_env())  # the watch's GCS calls need the run's token, as the node's do
+    watch = watch_head(address, proc, stopping)
     rc = proc.wait()
+    watch.stop()
     # Being told to stop is how this role is meant to end (ray exits 1 on SIGTERM);
     # anything else means the node died under us.
     return 0 if stopping else rc

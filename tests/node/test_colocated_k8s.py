@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import pytest
 
@@ -33,6 +34,8 @@ class Colocated:
     learner_log: str
     rollout_pods: int
     rollout_replicas: int
+    # Seconds from `kubectl apply` to the first poll that saw each moment: where the run's time goes.
+    timeline: dict[str, float] = field(default_factory=dict)
 
 
 @pytest.fixture(scope="module")
@@ -41,26 +44,42 @@ def colocated(node_cluster, images, tmp_path_factory) -> Iterator[Colocated]:
     qs.helm_install(cp.bin_dir() / "helm", node_cluster.kubeconfig)  # a no-op when another test installed it
     kubectl("apply", "-f", "-", input=json.dumps({"apiVersion": "v1", "kind": "Namespace",
                                                   "metadata": {"name": NS, "labels": PSS}}))
+    workdir = tmp_path_factory.mktemp("colocated")
     kubectl("apply", "-f", "-", input=json.dumps({"apiVersion": "v1", "kind": "List", "items": qs.claims(
-        NS, qs.model_cache(), tmp_path_factory.mktemp("colocated-checkpoints"))}))
+        NS, qs.model_cache(), workdir / "checkpoints")}))
     run = qs.quickstart(placement="colocated", rollout={"replicas": "auto"}, budget={"maxSteps": STEPS})
     run["metadata"]["name"] = RUN
     view = RunView(kubectl, NS, RUN)
     try:
+        t0 = time.monotonic()
         kubectl("apply", "-n", NS, "-f", "-", input=json.dumps(run))
         log = {"text": ""}
         pod = f"{B.names(RUN)[C.ROLE_LEARNER]}-0"
         rollout_pods = set()
+        timeline: dict[str, float] = {}
+
+        def seen(moment: str, now) -> None:  # now: a callable, called until the moment is seen
+            if moment not in timeline and now():
+                timeline[moment] = round(time.monotonic() - t0, 1)
 
         def ended():
             out = kubectl("logs", pod, "-c", C.ROLE_LEARNER, "-n", NS, check=False)
             if out.returncode == 0:
                 log["text"] = out.stdout  # read while the pod lives: the log goes with it
             rollout_pods.update(p["metadata"]["name"] for p in view.pods(C.ROLE_ROLLOUT))
-            return view.status().get("phase") in (C.PHASE_BUDGET_EXHAUSTED, C.PHASE_SUCCEEDED, C.PHASE_FAILED)
+            seen("the Ray head ready", lambda: view.running(C.ROLE_RAY_HEAD))
+            seen("the learner container started", lambda: out.returncode == 0)
+            seen("the learner ready", lambda: view.running(C.ROLE_LEARNER))
+            st = view.status()
+            seen("the first step reported", lambda: int((st.get("progress") or {}).get("step") or 0) > 0)
+            return st.get("phase") in (C.PHASE_BUDGET_EXHAUSTED, C.PHASE_SUCCEEDED, C.PHASE_FAILED)
         wait(f"{RUN} to end", ended, 900, 3)
+        seen("the run ended", lambda: True)
+        (workdir / "learner.log").write_text(log["text"])
+        print(f"\ncolocated run, seconds after apply (polled every 3 s): {json.dumps(timeline)}", file=sys.stderr)
         deploy = view.get("deployment", B.names(RUN)[C.ROLE_ROLLOUT]) or {"spec": {"replicas": 0}}
-        yield Colocated(view.status(), log["text"], len(rollout_pods), int(deploy["spec"].get("replicas") or 0))
+        yield Colocated(view.status(), log["text"], len(rollout_pods), int(deploy["spec"].get("replicas") or 0),
+                        timeline)
     finally:
         kubectl("delete", "namespace", NS, "--wait=false", check=False)
 
