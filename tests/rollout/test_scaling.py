@@ -101,8 +101,9 @@ def _wait(what, fn, timeout=300.0):
 @pytest.fixture(scope="module")
 def client(two_pods, model_dirs):
     """One rollout app for the module: three replicas planned on the two pods' two slots. The drain
-    test below starts from the first test's app scaled to one replica (one vLLM load fewer than an
-    app of its own: about 15 s on 2 cores)."""
+    test below starts from the first test's app scaled to one replica: with an app of its own (one
+    vLLM load more) its call took 39.9 s, from this one 23.5 s, and the module 132.9 s, then 99.8 s
+    (2 cores; `pytest tests/rollout/test_scaling.py --durations=0`)."""
     from rlscale.rollout.engine import EngineConfig
     from rlscale.rollout.serve import RolloutClient, RolloutOptions
 
