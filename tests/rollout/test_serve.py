@@ -166,8 +166,9 @@ def test_scaling_up_and_down_under_load_loses_no_request(client, model_dirs):
         client.wait_replicas(3, timeout_s=300)
         late = {k: v for k, v in _live(client).items() if k not in before}
         served = past_change()
-        # Down to 2, not 1: a scale-down under load all the same, and the next test's two replicas
-        # are then up already (one replica's start less: about 15 s of vLLM's load on 2 cores).
+        # Down to 2, not 1: a scale-down under load all the same, and the next test finds its two
+        # replicas up (its call took 38.6 s when it started the second, 24.2 s after: 2 cores,
+        # `pytest tests/rollout/test_serve.py --durations=0`).
         client.scale(2)
         past_change()
     finally:
