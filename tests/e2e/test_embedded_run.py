@@ -30,16 +30,18 @@ def start_target() -> float:
     would not be reached within the test's 400 steps of 16x8, while +0.05 took 120 (0.724 ->
     0.77 at 15,360 samples, this test on that machine). The test proves the mechanism (Ctrl-C,
     resume, a target reached and scraped), not a level (tests/trainer/test_grpo_learns.py does),
-    so +0.02: the 8x8 run of `rlscale sweep examples/quickstart.yaml` (quickstart-p8-sqrt-s0)
+    so +0.01: the 8x8 run of `rlscale sweep examples/quickstart.yaml` (quickstart-p8-sqrt-s0)
     held 0.73 and 0.744 at 2,048 and 4,096 samples; this test at +0.05 ended at step 120 in 330 s, at
     +0.02 at step 70 in 226 s (`pytest tests/e2e/test_embedded_run.py -k interrupt --durations=0`,
-    one after the other on a 2-core machine). With evals every 10 steps (window 2) the run
+    one after the other on a 2-core machine), and at +0.01 (0.734) at step 40 in 171 s (the same
+    command; the evals at steps 10-40 were those of a +0.02 run on that machine, which then needed
+    30 steps more). With evals every 10 steps (window 2) the run
     cannot end before step 20, after the test has interrupted it at step 13, whatever the eval
     noise (sd 0.024) does."""
     from rlscale.trainer.builtin import ensure_builtin_model
 
     info = json.loads((ensure_builtin_model("builtin:tiny-arith") / "rlscale-builtin.json").read_text())
-    return max(0.48, round(float(info["accuracy"]) + 0.02, 2))
+    return max(0.48, round(float(info["accuracy"]) + 0.01, 3))
 
 
 def small_run(tmp_path: Path, target: float) -> Path:
@@ -132,7 +134,7 @@ def test_interrupt_resume_and_reach_target_scraped_by_prometheus(tmp_path):
             recs = records(run_dir)
             if recs and recs[-1]["step"] >= 13:
                 break
-            time.sleep(1)
+            time.sleep(0.25)  # a step takes 0.7-0.8 s here (run.log's "last step"): Ctrl-C soon after step 13
         assert proc.poll() is None, log.read_text()[-4000:]
         assert records(run_dir), log.read_text()[-4000:]
         os.killpg(proc.pid, signal.SIGINT)

@@ -43,9 +43,15 @@ def test_the_readme_example_runs_a_real_model_on_my_jsonl_with_mypkg_reward(tmp_
     work = tmp_path / "byo"
     for marker, code in blocks[1:3]:
         (work / marker.split()[1]).write_text(code)
-    # As written, but two steps and a small eval: a test, not the run.
+    # As written, but two steps of half the batch and a small eval: a test, not the run. A step's
+    # generation and training grow with the batch: at 8x8 they took 8-9 s and 16-23 s of a 27-36 s step,
+    # at 4x8 4-5 s and 7-15 s of a 14-21 s step (2 cores; the phases in this test's metrics.jsonl, from
+    # `pytest tests/e2e/test_real_model.py --durations=0`: the test in 128.5 s, then 110.7 s). At 4
+    # prompts x 8 samples a step still trains: about 1 reply in 5 scores at the start (step 1's mean
+    # reward 0.26 at 8x8), so a group of 8 is all alike with p 0.17 and all four groups with p 1e-3.
     doc = yaml.safe_load((work / "byo.yaml").read_text())
     doc["spec"]["budget"]["maxSteps"] = 2
+    doc["spec"]["batch"].update(prompts=4, minPrompts=4, maxPrompts=4)
     doc["spec"]["task"]["evalSize"] = 8
     doc["spec"]["target"].update(evalEvery=2, window=1)
     doc["spec"]["checkpoint"] = {"every": 2}

@@ -98,78 +98,82 @@ def _wait(what, fn, timeout=300.0):
     return got
 
 
-@pytest.mark.slow
-def test_a_scale_past_the_rollout_slots_serves_with_those_there_and_never_raises(two_pods, model_dirs):
+@pytest.fixture(scope="module")
+def client(two_pods, model_dirs):
+    """One rollout app for the module: three replicas planned on the two pods' two slots. The drain
+    test below starts from the first test's app scaled to one replica: with an app of its own (one
+    vLLM load more) its call took 39.9 s, from this one 23.5 s, and the module 132.9 s, then 99.8 s
+    (2 cores; `pytest tests/rollout/test_scaling.py --durations=0`)."""
     from rlscale.rollout.engine import EngineConfig
     from rlscale.rollout.serve import RolloutClient, RolloutOptions
 
     t0 = time.monotonic()
     # Three planned, two slots: the deploy returns with the two that run (a driver resumed on too few
     # pods trains), not after Serve's wait for the third, which never comes.
-    client = RolloutClient.deploy(
+    c = RolloutClient.deploy(
         EngineConfig(model=model_dirs[0], kv_cache_bytes=KV_CACHE_BYTES, max_num_seqs=16),
         RolloutOptions(app_name="t-scaling", num_replicas=3, version_wait_s=3.0, graceful_shutdown_timeout_s=GRACE_S))
+    print(f"deployed in {time.monotonic() - t0:.0f} s: {c.serving()}")
     try:
-        print(f"deployed in {time.monotonic() - t0:.0f} s: {client.serving()}")
-        s = _wait("both slots serving", lambda: (x := client.serving()).running == 2 and x)
-        assert (s.target, s.pods) == (3, PODS) and s.states.get("STARTING") == 1, s
-        out = client.generate([PROMPT] * 4, samples_per_prompt=2, max_new_tokens=8, seed=1)
-        assert len(out) == 4 and all(len(g) == 2 and g[0].token_ids for g in out)
-        # Down to one: returns once the removed replica is gone; one pod is free, and named so.
-        s = client.scale(1)
-        assert s.drained and s.states == {"RUNNING": 1} and len(s.pods) == 1, s
-        assert s.pods[0] in PODS and client.serving().pods == s.pods
-        # Up to three again: returns at once; Serve places what fits, the call waits for none of it.
-        t1 = time.monotonic()
-        s = client.scale(3)
-        assert time.monotonic() - t1 < 30 and s.target == 3, s
-        s = _wait("a second replica", lambda: (x := client.serving()).running == 2 and x)
-        assert s.pods == PODS and s.states.get("STARTING") == 1, s
-        out = client.generate([PROMPT] * 4, samples_per_prompt=2, max_new_tokens=8, seed=2)
-        assert len(out) == 4
-        print("registered:", json.dumps(client.replicas(), default=str)[:400])
+        yield c
     finally:
-        client.shutdown()
+        c.shutdown()
 
 
 @pytest.mark.slow
-def test_a_stopped_pod_drains_its_replica_and_loses_no_request(two_pods, model_dirs):
+def test_a_scale_past_the_rollout_slots_serves_with_those_there_and_never_raises(client):
+    s = _wait("both slots serving", lambda: (x := client.serving()).running == 2 and x)
+    assert (s.target, s.pods) == (3, PODS) and s.states.get("STARTING") == 1, s
+    out = client.generate([PROMPT] * 4, samples_per_prompt=2, max_new_tokens=8, seed=1)
+    assert len(out) == 4 and all(len(g) == 2 and g[0].token_ids for g in out)
+    # Down to one: returns once the removed replica is gone; one pod is free, and named so.
+    s = client.scale(1)
+    assert s.drained and s.states == {"RUNNING": 1} and len(s.pods) == 1, s
+    assert s.pods[0] in PODS and client.serving().pods == s.pods
+    # Up to three again: returns at once; Serve places what fits, the call waits for none of it.
+    t1 = time.monotonic()
+    s = client.scale(3)
+    assert time.monotonic() - t1 < 30 and s.target == 3, s
+    s = _wait("a second replica", lambda: (x := client.serving()).running == 2 and x)
+    assert s.pods == PODS and s.states.get("STARTING") == 1, s
+    out = client.generate([PROMPT] * 4, samples_per_prompt=2, max_new_tokens=8, seed=2)
+    assert len(out) == 4
+    print("registered:", json.dumps(client.replicas(), default=str)[:400])
+
+
+@pytest.mark.slow
+def test_a_stopped_pod_drains_its_replica_and_loses_no_request(two_pods, client):
     """What the kubelet's SIGTERM does to a rollout pod with a replica (a template roll, an eviction):
     `rlscale rollout` passes it to `ray start --block`, which marks its node draining; Serve starts a
     replacement on the free slot, and the old replica finishes its request before it stops. (Last in
     the module: it stops one of the two pods.)"""
     import threading
 
-    from rlscale.rollout.engine import EngineConfig
-    from rlscale.rollout.serve import RolloutClient, RolloutOptions
+    # One replica on one pod, the other pod's slot free (the first test left three planned, two running).
+    s = client.scale(1)
+    assert s.states == {"RUNNING": 1}, s
+    (pod,) = s.pods
+    (other,) = set(PODS) - {pod}
+    retries_before = client.retries
+    done = {}
 
-    client = RolloutClient.deploy(
-        EngineConfig(model=model_dirs[0], kv_cache_bytes=KV_CACHE_BYTES, max_num_seqs=16),
-        RolloutOptions(app_name="t-drain", num_replicas=1, version_wait_s=3.0, graceful_shutdown_timeout_s=GRACE_S))
-    try:
-        (pod,) = client.serving().pods
-        (other,) = set(PODS) - {pod}
-        done = {}
+    def run():
+        # About 2 s of generation on 2 cores (measured: done 1.5 s after the SIGTERM sent at 0.5 s).
+        done["out"] = client.generate([PROMPT] * 48, samples_per_prompt=4, max_new_tokens=400, seed=3)
+        done["at"] = time.monotonic()
 
-        def run():
-            # About 2 s of generation on 2 cores (measured: done 1.5 s after the SIGTERM sent at 0.5 s).
-            done["out"] = client.generate([PROMPT] * 48, samples_per_prompt=4, max_new_tokens=400, seed=3)
-            done["at"] = time.monotonic()
-
-        t = threading.Thread(target=run)
-        t.start()
-        time.sleep(0.5)
-        t0 = time.monotonic()
-        # As the kubelet stops the pod's container: SIGTERM to its first process alone.
-        os.kill(two_pods[pod].pid, signal.SIGTERM)
-        t.join(timeout=300)
-        assert not t.is_alive() and len(done["out"]) == 48 and all(len(g) == 4 for g in done["out"])
-        assert done["at"] > t0  # it was in flight when the pod was told to stop
-        assert client.retries == 0  # no request died with the replica: it finished before it stopped
-        s = _wait("the replica on the other pod", lambda: (x := client.serving()).pods == (other,)
-                  and x.states == {"RUNNING": 1} and x)
-        assert two_pods[pod].wait(timeout=DRAIN_S + 30) == 0
-        print(f"request done {done['at'] - t0:.1f} s and pod stopped {time.monotonic() - t0:.0f} s after "
-              f"SIGTERM; serving {s}")
-    finally:
-        client.shutdown()
+    t = threading.Thread(target=run)
+    t.start()
+    time.sleep(0.5)
+    t0 = time.monotonic()
+    # As the kubelet stops the pod's container: SIGTERM to its first process alone.
+    os.kill(two_pods[pod].pid, signal.SIGTERM)
+    t.join(timeout=300)
+    assert not t.is_alive() and len(done["out"]) == 48 and all(len(g) == 4 for g in done["out"])
+    assert done["at"] > t0  # it was in flight when the pod was told to stop
+    assert client.retries == retries_before  # no request died with the replica: it finished before it stopped
+    s = _wait("the replica on the other pod", lambda: (x := client.serving()).pods == (other,)
+              and x.states == {"RUNNING": 1} and x)
+    assert two_pods[pod].wait(timeout=DRAIN_S + 30) == 0
+    print(f"request done {done['at'] - t0:.1f} s and pod stopped {time.monotonic() - t0:.0f} s after "
+          f"SIGTERM; serving {s}")
