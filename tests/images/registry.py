@@ -66,15 +66,20 @@ def loopback_registry(d: Path) -> Iterator[str]:
                 time.sleep(0.1)
             yield f"127.0.0.1:{port}"
         finally:
-            p.terminate()
-            try:
-                p.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait(timeout=10)
+            end_process(p, grace=10)
             gc = subprocess.run(["bash", str(HACK / "registry.sh"), "gc", str(d)], capture_output=True, text=True,
                                 timeout=600)
             assert gc.returncode == 0, f"registry.sh gc {d}: {gc.stderr[-2000:]}"
+
+
+def end_process(p: subprocess.Popen, grace: float) -> None:
+    """SIGTERM, then SIGKILL what is left after grace seconds."""
+    p.terminate()
+    try:
+        p.wait(timeout=grace)
+    except subprocess.TimeoutExpired:
+        p.kill()
+        p.wait(timeout=10)
 
 
 def kept_port(path: Path) -> int:

@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.images.registry import end_process
+
 pytestmark = pytest.mark.cluster
 
 REPO = Path(__file__).resolve().parents[2]
@@ -144,12 +146,7 @@ def containerd(tmp_path_factory):
             pytest.fail("throwaway containerd did not start: " + (d / "log").read_text()[-2000:])
         yield sock
     finally:
-        p.terminate()
-        try:
-            p.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            p.kill()
-            p.wait(timeout=10)
+        end_process(p, grace=5)
         log.close()
         subprocess.run(["umount", "-R", str(d / "root")], capture_output=True)
         subprocess.run(["rm", "-rf", str(d)])
