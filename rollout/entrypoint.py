@@ -11,7 +11,7 @@ import sys
 import threading
 import time
 
-from rlscale.roles import NO_LOG_MONITOR, ROLLOUT_RESOURCE, ray_executable, ray_node_env
+from rlscale.roles import NO_LOG_MONITOR, ROLLOUT_RESOURCE, ray_auth_env, ray_executable, ray_node_env
 
 
 def ray_start_command(ray_address: str, num_cpus: int = 0, object_store_bytes: int | None = None) -> list[str]:
@@ -140,8 +140,6 @@ def main(config_path: str | None = None) -> int:
     node.append(proc)
     if stopping:  # a stop while it was being started
         proc.send_signal(signal.SIGTERM)
-    from rlscale.roles import ray_auth_env
-
     os.environ.update(ray_auth_env())  # the watch's GCS calls need the run's token, as the node's do
     watch = watch_head(address, proc, stopping)
     rc = proc.wait()

@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from rlscale.trainer.tools.smollm2 import ADAPTER_DIR, ADAPTER_FILES, SMOLLM2_TOOLS
+from rlscale.trainer.tools.smollm2 import ADAPTER_DIR, ADAPTER_WEIGHTS, SMOLLM2_TOOLS, merge_adapter, train_adapter
 from rlscale.trainer.tools.smollm2 import MODEL as SMOLLM2_TOOLS_MODEL
 from rlscale.trainer.tools.task import MODEL as TOOLS_MODEL
 from rlscale.trainer.tools.task import TINY_TOOLS
@@ -152,7 +152,7 @@ def _cached(final: Path, shipped_sha: str | None) -> bool:
 
 def shipped_weights(name: str) -> str:
     """The file of a shipped build that its build.json's sha256 is of: the model, or an adapter recipe's adapter."""
-    return ADAPTER_FILES[1] if BUILTIN_MODELS[name].get("kind") == "lora-sft" else "model.safetensors"
+    return ADAPTER_WEIGHTS if BUILTIN_MODELS[name].get("kind") == "lora-sft" else "model.safetensors"
 
 
 def install_shipped(out_dir: Path, shipped: Path, name: str, cache_dir: str | Path | None = None,
@@ -168,8 +168,6 @@ def install_shipped(out_dir: Path, shipped: Path, name: str, cache_dir: str | Pa
     info = {**record, "source": f"shipped ({shipped.name}, built by the recipe)", "installed_by_pid": os.getpid()}
     recipe = BUILTIN_MODELS[name]
     if recipe.get("kind") == "lora-sft":
-        from rlscale.trainer.tools.smollm2 import merge_adapter
-
         base = ensure_builtin_model(recipe["base"], cache_dir=cache_dir, progress=progress)
         return {**info, **merge_adapter(out_dir, shipped, base)}
     for f in shipped.iterdir():
@@ -184,13 +182,11 @@ def run_recipe(name: str, out_dir: Path, cache_dir: str | Path | None = None, pr
     if "gguf" in recipe:
         return from_gguf(out_dir, recipe["gguf"])
     if recipe.get("kind") == "lora-sft":
-        from rlscale.trainer.tools.smollm2 import merge_adapter, train_adapter
-
         base = ensure_builtin_model(recipe["base"], cache_dir=cache_dir, progress=progress)
         adapter = out_dir / ADAPTER_DIR
         adapter.mkdir(parents=True, exist_ok=True)
         info = train_adapter(adapter, recipe, base, _progress(progress, total=recipe["steps"]))
-        info.update(merge_adapter(out_dir, adapter, base), sha256=sha256_file(adapter / ADAPTER_FILES[1]))
+        info.update(merge_adapter(out_dir, adapter, base), sha256=sha256_file(adapter / ADAPTER_WEIGHTS))
         return info
     if recipe.get("kind") == "tools":
         from rlscale.trainer.tools.warm_start import warm_start as tools_warm_start

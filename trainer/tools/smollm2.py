@@ -56,7 +56,8 @@ SMOLLM2_TOOLS = {
     "version": 1,
 }
 # What the shipped build holds (peft's adapter directory) and where a recipe's build keeps it in the cache entry.
-ADAPTER_FILES = ("adapter_config.json", "adapter_model.safetensors")
+ADAPTER_WEIGHTS = "adapter_model.safetensors"  # what build.json's sha256 is of
+ADAPTER_FILES = ("adapter_config.json", ADAPTER_WEIGHTS)
 ADAPTER_DIR = "adapter"
 # The base's files the merged model keeps as they are (the merged weights and config.json are written anew).
 BASE_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "generation_config.json")
