@@ -15,7 +15,7 @@ export TORCHINDUCTOR_CPP_CACHE_PRECOMPILE_HEADERS ?= 0
 unexport PYTHONDONTWRITEBYTECODE
 PYTEST_ARGS ?=
 
-.PHONY: run test unit venv k8s prometheus cluster cluster-down lint crd bench gpu-check clean
+.PHONY: run test disk unit venv k8s prometheus cluster cluster-down lint crd bench gpu-check clean
 
 ## make venv GPU=1: the CUDA 13.0 torch and vLLM wheels from PyPI instead of vLLM's CPU build, for a machine
 ## with an NVIDIA GPU and an R580+ driver (docs/gpu.md, "One GPU"); GPU=auto: GPU=1 when nvidia-smi lists a GPU.
@@ -69,7 +69,10 @@ run: venv
 ## faster than one process (CI: 60 min), since each heavy file then ran at about half speed; on more cores
 ## it overlaps what one process waits for.
 TEST_LANES ?= 1
-test: venv k8s prometheus images
+## make disk: whether there is room for make test (hack/disk.py), checked before anything is built.
+disk:
+	@python3 hack/disk.py
+test: disk venv k8s prometheus images
 	$(VENV)/bin/ruff check .
 	@if [ "$(TEST_LANES)" = 2 ]; then PY=$(PY) bash hack/test-lanes.sh $(PYTEST_ARGS); \
 	else $(PY) -m pytest $(PYTEST_ARGS); fi
