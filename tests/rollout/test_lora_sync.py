@@ -111,5 +111,8 @@ def test_adapters_reach_vllm_through_the_transfer_protocol_and_replace_each_othe
             assert adapter_bytes <= stats["received"] < adapter_bytes + 16 * len(adapter)  # aligned starts
             assert stats["received"] < 0.2 * model_bytes
         trainer.shutdown()
+        adapters = engine.adapter.root
+        assert adapters.is_dir()
     finally:
         engine.close()
+    assert not adapters.exists()  # the engine's adapters go with it
