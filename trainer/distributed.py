@@ -62,6 +62,10 @@ def init_distributed() -> tuple[int, int]:
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             os.environ["MASTER_PORT"] = str(s.getsockname()[1])
+    from rlscale.trainer.gang import leave_the_previous_gang
+
+    leave_the_previous_gang(int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), os.environ["MASTER_ADDR"],
+                            int(os.environ["MASTER_PORT"]))
     # DeepSpeed picks the backend from its accelerator: gloo on CPU, NCCL on GPU.
     deepspeed.init_distributed(verbose=False)
     return dist.get_rank(), dist.get_world_size()

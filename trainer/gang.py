@@ -133,6 +133,46 @@ class GangWatch(_Watch):
                     return self._gone(f"rank {r} stopped its heartbeat {now - last[1]:.0f} s ago")
 
 
+def leave_the_previous_gang(rank: int, world_size: int, host: str, port: int, poll: float = 1.0,
+                            limit: float = 600.0, connect_timeout: float = 5.0) -> None:
+    """A follower's first act, before it joins the process group: make sure rank 0's store at host:port
+    is a new one, not the previous rank 0's.
+
+    A follower whose container restarted may start while the previous rank 0 is still alive (it learns of
+    the death at its next collective, seconds later), and its store still answers. The follower then
+    joins that dying gang and waits for the rest of the new group's rendezvous forever, while the new rank
+    0 waits for it (the real-node faults run, stop 49: both ranks of the killed-learner episode hung in
+    init_process_group). The store of a gang that is up holds rank 0's boot id (GangWatch.start); a new
+    rank 0 publishes it only once the group is up. So while the boot id is there, this follower announces
+    its new process to that rank 0 (whose watch then exits within its interval) and waits for the store to
+    go; when it finds no store, or one without a boot id, it goes on to the rendezvous."""
+    if rank == 0 or world_size <= 1:
+        return
+    import torch.distributed as dist
+
+    deadline = time.monotonic() + limit
+    announced = False
+    while True:
+        try:
+            store = dist.TCPStore(host, port, is_master=False, timeout=timedelta(seconds=connect_timeout),
+                                  wait_for_workers=False)
+            if not store.check([_PREFIX + "boot"]):
+                return  # a new rank 0's store (or one still starting): the rendezvous is this gang's
+            if not announced:
+                store.set(f"{_PREFIX}proc/{rank}", secrets.token_hex(8))
+                log.warning("rank %d: rank 0's store at %s:%d is the previous gang's (rank 0 has not yet seen "
+                            "this rank restart); told it, waiting for it to go before joining", rank, host, port)
+                announced = True
+        except Exception:  # no store there, or it went away mid-call: the previous rank 0 is gone
+            return
+        finally:
+            store = None
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"learner rank {rank}: the previous gang's rank 0 still serves its store at "
+                               f"{host}:{port} after {limit:.0f} s; this rank cannot join a new one")
+        time.sleep(poll)
+
+
 _HEAD_WATCHES: list[HeadWatch] = []
 
 

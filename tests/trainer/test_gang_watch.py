@@ -60,3 +60,53 @@ def test_a_steady_gang_keeps_running(store_port):
     finally:
         for w in (rank0, follower):
             w.stop()
+
+
+def test_a_restarted_follower_waits_out_the_previous_rank_0_before_it_joins():
+    """The faults run's hang (stop 49): a follower's new process found the previous rank 0's store still up.
+    It now tells that rank 0, whose watch exits, and joins only once the store is gone."""
+    import threading
+
+    import torch.distributed as dist
+
+    from rlscale.trainer.gang import leave_the_previous_gang
+
+    port = free_port()
+    master = [dist.TCPStore("127.0.0.1", port, is_master=True, timeout=timedelta(seconds=10),
+                            wait_for_workers=False)]
+    exits: list[int] = []
+
+    def rank0_exits(code: int) -> None:  # the process ends: its store with it
+        exits.append(code)
+        master.clear()
+
+    rank0 = GangWatch(0, 2, "127.0.0.1", port, interval=0.05, patience=30, exit_fn=rank0_exits)
+    rank0.start()
+    old = GangWatch(1, 2, "127.0.0.1", port, interval=0.05, patience=30, exit_fn=lambda code: None)
+    old.start()
+    old.stop()  # the follower's process died; rank 0 has not noticed (no collective yet)
+    assert not _until(lambda: exits, 0.3)
+    joined = threading.Event()
+    t = threading.Thread(target=lambda: (leave_the_previous_gang(1, 2, "127.0.0.1", port, poll=0.05,
+                                                                 connect_timeout=0.5), joined.set()))
+    try:
+        t.start()
+        assert _until(lambda: exits == [EXIT_GANG], 5)  # told, the previous rank 0 left
+        assert joined.wait(10)  # and the follower went on to the rendezvous
+    finally:
+        rank0.stop()
+        t.join(10)
+
+
+def test_a_new_rank_0s_store_is_joined_at_once_and_left_as_it_was(store_port):
+    import torch.distributed as dist
+
+    from rlscale.trainer.gang import leave_the_previous_gang
+
+    t0 = time.monotonic()
+    leave_the_previous_gang(1, 2, "127.0.0.1", store_port, connect_timeout=1)
+    assert time.monotonic() - t0 < 1.0
+    probe = dist.TCPStore("127.0.0.1", store_port, is_master=False, timeout=timedelta(seconds=2),
+                          wait_for_workers=False)
+    assert not probe.check(["rlscale/gang/proc/1"])  # nothing announced to a gang that is not up
+    leave_the_previous_gang(1, 2, "127.0.0.1", free_port(), connect_timeout=0.5)  # no store yet: goes on
