@@ -50,17 +50,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--need-gb", type=float,
                     default=float(os.environ.get("RLSCALE_TEST_MIN_FREE_GB") or MIN_FREE_GB))
     args = ap.parse_args(argv)
-    short: dict[int, list[str]] = {}
-    free_by_dev: dict[int, float] = {}
+    names: dict[int, list[str]] = {}  # filesystem (st_dev) -> the places on it
+    free: dict[int, float] = {}
     for name, path in places().items():
         path.mkdir(parents=True, exist_ok=True)
         dev = path.stat().st_dev
-        free_by_dev[dev] = shutil.disk_usage(path).free / GB
-        short.setdefault(dev, []).append(f"{name} ({path})")
-    low = {dev: free for dev, free in free_by_dev.items() if free < args.need_gb}
-    for dev, free in free_by_dev.items():
-        print(f"[disk] {free:.1f} GB free for {', '.join(short[dev])}")
-    if not low:
+        free[dev] = shutil.disk_usage(path).free / GB
+        names.setdefault(dev, []).append(f"{name} ({path})")
+    for dev, gb in free.items():
+        print(f"[disk] {gb:.1f} GB free for {', '.join(names[dev])}")
+    if min(free.values()) >= args.need_gb:
         return 0
     print(f"\nmake test: under {args.need_gb:g} GB free where the suite writes: a warm run writes about that much "
           "(images imported into the test node, the clusters' state, checkpoints), and a suite out of disk "

@@ -33,6 +33,13 @@ EXIT_GANG = 75  # EX_TEMPFAIL: restart me, the gang is broken
 _PREFIX = "rlscale/gang/"
 
 
+def _store_client(host: str, port: int, timeout: float):
+    """A client of rank 0's TCP store, beside the process group's own (which it does not count as a worker)."""
+    import torch.distributed as dist
+
+    return dist.TCPStore(host, port, is_master=False, timeout=timedelta(seconds=timeout), wait_for_workers=False)
+
+
 class _Watch:
     """A daemon thread that ends the process with EXIT_GANG when what it watches is gone."""
 
@@ -70,10 +77,7 @@ class GangWatch(_Watch):
         self._thread: threading.Thread | None = None
 
     def _client(self):
-        import torch.distributed as dist
-
-        return dist.TCPStore(self.host, self.port, is_master=False, timeout=timedelta(seconds=max(5.0, self.interval)),
-                             wait_for_workers=False)
+        return _store_client(self.host, self.port, max(5.0, self.interval))
 
     def start(self) -> None:
         """Rank 0 publishes its boot id; followers read it. Call on every rank after the
@@ -148,14 +152,11 @@ def leave_the_previous_gang(rank: int, world_size: int, host: str, port: int, po
     go; when it finds no store, or one without a boot id, it goes on to the rendezvous."""
     if rank == 0 or world_size <= 1:
         return
-    import torch.distributed as dist
-
     deadline = time.monotonic() + limit
     announced = False
     while True:
         try:
-            store = dist.TCPStore(host, port, is_master=False, timeout=timedelta(seconds=connect_timeout),
-                                  wait_for_workers=False)
+            store = _store_client(host, port, connect_timeout)
             if not store.check([_PREFIX + "boot"]):
                 return  # a new rank 0's store (or one still starting): the rendezvous is this gang's
             if not announced:
@@ -165,8 +166,6 @@ def leave_the_previous_gang(rank: int, world_size: int, host: str, port: int, po
                 announced = True
         except Exception:  # no store there, or it went away mid-call: the previous rank 0 is gone
             return
-        finally:
-            store = None
         if time.monotonic() > deadline:
             raise RuntimeError(f"learner rank {rank}: the previous gang's rank 0 still serves its store at "
                                f"{host}:{port} after {limit:.0f} s; this rank cannot join a new one")
