@@ -43,13 +43,29 @@ def _store_client(host: str, port: int, timeout: float):
 class _Watch:
     """A daemon thread that ends the process with EXIT_GANG when what it watches is gone."""
 
+    # How long stop() waits for the thread. A store call to a live rank 0 answers in milliseconds, one to a
+    # dead rank 0 fails at once; one to a frozen rank 0 (SIGSTOP) blocks whatever the client's timeout
+    # (measured: add, get and check were still in the call after 12 s with a 2 s timeout), and no wait helps.
+    join_timeout = 10.0
+
     def __init__(self, interval: float, patience: float, exit_fn=None):
         self.interval, self.patience = interval, patience
         self._exit = exit_fn or os._exit
         self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
 
     def stop(self) -> None:
+        """End the watch and wait for its thread. The wait matters at the process's end: a daemon thread
+        still inside a torch or Ray C++ call when the interpreter finalizes is ended as it returns into
+        Python, through a frame that may not unwind, and the process aborts ("terminate called without an
+        active exception", exit -6) after a run that succeeded, as two CI runs' 2-rank learner tests ended
+        (tests/trainer/test_gang_watch.py reproduces that end without the wait)."""
         self._stop.set()
+        t = self._thread
+        if t is not None and t is not threading.current_thread():
+            t.join(self.join_timeout)
+            if t.is_alive():
+                log.warning("the %s thread is still in a call %.0f s after stop()", t.name, self.join_timeout)
 
     @property
     def stopped(self) -> bool:
@@ -74,7 +90,6 @@ class GangWatch(_Watch):
         self.host, self.port = host, port
         self._store = None
         self.boot = ""
-        self._thread: threading.Thread | None = None
 
     def _client(self):
         return _store_client(self.host, self.port, max(5.0, self.interval))
@@ -195,7 +210,6 @@ class HeadWatch(_Watch):
         super().__init__(interval, patience, exit_fn)
         self.probe = probe
         self.cluster = ""
-        self._thread: threading.Thread | None = None
 
     @classmethod
     def for_address(cls, address: str, **kw) -> HeadWatch:

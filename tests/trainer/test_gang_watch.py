@@ -110,3 +110,60 @@ def test_a_new_rank_0s_store_is_joined_at_once_and_left_as_it_was(store_port):
                           wait_for_workers=False)
     assert not probe.check(["rlscale/gang/proc/1"])  # nothing announced to a gang that is not up
     leave_the_previous_gang(1, 2, "127.0.0.1", free_port(), connect_timeout=0.5)  # no store yet: goes on
+
+
+# A follower whose watch thread is inside a store call when it stops and exits: rank 0's store is frozen
+# (SIGSTOP; a call to it then blocks whatever the client's timeout, measured), and it dies (the call returns)
+# a second after stop() began; an object whose __del__ sleeps keeps the interpreter finalizing meanwhile.
+_EXIT_IN_A_CALL = """
+import sys, time
+from rlscale.trainer.gang import GangWatch
+w = GangWatch(1, 2, "127.0.0.1", int(sys.argv[1]), interval=0.05, patience=60)
+w.start()
+print("started", flush=True)
+sys.stdin.readline()  # the store is frozen now
+time.sleep(0.5)  # the watch's next call is in flight
+print("stopping", flush=True)
+w.stop()
+print("stopped", w._thread.is_alive(), flush=True)
+class Finalizing:
+    def __del__(self, sleep=time.sleep):  # module globals are gone by then
+        sleep(6)
+keep = Finalizing()  # collected after the interpreter began to finalize
+"""
+
+
+@pytest.mark.slow
+def test_a_rank_that_stops_its_watch_in_a_store_call_exits_cleanly(tmp_path):
+    """Without stop() waiting for the thread, the call returns while the interpreter finalizes and the
+    process aborts ("terminate called without an active exception", -6), the end two CI runs' 2-rank learner
+    tests met."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    port = free_port()
+    server = subprocess.Popen([sys.executable, "-c",
+                               "import sys, time, torch.distributed as d\n"
+                               f"s = d.TCPStore('127.0.0.1', {port}, is_master=True, wait_for_workers=False)\n"
+                               "s.set('rlscale/gang/boot', 'b0'); print('up', flush=True); time.sleep(120)"],
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert server.stdout.readline().strip() == "up"
+        rank = subprocess.Popen([sys.executable, "-c", _EXIT_IN_A_CALL, str(port)], stdin=subprocess.PIPE,
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        assert rank.stdout.readline().strip() == "started"
+        os.kill(server.pid, signal.SIGSTOP)
+        rank.stdin.write("go\n")
+        rank.stdin.flush()
+        assert rank.stdout.readline().strip() == "stopping"
+        time.sleep(1)
+        server.kill()  # rank 0's process ends: the call in flight fails now
+        out = rank.communicate(timeout=60)[0]
+        assert rank.returncode == 0, out[-2000:]
+        assert "stopped False" in out  # stop() returned with the thread gone
+    finally:
+        os.kill(server.pid, signal.SIGCONT)
+        server.kill()
+        server.wait()
