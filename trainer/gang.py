@@ -8,9 +8,9 @@ together from the last checkpoint.
 
 How: a second client of the process group's TCP store (served by rank 0's process).
 Followers bump a heartbeat counter every `interval` seconds and read rank 0's boot id; rank 0
-checks that every follower's counter moves. A follower whose store calls fail or find a new
-boot id, or a rank 0 that sees a follower's counter stand still for `patience` seconds, exits
-with EXIT_GANG.
+checks that every follower's counter moves. A follower whose store calls fail, find a new boot
+id or go unanswered for `patience` seconds (rank 0's process hangs or its node is cut off), or a
+rank 0 that sees a follower's counter stand still for `patience` seconds, exits with EXIT_GANG.
 
 Each follower also publishes a boot id of its own, and rank 0 exits when one changes: a follower
 that died and came back within the patience (its pod's container restarted) finds rank 0's store
@@ -38,6 +38,34 @@ def _store_client(host: str, port: int, timeout: float):
     import torch.distributed as dist
 
     return dist.TCPStore(host, port, is_master=False, timeout=timedelta(seconds=timeout), wait_for_workers=False)
+
+
+class _NoAnswer(Exception):
+    pass
+
+
+def _within(call, limit: float):
+    """call()'s value (or its exception), from a thread of its own; _NoAnswer when it has not returned within
+    `limit` seconds. A TCPStore call to a rank 0 whose process is frozen (SIGSTOP) or whose node is cut off
+    never returns, whatever the client's timeout (tests/trainer/test_gang_watch.py), so a follower judging
+    rank 0 from inside the call would wait with it; the stuck thread is left behind, and the exit follows."""
+    box: list = []
+
+    def run() -> None:
+        try:
+            box.append((True, call()))
+        except BaseException as exc:  # handed to the watch as it is
+            box.append((False, exc))
+
+    t = threading.Thread(target=run, name="gang-watch-call", daemon=True)
+    t.start()
+    t.join(limit)
+    if not box:
+        raise _NoAnswer
+    ok, value = box[0]
+    if not ok:
+        raise value
+    return value
 
 
 class _Watch:
@@ -117,10 +145,16 @@ class GangWatch(_Watch):
     def _watch_rank0(self) -> None:
         failures = 0
         beat = f"{_PREFIX}beat/{self.rank}"
+
+        def beat_and_read() -> str:
+            self._store.add(beat, 1)
+            return self._store.get(_PREFIX + "boot").decode()
+
         while not self._stop.wait(self.interval):
             try:
-                self._store.add(beat, 1)
-                boot = self._store.get(_PREFIX + "boot").decode()
+                boot = _within(beat_and_read, self.patience)
+            except _NoAnswer:  # rank 0's process hangs, or its node is unreachable: no reset will come
+                return self._gone(f"rank 0 has not answered for {self.patience:.0f} s")
             except Exception as exc:  # connection refused or reset, timeout: rank 0's process is gone
                 failures += 1
                 if failures >= 2:

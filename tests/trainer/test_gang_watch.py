@@ -144,13 +144,8 @@ def test_a_rank_that_stops_its_watch_in_a_store_call_exits_cleanly(tmp_path):
     import sys
 
     port = free_port()
-    server = subprocess.Popen([sys.executable, "-c",
-                               "import sys, time, torch.distributed as d\n"
-                               f"s = d.TCPStore('127.0.0.1', {port}, is_master=True, wait_for_workers=False)\n"
-                               "s.set('rlscale/gang/boot', 'b0'); print('up', flush=True); time.sleep(120)"],
-                              stdout=subprocess.PIPE, text=True)
+    server = _frozen_store_server(port)
     try:
-        assert server.stdout.readline().strip() == "up"
         rank = subprocess.Popen([sys.executable, "-c", _EXIT_IN_A_CALL, str(port)], stdin=subprocess.PIPE,
                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         assert rank.stdout.readline().strip() == "started"
@@ -167,3 +162,43 @@ def test_a_rank_that_stops_its_watch_in_a_store_call_exits_cleanly(tmp_path):
         os.kill(server.pid, signal.SIGCONT)
         server.kill()
         server.wait()
+
+
+def _frozen_store_server(port: int):
+    """A process serving a TCP store that already holds a rank 0's boot id; SIGSTOP freezes it."""
+    import subprocess
+    import sys
+
+    server = subprocess.Popen([sys.executable, "-c",
+                               "import sys, time, torch.distributed as d\n"
+                               f"s = d.TCPStore('127.0.0.1', {port}, is_master=True, wait_for_workers=False)\n"
+                               "s.set('rlscale/gang/boot', 'b0'); print('up', flush=True); time.sleep(120)"],
+                              stdout=subprocess.PIPE, text=True)
+    assert server.stdout.readline().strip() == "up"
+    return server
+
+
+def test_a_follower_leaves_a_frozen_rank_0_after_the_patience():
+    """Rank 0's process frozen (its node cut off reads the same: no reset comes): the follower's store call
+    never returns, and the follower still leaves once rank 0 has not answered for the patience."""
+    import os
+    import signal
+    import threading
+
+    port = free_port()
+    server = _frozen_store_server(port)
+    exits: list[int] = []
+    w = GangWatch(1, 2, "127.0.0.1", port, interval=0.05, patience=1.0, exit_fn=exits.append)
+    try:
+        w.start()
+        assert not _until(lambda: exits, 0.5)  # rank 0 answers: nothing happens
+        os.kill(server.pid, signal.SIGSTOP)
+        t0 = time.monotonic()
+        assert _until(lambda: exits == [EXIT_GANG], 6), exits
+        assert time.monotonic() - t0 >= 0.9  # not before the patience (a call begun up to an interval earlier)
+    finally:
+        w.stop()
+        os.kill(server.pid, signal.SIGCONT)
+        server.kill()  # the stuck call fails now, and its thread ends
+        server.wait()
+    assert _until(lambda: not any(t.name == "gang-watch-call" for t in threading.enumerate()), 10)
