@@ -112,6 +112,20 @@ def test_a_new_rank_0s_store_is_joined_at_once_and_left_as_it_was(store_port):
     leave_the_previous_gang(1, 2, "127.0.0.1", free_port(), connect_timeout=0.5)  # no store yet: goes on
 
 
+def _frozen_store_server(port: int):
+    """A process serving a TCP store that already holds a rank 0's boot id; SIGSTOP freezes it."""
+    import subprocess
+    import sys
+
+    server = subprocess.Popen([sys.executable, "-c",
+                               "import sys, time, torch.distributed as d\n"
+                               f"s = d.TCPStore('127.0.0.1', {port}, is_master=True, wait_for_workers=False)\n"
+                               "s.set('rlscale/gang/boot', 'b0'); print('up', flush=True); time.sleep(120)"],
+                              stdout=subprocess.PIPE, text=True)
+    assert server.stdout.readline().strip() == "up"
+    return server
+
+
 # A follower whose watch thread is inside a store call when it stops and exits: rank 0's store is frozen
 # (SIGSTOP; a call to it then blocks whatever the client's timeout, measured), and it dies (the call returns)
 # a second after stop() began; an object whose __del__ sleeps keeps the interpreter finalizing meanwhile.
@@ -134,7 +148,7 @@ keep = Finalizing()  # collected after the interpreter began to finalize
 
 
 @pytest.mark.slow
-def test_a_rank_that_stops_its_watch_in_a_store_call_exits_cleanly(tmp_path):
+def test_a_rank_that_stops_its_watch_in_a_store_call_exits_cleanly():
     """Without stop() waiting for the thread, the call returns while the interpreter finalizes and the
     process aborts ("terminate called without an active exception", -6), the end two CI runs' 2-rank learner
     tests met."""
@@ -162,20 +176,6 @@ def test_a_rank_that_stops_its_watch_in_a_store_call_exits_cleanly(tmp_path):
         os.kill(server.pid, signal.SIGCONT)
         server.kill()
         server.wait()
-
-
-def _frozen_store_server(port: int):
-    """A process serving a TCP store that already holds a rank 0's boot id; SIGSTOP freezes it."""
-    import subprocess
-    import sys
-
-    server = subprocess.Popen([sys.executable, "-c",
-                               "import sys, time, torch.distributed as d\n"
-                               f"s = d.TCPStore('127.0.0.1', {port}, is_master=True, wait_for_workers=False)\n"
-                               "s.set('rlscale/gang/boot', 'b0'); print('up', flush=True); time.sleep(120)"],
-                              stdout=subprocess.PIPE, text=True)
-    assert server.stdout.readline().strip() == "up"
-    return server
 
 
 def test_a_follower_leaves_a_frozen_rank_0_after_the_patience():
